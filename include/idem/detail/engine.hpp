@@ -1,0 +1,694 @@
+// idem/detail/engine.hpp: the lock-free record table behind idem::guard.
+//
+// Algorithm
+// ---------
+// Two generations of open-addressed slot arrays (linear probing, power-of-two size, bounded probe
+// length). `epoch_` picks the current generation (epoch & 1); the other one is the previous
+// generation. Keys are identified by a keyed 128-bit XXH3 hash with a per-instance random secret.
+//
+// * Claims are decided only in the current generation, by CAS on the slot's state word (slot.hpp).
+// * The previous generation is read-only for lookups; claims that were made there while it was
+//   current complete in place (their tickets point at their slot).
+// * A key that has a vacant slot in the current generation is looked up in the previous one, so its
+//   recorded outcome is replayed and its fence continues.
+// * maintain() recycles the previous generation once every record in it is terminal and older than
+//   the retention (evicting them all at once), then bumps the epoch so it becomes the current one.
+//   This is expiry by generation: no per-key deletes, no tombstones, probe chains never break in a
+//   generation that takes claims.
+//
+// Linearization points
+// --------------------
+//   begin() acquired      the CAS (vacant|released) -> claiming, provided the epoch re-read after it
+//                         is unchanged (otherwise the claim is withdrawn and begin() retries)
+//   begin() duplicate     the acquire load of a terminal word that a later validation load confirms
+//   succeed()/fail()      the CAS processing(fence) -> completing(fence)
+//   compensation          the CAS processing(fence) -> completing(fence) after the resolver answered
+//   recycle               the CAS terminal -> recycling of each slot, then the epoch increment
+//
+// Memory ordering (numbers are referred to at each atomic below)
+// ---------------------------------------------------------------
+//   (1) identity load, acquire        pairs with (2)
+//   (2) identity CAS 0 -> hash, acq_rel
+//   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
+//   (4) word CAS, seq_cst             total order with the epoch load (6) and increment (7)
+//   (5) word store leaving a transient state, release: publishes the fields written while holding it
+//   (6) epoch load, seq_cst           a claim whose (6) after (4) still sees the epoch of its start was
+//                                     made before the rotation (7), so every reader that loads the new
+//                                     epoch also sees the claim when it consults this generation
+//   (7) epoch increment, seq_cst
+//   (8) acquire fence before a seqlock validation load of the word, so the field loads before it
+//       cannot be reordered after it
+// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), and counters.
+#pragma once
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <random>
+#include <string_view>
+#include <thread>
+
+#include "idem/detail/slot.hpp"
+#include "idem/error.hpp"
+#include "idem/key.hpp"
+#include "idem/options.hpp"
+#include "idem/stats.hpp"
+#include "idem/transition.hpp"
+
+namespace idem {
+
+/// What begin() found. `acquired` carries a ticket; the other values describe the existing record.
+enum class begin_status : std::uint8_t {
+    acquired,            ///< the caller owns the claim and must execute, then succeed() or fail()
+    in_progress,         ///< another caller holds a live claim
+    succeeded,           ///< already completed; `outcome` is the recorded outcome
+    failed,              ///< already failed terminally; `outcome` is the recorded failure code
+    in_doubt,            ///< the claim's lease expired and its outcome is unknown (not re-executed)
+    payload_mismatch,    ///< the key was used with a different request fingerprint
+    capacity_exhausted,  ///< no free slot within the probe bound
+    backpressure,        ///< the flush queue is full; nothing changed
+    store_unavailable,   ///< sync mode: the claim could not be made durable; do not execute
+};
+
+[[nodiscard]] constexpr const char* to_string(begin_status s) noexcept {
+    switch (s) {
+        case begin_status::acquired: return "acquired";
+        case begin_status::in_progress: return "in_progress";
+        case begin_status::succeeded: return "succeeded";
+        case begin_status::failed: return "failed";
+        case begin_status::in_doubt: return "in_doubt";
+        case begin_status::payload_mismatch: return "payload_mismatch";
+        case begin_status::capacity_exhausted: return "capacity_exhausted";
+        case begin_status::backpressure: return "backpressure";
+        case begin_status::store_unavailable: return "store_unavailable";
+    }
+    return "?";
+}
+
+/// A consistent view of one record, as returned by query().
+struct record_view {
+    record_state state = record_state::absent;
+    std::uint64_t fence = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fingerprint = 0;
+    bool in_doubt = false;
+    std::chrono::nanoseconds lease_until{0};
+};
+
+namespace detail {
+
+enum counter : unsigned {
+    c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
+    c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
+    c_count
+};
+
+template <template <class> class Atomic>
+struct alignas(64) counter_stripe {
+    Atomic<std::uint64_t> v[c_count];
+};
+
+inline constexpr unsigned stripe_count = 64;
+
+/// Each thread adds to its own stripe (round robin), so counters cost an uncontended RMW.
+inline unsigned this_thread_stripe() noexcept {
+    static std::atomic<unsigned> next{0};
+    thread_local unsigned stripe = next.fetch_add(1, std::memory_order_relaxed) % stripe_count;  // relaxed: any distinct value will do
+    return stripe;
+}
+
+/// Key bytes beside the slots (cold: read by compensation and recovery, not by lookups).
+template <template <class> class Atomic>
+struct key_cell {
+    Atomic<std::uint64_t> words[key::max_size / 8];
+    Atomic<std::uint64_t> size;
+};
+
+struct hash128 {
+    std::uint64_t lo, hi;
+};
+
+template <template <class> class Atomic>
+class generation {
+public:
+    explicit generation(std::size_t slots)
+        : slots_(static_cast<slot<Atomic>*>(::operator new[](slots * sizeof(slot<Atomic>), std::align_val_t{64}))),
+          keys_(std::make_unique<key_cell<Atomic>[]>(slots)),
+          mask_(slots - 1) {
+        for (std::size_t i = 0; i < slots; ++i) new (&slots_[i]) slot<Atomic>();
+        for (std::size_t i = 0; i < slots; ++i) {
+            for (auto& w : keys_[i].words) w.store(0, std::memory_order_relaxed);  // relaxed: before publication
+            keys_[i].size.store(0, std::memory_order_relaxed);
+        }
+    }
+    ~generation() {
+        for (std::size_t i = 0; i <= mask_; ++i) slots_[i].~slot<Atomic>();
+        ::operator delete[](slots_, std::align_val_t{64});
+    }
+    generation(const generation&) = delete;
+    generation& operator=(const generation&) = delete;
+
+    [[nodiscard]] std::size_t size() const noexcept { return mask_ + 1; }
+    [[nodiscard]] slot<Atomic>& at(std::size_t i) noexcept { return slots_[i & mask_]; }
+    [[nodiscard]] key_cell<Atomic>& key_at(const slot<Atomic>* s) noexcept {
+        return keys_[static_cast<std::size_t>(s - slots_)];
+    }
+
+    /// Finds the key's slot, giving it the identity when the probe reaches an empty one first.
+    /// Returns nullptr when max_probe slots hold other keys. Progress: lock-free.
+    slot<Atomic>* find_or_insert(hash128 h, std::size_t max_probe, std::size_t& probes) noexcept {
+        const std::size_t start = h.lo & mask_;
+        const std::size_t limit = std::min(max_probe, mask_ + 1);
+        for (std::size_t n = 0; n < limit; ++n) {
+            slot<Atomic>& s = slots_[(start + n) & mask_];
+            std::uint64_t lo = s.lo.load(std::memory_order_acquire);  // (1) pairs with (2)
+            if (lo == 0 && s.lo.compare_exchange_strong(lo, h.lo, std::memory_order_acq_rel))  // (2)
+                lo = h.lo;
+            if (lo != h.lo) continue;
+            std::uint64_t hi = s.hi.load(std::memory_order_acquire);  // (1) pairs with (2)
+            // (2) Any thread with the same low half may write the high half: the first CAS fixes the
+            // identity, and a thread whose high half lost moves on (lock-free helping, no waiting).
+            if (hi == 0 && s.hi.compare_exchange_strong(hi, h.hi, std::memory_order_acq_rel)) hi = h.hi;
+            if (hi != h.hi) continue;
+            probes = n + 1;
+            return &s;
+        }
+        probes = limit;
+        return nullptr;
+    }
+
+    /// Finds the key's slot without inserting. Progress: wait-free (bounded by max_probe).
+    slot<Atomic>* find(hash128 h, std::size_t max_probe) noexcept {
+        const std::size_t start = h.lo & mask_;
+        const std::size_t limit = std::min(max_probe, mask_ + 1);
+        for (std::size_t n = 0; n < limit; ++n) {
+            slot<Atomic>& s = slots_[(start + n) & mask_];
+            const std::uint64_t lo = s.lo.load(std::memory_order_acquire);  // (1) pairs with (2)
+            if (lo == 0) return nullptr;
+            if (lo != h.lo) continue;
+            if (s.hi.load(std::memory_order_acquire) == h.hi) return &s;  // (1) pairs with (2)
+        }
+        return nullptr;
+    }
+
+private:
+    slot<Atomic>* slots_;
+    std::unique_ptr<key_cell<Atomic>[]> keys_;
+    std::size_t mask_;
+};
+
+/// A seqlock snapshot of a slot's fields. valid == false when the word changed while reading.
+struct snapshot {
+    std::uint64_t word = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fingerprint = 0;
+    std::int64_t lease_until = 0;
+    std::int64_t updated = 0;
+    bool valid = false;
+};
+
+template <template <class> class Atomic>
+snapshot read_slot(const slot<Atomic>& s) noexcept {
+    snapshot r;
+    r.word = s.word.load(std::memory_order_acquire);  // (3) pairs with (5)
+    r.outcome = s.outcome.load(std::memory_order_relaxed);          // relaxed: validated below
+    r.fingerprint = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: validated below
+    r.lease_until = s.lease_until.load(std::memory_order_relaxed);  // relaxed: validated below
+    r.updated = s.updated.load(std::memory_order_relaxed);          // relaxed: validated below
+    std::atomic_thread_fence(std::memory_order_acquire);            // (8)
+    r.valid = s.word.load(std::memory_order_relaxed) == r.word;     // relaxed: ordered by (8)
+    return r;
+}
+
+template <template <class> class Atomic>
+void write_key(key_cell<Atomic>& cell, const key& k) noexcept {
+    std::uint64_t words[key::max_size / 8] = {};
+    std::memcpy(words, k.view().data(), k.size());
+    for (std::size_t i = 0; i < key::max_size / 8; ++i)
+        cell.words[i].store(words[i], std::memory_order_relaxed);  // relaxed: published by (5)
+    cell.size.store(k.size(), std::memory_order_relaxed);          // relaxed: published by (5)
+}
+
+template <template <class> class Atomic>
+std::string read_key(const key_cell<Atomic>& cell) {
+    std::uint64_t words[key::max_size / 8];
+    for (std::size_t i = 0; i < key::max_size / 8; ++i)
+        words[i] = cell.words[i].load(std::memory_order_relaxed);  // relaxed: caller validates the slot
+    const auto n = std::min<std::size_t>(cell.size.load(std::memory_order_relaxed), key::max_size);
+    return std::string(reinterpret_cast<const char*>(words), n);
+}
+
+[[nodiscard]] constexpr record_state durable_state(slot_state s) noexcept {
+    switch (s) {
+        case slot_state::claiming:
+        case slot_state::processing:
+        case slot_state::completing: return record_state::processing;
+        case slot_state::succeeded: return record_state::succeeded;
+        case slot_state::failed: return record_state::failed;
+        default: return record_state::absent;
+    }
+}
+
+/// Where a claim lives, as a ticket remembers it.
+template <template <class> class Atomic>
+struct claim_ref {
+    slot<Atomic>* s = nullptr;
+    std::uint64_t word = 0;  ///< the processing word with the claim's fence and incarnation
+};
+
+template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
+class engine {
+public:
+    using slot_type = slot<Atomic>;
+
+    engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
+        if (opts_.capacity == 0) throw error(errc::invalid_argument, "options.capacity is 0; it must be at least 1");
+        if (opts_.capacity > (std::size_t{1} << 40))
+            throw error(errc::invalid_argument, "options.capacity " + std::to_string(opts_.capacity) +
+                                                    " exceeds the limit of 2^40 records");
+        if (opts_.max_probe == 0) throw error(errc::invalid_argument, "options.max_probe is 0; it must be at least 1");
+        if (opts_.lease <= std::chrono::nanoseconds::zero())
+            throw error(errc::invalid_argument, "options.lease must be positive");
+        if (opts_.retention < std::chrono::nanoseconds::zero())
+            throw error(errc::invalid_argument, "options.retention must not be negative");
+        std::size_t slots = 2;
+        while (slots < 2 * opts_.capacity) slots <<= 1;
+        gens_[0] = std::make_unique<generation<Atomic>>(slots);
+        gens_[1] = std::make_unique<generation<Atomic>>(slots);
+        std::random_device rd;
+        for (auto& b : secret_) b = static_cast<unsigned char>(rd());
+        for (auto& st : stripes_)
+            for (auto& c : st.v) c.store(0, std::memory_order_relaxed);  // relaxed: before publication
+    }
+
+    [[nodiscard]] hash128 hash(const key& k) const noexcept {
+        const XXH128_hash_t h = XXH3_128bits_withSecret(k.view().data(), k.size(), secret_, sizeof secret_);
+        // 0 marks "no identity" in a slot, so remap it (costs 2^-64 of the hash space).
+        return {h.low64 == 0 ? 1 : h.low64, h.high64 == 0 ? 1 : h.high64};
+    }
+
+    [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return clock_.now(); }
+    [[nodiscard]] const options& opts() const noexcept { return opts_; }
+    [[nodiscard]] Clock& clock() noexcept { return clock_; }
+
+    struct begin_answer {
+        begin_status status;
+        claim_ref<Atomic> claim;
+        std::uint64_t outcome = 0;
+        std::uint64_t fence = 0;
+    };
+
+    /// Progress: lock-free (a retry happens only when another thread's CAS or a rotation succeeded).
+    begin_answer begin(const key& k, std::uint64_t fingerprint) noexcept {
+        const hash128 h = hash(k);
+        for (;;) {
+            const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
+            generation<Atomic>& cur = *gens_[epoch & 1];
+            std::size_t probes = 0;
+            slot_type* s = cur.find_or_insert(h, opts_.max_probe, probes);
+            note_probe(probes);
+            if (s == nullptr) {
+                count(c_capacity);
+                return {begin_status::capacity_exhausted, {}, 0, 0};
+            }
+            const snapshot snap = read_slot(*s);
+            if (!snap.valid) continue;
+            const slot_state st = state_word::state(snap.word);
+            if (st == slot_state::recycling) continue;
+            if (st == slot_state::vacant) {
+                // Never claimed in this generation: the previous generation may know the key.
+                std::uint64_t next_fence = 1;
+                if (slot_type* p = gens_[(epoch + 1) & 1]->find(h, opts_.max_probe)) {
+                    const snapshot ps = read_slot(*p);
+                    if (!ps.valid) continue;
+                    const slot_state pst = state_word::state(ps.word);
+                    if (pst != slot_state::vacant && pst != slot_state::released && pst != slot_state::recycling)
+                        return existing(ps, fingerprint);
+                    if (pst == slot_state::released) next_fence = state_word::fence(ps.word) + 1;
+                }
+                if (auto a = try_claim(*s, cur, snap.word, next_fence, k, fingerprint, epoch, transition_cause::claim);
+                    a.status != begin_status::in_progress)
+                    return a;
+                continue;
+            }
+            if (st == slot_state::released) {
+                if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1, k, fingerprint, epoch,
+                                       transition_cause::claim);
+                    a.status != begin_status::in_progress)
+                    return a;
+                continue;
+            }
+            if (st == slot_state::processing && opts_.reclaim_expired &&
+                snap.lease_until <= clock_.now().count()) {
+                if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1, k, fingerprint, epoch,
+                                       transition_cause::reclaim);
+                    a.status != begin_status::in_progress)
+                    return a;
+                continue;
+            }
+            return existing(snap, fingerprint);
+        }
+    }
+
+    /// Completes a claim. Progress: lock-free; wait-free when the claim is current.
+    std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
+                             transition_cause cause) noexcept {
+        slot_type& s = *c.s;
+        std::uint64_t expected = c.word;
+        const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
+        // (4) A claim marked in doubt is still the owner's: its completion is the truth.
+        if (!s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst) &&
+            !(expected == (c.word | state_word::doubt_bit) &&
+              s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst))) {
+            count(c_stale);
+            return errc::stale_ticket;
+        }
+        const auto now = clock_.now();
+        transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word), outcome,
+                     s.fingerprint.load(std::memory_order_relaxed), std::chrono::nanoseconds(0), now};  // relaxed: we hold completing
+        std::uint64_t seq = 0;
+        if (sink_ != nullptr && (seq = sink_->offer(t)) == 0) {
+            s.word.store(c.word, std::memory_order_release);  // (5) undo: nothing changed
+            count(c_backpressure);
+            return errc::backpressure;
+        }
+        s.outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
+        s.updated.store(now.count(), std::memory_order_relaxed);
+        s.word.store(state_word::with_state(c.word, to), std::memory_order_release);  // (5)
+        count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
+        if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) return errc::store_unavailable;
+        return {};
+    }
+
+    /// Renews a claim's lease. Progress: lock-free.
+    std::error_code extend(claim_ref<Atomic>& c, std::chrono::nanoseconds by) noexcept {
+        slot_type& s = *c.s;
+        std::uint64_t expected = c.word;
+        const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
+        if (!s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
+            count(c_stale);
+            return errc::stale_ticket;
+        }
+        s.lease_until.store((clock_.now() + by).count(), std::memory_order_relaxed);  // relaxed: published by (5)
+        s.word.store(c.word, std::memory_order_release);                                // (5)
+        return {};
+    }
+
+    /// A consistent view of the key's record (absent when unknown). Progress: lock-free.
+    record_view query(const key& k) const noexcept {
+        const hash128 h = hash(k);
+        for (;;) {
+            const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
+            for (std::uint64_t g : {epoch & 1, (epoch + 1) & 1}) {
+                slot_type* s = gens_[g]->find(h, opts_.max_probe);
+                if (s == nullptr) continue;
+                const snapshot snap = read_slot(*s);
+                if (!snap.valid) goto retry;
+                const slot_state st = state_word::state(snap.word);
+                if (st == slot_state::vacant || st == slot_state::recycling) continue;
+                record_view v;
+                v.state = durable_state(st);
+                v.fence = state_word::fence(snap.word);
+                v.outcome = snap.outcome;
+                v.fingerprint = snap.fingerprint;
+                v.in_doubt = state_word::in_doubt(snap.word);
+                v.lease_until = std::chrono::nanoseconds(snap.lease_until);
+                if (st == slot_state::released) v.state = record_state::absent;
+                return v;
+            }
+            return {};
+        retry:;
+        }
+    }
+
+    /// Asks the resolver about every processing claim whose lease expired. Not on the hot path;
+    /// scans both generations. Returns the number of claims resolved.
+    std::size_t compensate() {
+        std::size_t resolved = 0;
+        const auto now = clock_.now();
+        for (auto& g : gens_) {
+            for (std::size_t i = 0; i < g->size(); ++i) {
+                slot_type& s = g->at(i);
+                if (s.lo.load(std::memory_order_relaxed) == 0) continue;  // relaxed: a hint; the snapshot decides
+                const snapshot snap = read_slot(s);
+                if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
+                if (snap.lease_until > now.count()) continue;
+                const std::string text = read_key(g->key_at(&s));
+                if (state_word::fence(s.word.load(std::memory_order_acquire)) != state_word::fence(snap.word))  // (3)
+                    continue;  // the key bytes may belong to a newer claim: skip this pass
+                resolver_answer answer{};
+                if (opts_.resolve) answer = opts_.resolve(expired_claim{text, state_word::fence(snap.word), snap.fingerprint});
+                const auto k = key::parse(text);
+                if (!k) continue;
+                if (resolve_claim(s, snap.word, *k, answer)) ++resolved;
+            }
+        }
+        return resolved;
+    }
+
+    /// Recycles the previous generation when every record in it is terminal, older than the
+    /// retention and accepted by `evictable`, and the current one is at least half full.
+    /// Returns true when the generations rotated. Not on the hot path.
+    template <class Evictable>
+    bool rotate_if_due(Evictable&& evictable) {
+        const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
+        if (fill(epoch & 1) < opts_.capacity / 2 + 1 && fill(epoch & 1) < opts_.capacity) return false;
+        generation<Atomic>& prev = *gens_[(epoch + 1) & 1];
+        const auto horizon = (clock_.now() - opts_.retention).count();
+        for (std::size_t i = 0; i < prev.size(); ++i) {
+            const snapshot snap = read_slot(prev.at(i));
+            const slot_state st = state_word::state(snap.word);
+            if (!snap.valid) return false;
+            if (st == slot_state::vacant || st == slot_state::released) continue;
+            if (!is_terminal(st) || snap.updated > horizon || !evictable(snap.updated)) return false;
+        }
+        std::uint64_t evicted = 0;
+        for (std::size_t i = 0; i < prev.size(); ++i) {
+            slot_type& s = prev.at(i);
+            std::uint64_t w = s.word.load(std::memory_order_acquire);  // (3)
+            const slot_state st = state_word::state(w);
+            if (!is_terminal(st) && !is_claimable(st)) return false;  // a late claim: try again later
+            const std::uint64_t inc = state_word::incarnation(w) + 1;
+            if (!s.word.compare_exchange_strong(w, state_word::make(slot_state::recycling, inc, 0),
+                                                std::memory_order_seq_cst))  // (4)
+                return false;
+            if (is_terminal(st)) ++evicted;
+            s.hi.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.lo.store(0, std::memory_order_relaxed);
+            s.outcome.store(0, std::memory_order_relaxed);
+            s.fingerprint.store(0, std::memory_order_relaxed);
+            s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
+        }
+        for (auto& st : stripes_) st.v[c_fill0 + ((epoch + 1) & 1)].store(0, std::memory_order_relaxed);  // relaxed: a statistic
+        count(c_evicted, evicted);
+        epoch_.fetch_add(1, std::memory_order_seq_cst);  // (7) pairs with (6)
+        rotations_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+        return true;
+    }
+
+    /// Loads a record during recovery (single-threaded, before the guard is shared).
+    begin_status restore(const key& k, record_state state, std::uint64_t fence, std::uint64_t outcome,
+                         std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
+                         std::chrono::nanoseconds updated) noexcept {
+        if (fence == 0 || fence > state_word::max_fence) return begin_status::payload_mismatch;
+        generation<Atomic>& cur = *gens_[epoch_.load(std::memory_order_seq_cst) & 1];  // (6)
+        std::size_t probes = 0;
+        slot_type* s = cur.find_or_insert(hash(k), opts_.max_probe, probes);
+        note_probe(probes);
+        if (s == nullptr) return begin_status::capacity_exhausted;
+        const slot_state st = state == record_state::processing  ? slot_state::processing
+                              : state == record_state::succeeded ? slot_state::succeeded
+                              : state == record_state::failed    ? slot_state::failed
+                                                                 : slot_state::released;
+        const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
+        write_key(cur.key_at(s), k);
+        s->outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
+        s->fingerprint.store(fingerprint, std::memory_order_relaxed);
+        s->lease_until.store(lease_until.count(), std::memory_order_relaxed);
+        s->updated.store(updated.count(), std::memory_order_relaxed);
+        s->word.store(state_word::make(st, inc, fence), std::memory_order_release);  // (5)
+        count(c_fill0 + (epoch_.load(std::memory_order_relaxed) & 1));  // relaxed: a statistic
+        return begin_status::acquired;
+    }
+
+    /// Calls fn(key text, view) for every record in memory (terminal, processing and released).
+    template <class Fn>
+    void for_each(Fn&& fn) const {
+        for (auto& g : gens_) {
+            for (std::size_t i = 0; i < g->size(); ++i) {
+                slot_type& s = g->at(i);
+                if (s.lo.load(std::memory_order_relaxed) == 0) continue;  // relaxed: a hint; the snapshot decides
+                const snapshot snap = read_slot(s);
+                const slot_state st = state_word::state(snap.word);
+                if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
+                record_view v;
+                v.state = durable_state(st);
+                v.fence = state_word::fence(snap.word);
+                v.outcome = snap.outcome;
+                v.fingerprint = snap.fingerprint;
+                v.in_doubt = state_word::in_doubt(snap.word);
+                v.lease_until = std::chrono::nanoseconds(snap.lease_until);
+                fn(read_key(g->key_at(&s)), v);
+            }
+        }
+    }
+
+    [[nodiscard]] stats snapshot_stats() const noexcept {
+        auto sum = [&](unsigned c) {
+            std::uint64_t v = 0;
+            for (auto& st : stripes_) v += st.v[c].load(std::memory_order_relaxed);  // relaxed: a statistic
+            return v;
+        };
+        stats s;
+        s.acquired = sum(c_acquired);
+        s.duplicates = sum(c_duplicates);
+        s.in_progress_hits = sum(c_in_progress);
+        s.payload_mismatches = sum(c_mismatch);
+        s.succeeded = sum(c_succeeded);
+        s.failed = sum(c_failed);
+        s.released = sum(c_released);
+        s.stale_tickets = sum(c_stale);
+        s.in_doubt = sum(c_in_doubt);
+        s.compensated = sum(c_compensated);
+        s.reclaimed = sum(c_reclaimed);
+        s.capacity_exhausted = sum(c_capacity);
+        s.backpressure = sum(c_backpressure);
+        s.evicted = sum(c_evicted);
+        s.rotations = rotations_.load(std::memory_order_relaxed);   // relaxed: a statistic
+        s.max_probe = max_probe_.load(std::memory_order_relaxed);   // relaxed: a statistic
+        return s;
+    }
+
+    void count(unsigned c, std::uint64_t n = 1) noexcept {
+        stripes_[this_thread_stripe()].v[c].fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
+    }
+
+private:
+    [[nodiscard]] std::uint64_t fill(std::uint64_t g) const noexcept {
+        std::uint64_t v = 0;
+        for (auto& st : stripes_) v += st.v[c_fill0 + g].load(std::memory_order_relaxed);  // relaxed: a statistic
+        return v;
+    }
+
+    void note_probe(std::size_t probes) noexcept {
+        std::uint64_t seen = max_probe_.load(std::memory_order_relaxed);  // relaxed: a statistic
+        while (probes > seen && !max_probe_.compare_exchange_weak(seen, probes, std::memory_order_relaxed)) {
+        }
+    }
+
+    begin_answer existing(const snapshot& snap, std::uint64_t fingerprint) noexcept {
+        const slot_state st = state_word::state(snap.word);
+        const std::uint64_t fence = state_word::fence(snap.word);
+        const bool published = st == slot_state::processing || is_terminal(st);
+        if (published && fingerprint != 0 && snap.fingerprint != 0 && fingerprint != snap.fingerprint) {
+            count(c_mismatch);
+            return {begin_status::payload_mismatch, {}, 0, fence};
+        }
+        if (st == slot_state::succeeded) {
+            count(c_duplicates);
+            return {begin_status::succeeded, {}, snap.outcome, fence};
+        }
+        if (st == slot_state::failed) {
+            count(c_duplicates);
+            return {begin_status::failed, {}, snap.outcome, fence};
+        }
+        count(c_in_progress);
+        if (st == slot_state::processing && state_word::in_doubt(snap.word))
+            return {begin_status::in_doubt, {}, 0, fence};
+        return {begin_status::in_progress, {}, 0, fence};
+    }
+
+    /// CAS `seen` -> claiming. Returns in_progress when the CAS lost (the caller retries).
+    begin_answer try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
+                           const key& k, std::uint64_t fingerprint, std::uint64_t epoch,
+                           transition_cause cause) noexcept {
+        if (fence > state_word::max_fence) {
+            count(c_capacity);
+            return {begin_status::capacity_exhausted, {}, 0, 0};
+        }
+        const std::uint64_t inc = state_word::incarnation(seen);
+        const std::uint64_t claiming = state_word::make(slot_state::claiming, inc, fence);
+        std::uint64_t expected = seen;
+        if (!s.word.compare_exchange_strong(expected, claiming, std::memory_order_seq_cst))  // (4) pairs with (6)(7)
+            return {begin_status::in_progress, {}, 0, 0};
+        if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
+            s.word.store(seen, std::memory_order_release);        // (5)
+            return {begin_status::in_progress, {}, 0, 0};
+        }
+        const auto now = clock_.now();
+        const auto lease_until = now + opts_.lease;
+        const record_state from = durable_state(state_word::state(seen));
+        const std::uint64_t old_fp = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: we hold claiming
+        const std::int64_t old_lease = s.lease_until.load(std::memory_order_relaxed);
+        s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
+        s.lease_until.store(lease_until.count(), std::memory_order_relaxed);
+        s.updated.store(now.count(), std::memory_order_relaxed);
+        write_key(gen.key_at(&s), k);
+        std::uint64_t seq = 0;
+        if (sink_ != nullptr) {
+            seq = sink_->offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
+            if (seq == 0) {
+                s.fingerprint.store(old_fp, std::memory_order_relaxed);  // relaxed: published by (5)
+                s.lease_until.store(old_lease, std::memory_order_relaxed);
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                count(c_backpressure);
+                return {begin_status::backpressure, {}, 0, 0};
+            }
+        }
+        const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
+        s.word.store(processing, std::memory_order_release);  // (5)
+        if (state_word::state(seen) == slot_state::vacant) count(c_fill0 + (epoch & 1));
+        count(cause == transition_cause::reclaim ? c_reclaimed : c_acquired);
+        claim_ref<Atomic> ref{&s, processing};
+        if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) {
+            // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise the
+            // lease runs out and compensation asks the resolver (which will answer not_executed).
+            (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable);
+            return {begin_status::store_unavailable, {}, 0, fence};
+        }
+        return {begin_status::acquired, ref, 0, fence};
+    }
+
+    bool resolve_claim(slot_type& s, std::uint64_t seen, const key& k, const resolver_answer& answer) {
+        if (answer.verdict == resolution::unknown) {
+            if (state_word::in_doubt(seen)) return false;
+            std::uint64_t expected = seen;
+            if (!s.word.compare_exchange_strong(expected, seen | state_word::doubt_bit,
+                                                std::memory_order_seq_cst))  // (4)
+                return false;
+            count(c_in_doubt);
+            if (sink_ != nullptr)
+                (void)sink_->offer(transition{k, record_state::processing, record_state::processing,
+                                              transition_cause::doubt, state_word::fence(seen), 0,
+                                              s.fingerprint.load(std::memory_order_relaxed),  // relaxed: audit detail only
+                                              std::chrono::nanoseconds(0), clock_.now()});
+            return false;
+        }
+        const slot_state to = answer.verdict == resolution::succeeded ? slot_state::succeeded
+                              : answer.verdict == resolution::failed  ? slot_state::failed
+                                                                      : slot_state::released;
+        claim_ref<Atomic> ref{&s, seen & ~state_word::doubt_bit};
+        if (complete(k, ref, to, answer.outcome, transition_cause::compensate)) return false;
+        count(c_compensated);
+        return true;
+    }
+
+    options opts_;
+    Clock clock_;
+    transition_sink* sink_;
+    std::unique_ptr<generation<Atomic>> gens_[2];
+    unsigned char secret_[XXH3_SECRET_DEFAULT_SIZE];
+    alignas(64) Atomic<std::uint64_t> epoch_{0};
+    alignas(64) Atomic<std::uint64_t> max_probe_{0};
+    Atomic<std::uint64_t> rotations_{0};
+    counter_stripe<Atomic> stripes_[stripe_count];
+};
+
+}  // namespace detail
+}  // namespace idem

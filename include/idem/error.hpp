@@ -1,0 +1,74 @@
+// idem/error.hpp: error codes, their std::error_category, and the one exception type.
+//
+// The hot path (begin / succeed / fail / query) reports through return values and never throws.
+// Constructors, key parsing, run() and the stores throw idem::error, a std::system_error carrying an
+// idem::errc, with a message that names the input and the rule it broke.
+#pragma once
+
+#include <string>
+#include <system_error>
+
+namespace idem {
+
+enum class errc {
+    invalid_key = 1,     ///< key empty, longer than 128 bytes, or holding NUL/control bytes
+    invalid_argument,    ///< an option or argument outside its allowed range
+    capacity_exhausted,  ///< the record table is full and nothing can be evicted
+    stale_ticket,        ///< the ticket's fence is no longer the record's fence
+    payload_mismatch,    ///< the key was reused with a different request fingerprint
+    duplicate_request,   ///< the key already completed (run() with duplicate_policy::raise)
+    in_progress,         ///< another caller holds the claim
+    in_doubt,            ///< the lease expired and the resolver could not tell what happened
+    empty_ticket,        ///< the ticket was moved from or already completed
+    timeout,             ///< a wait for an in-flight outcome passed its deadline
+    backpressure,        ///< the flush queue is full
+    store_unavailable,   ///< the durable store could not be reached within its deadline
+    store_error,         ///< the store answered with an error
+    corrupt_record,      ///< a row read back from the store breaks the schema's rules
+};
+
+class error_category_impl final : public std::error_category {
+public:
+    const char* name() const noexcept override { return "idem"; }
+    std::string message(int ev) const override {
+        switch (static_cast<errc>(ev)) {
+            case errc::invalid_key: return "invalid idempotency key";
+            case errc::invalid_argument: return "invalid argument";
+            case errc::capacity_exhausted: return "record table capacity exhausted";
+            case errc::stale_ticket: return "stale ticket: the fence no longer matches the record";
+            case errc::payload_mismatch: return "key reused with a different request payload";
+            case errc::duplicate_request: return "duplicate request: the key already completed";
+            case errc::in_progress: return "another caller is executing this key";
+            case errc::in_doubt: return "lease expired and the outcome is unknown";
+            case errc::empty_ticket: return "ticket is empty (moved from or already completed)";
+            case errc::timeout: return "deadline passed while waiting for an outcome";
+            case errc::backpressure: return "flush queue full";
+            case errc::store_unavailable: return "durable store unavailable";
+            case errc::store_error: return "durable store error";
+            case errc::corrupt_record: return "corrupt record read from the store";
+        }
+        return "unknown idem error";
+    }
+};
+
+/// The category of idem::errc. Thread-safe; a function-local static.
+inline const std::error_category& error_category() noexcept {
+    static const error_category_impl instance;
+    return instance;
+}
+
+inline std::error_code make_error_code(errc e) noexcept {
+    return {static_cast<int>(e), error_category()};
+}
+
+/// The one exception type of the library. code() is always in idem::error_category().
+class error : public std::system_error {
+public:
+    error(errc e, const std::string& what) : std::system_error(make_error_code(e), what) {}
+    [[nodiscard]] errc kind() const noexcept { return static_cast<errc>(code().value()); }
+};
+
+}  // namespace idem
+
+template <>
+struct std::is_error_code_enum<idem::errc> : std::true_type {};

@@ -1,0 +1,133 @@
+// idem/key.hpp: the idempotency key.
+//
+// A key is 1..128 bytes with no NUL and no control byte (0x00-0x1F, 0x7F). Bytes >= 0x80 are allowed,
+// so UTF-8 keys pass through byte for byte. Keys live inline (no allocation), so a key can travel
+// through the flush queue by value.
+//
+// key::compose(txid, operation, version) builds "TXID_OPERATION_vN". The composition is injective:
+// '_' is rejected inside txid and operation, and the version is printed in canonical decimal, so
+// splitting at the two '_' recovers the triple.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/error.hpp"
+
+namespace idem {
+
+template <template <class> class Atomic, class Clock>
+class basic_ticket;
+
+class key {
+public:
+    static constexpr std::size_t max_size = 128;
+    static constexpr char separator = '_';
+
+    /// Validates text; throws idem::error(errc::invalid_key) naming the input and the rule.
+    explicit key(std::string_view text) {
+        std::string why;
+        if (!check(text, "key", &why)) throw error(errc::invalid_key, why);
+        assign(text);
+    }
+
+    /// Non-throwing validation. On failure returns nullopt and, if why != nullptr, the reason.
+    [[nodiscard]] static std::optional<key> parse(std::string_view text, std::string* why = nullptr) {
+        if (!check(text, "key", why)) return std::nullopt;
+        key k;
+        k.assign(text);
+        return k;
+    }
+
+    /// "TXID_OPERATION_vN". Throws idem::error(errc::invalid_key) naming the component at fault.
+    [[nodiscard]] static key compose(std::string_view txid, std::string_view operation, std::uint32_t version) {
+        std::string why;
+        if (!check_component(txid, "transaction id", &why) || !check_component(operation, "operation", &why))
+            throw error(errc::invalid_key, why);
+        char digits[16];
+        auto [end, ec] = std::to_chars(digits, digits + sizeof digits, version);
+        (void)ec;
+        std::string text;
+        text.reserve(txid.size() + operation.size() + 3 + static_cast<std::size_t>(end - digits));
+        text.append(txid).push_back(separator);
+        text.append(operation).append("_v").append(digits, end);
+        if (text.size() > max_size)
+            throw error(errc::invalid_key, "composed key '" + printable(text) + "' is " + std::to_string(text.size()) +
+                                               " bytes; the limit is 128");
+        return key(text);
+    }
+
+    [[nodiscard]] std::string_view view() const noexcept { return {bytes_.data(), size_}; }
+    [[nodiscard]] std::string str() const { return std::string(view()); }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+    friend bool operator==(const key& a, const key& b) noexcept { return a.view() == b.view(); }
+
+    /// The text with non-printable bytes escaped as \xNN, for error messages.
+    [[nodiscard]] static std::string printable(std::string_view text) {
+        static constexpr char hex[] = "0123456789abcdef";
+        std::string out;
+        for (unsigned char c : text.substr(0, 160)) {
+            if (c < 0x20 || c == 0x7f || c == '\\') {
+                out += "\\x";
+                out += hex[c >> 4];
+                out += hex[c & 15];
+            } else {
+                out += static_cast<char>(c);
+            }
+        }
+        if (text.size() > 160) out += "...";
+        return out;
+    }
+
+    /// True when text is a valid key; otherwise fills *why with "<what> '<text>' <rule>".
+    static bool check(std::string_view text, const char* what, std::string* why) {
+        auto fail = [&](const std::string& rule) {
+            if (why) *why = std::string(what) + " '" + printable(text) + "' " + rule;
+            return false;
+        };
+        if (text.empty()) return fail("is empty; a key needs 1 to 128 bytes");
+        if (text.size() > max_size)
+            return fail("is " + std::to_string(text.size()) + " bytes; the limit is 128");
+        for (std::size_t i = 0; i < text.size(); ++i) {
+            auto c = static_cast<unsigned char>(text[i]);
+            if (c == 0) return fail("holds a NUL byte at offset " + std::to_string(i));
+            if (c < 0x20 || c == 0x7f)
+                return fail("holds control byte 0x" + std::string{"0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]} +
+                            " at offset " + std::to_string(i));
+        }
+        return true;
+    }
+
+private:
+    template <template <class> class Atomic, class Clock>
+    friend class basic_ticket;
+    key() = default;  // the empty key of an empty ticket; never handed out
+
+    static bool check_component(std::string_view text, const char* what, std::string* why) {
+        if (!check(text, what, why)) return false;
+        if (text.find(separator) != std::string_view::npos) {
+            if (why)
+                *why = std::string(what) + " '" + printable(text) +
+                       "' contains the separator '_'; composed keys must split back into (txid, operation, version)";
+            return false;
+        }
+        return true;
+    }
+
+    void assign(std::string_view text) noexcept {
+        size_ = static_cast<std::uint8_t>(text.size());
+        std::memcpy(bytes_.data(), text.data(), text.size());
+    }
+
+    std::array<char, max_size> bytes_{};
+    std::uint8_t size_ = 0;
+};
+
+}  // namespace idem

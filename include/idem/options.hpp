@@ -1,0 +1,91 @@
+// idem/options.hpp: guard options, clocks, policies and the compensation resolver.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+namespace idem {
+
+using namespace std::chrono_literals;
+
+/// What happens to a claim whose owner calls fail() without a policy, or drops the ticket.
+enum class failure_policy : std::uint8_t {
+    terminal,   ///< the key becomes FAILED; duplicates replay the failure
+    retryable,  ///< the key becomes claimable again (a new fence); the failure is audited
+};
+
+/// What run() does with a key that already completed.
+enum class duplicate_policy : std::uint8_t {
+    replay,  ///< return the recorded outcome
+    raise,   ///< throw idem::error(errc::duplicate_request)
+};
+
+/// The application's answer about a claim whose lease expired (the seed's checkTxStatus).
+enum class resolution : std::uint8_t {
+    succeeded,     ///< the operation ran; record SUCCESS with the given outcome
+    failed,        ///< the operation ran and failed; record FAILED
+    not_executed,  ///< the operation never ran; the key becomes claimable again
+    unknown,       ///< cannot tell: the key stays PROCESSING, marked in doubt, and is asked again next pass
+};
+
+struct resolver_answer {
+    resolution verdict = resolution::unknown;
+    std::uint64_t outcome = 0;
+};
+
+/// What a resolver is told about an expired claim.
+struct expired_claim {
+    std::string_view key;
+    std::uint64_t fence;
+    std::uint64_t fingerprint;
+};
+
+using resolver = std::function<resolver_answer(const expired_claim&)>;
+
+/// The default clock: std::chrono::steady_clock in nanoseconds. Thread-safe, no state.
+struct steady_clock_source {
+    [[nodiscard]] std::chrono::nanoseconds now() const noexcept {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::steady_clock::now().time_since_epoch());
+    }
+};
+
+/// A clock the test moves by hand, so lease tests need no sleeps. Copies share one time.
+class manual_clock {
+public:
+    manual_clock() : now_(std::make_shared<std::atomic<std::int64_t>>(1'000'000'000)) {}
+    [[nodiscard]] std::chrono::nanoseconds now() const noexcept {
+        return std::chrono::nanoseconds(now_->load(std::memory_order_relaxed));  // relaxed: a test-only time source
+    }
+    void advance(std::chrono::nanoseconds d) noexcept { now_->fetch_add(d.count(), std::memory_order_relaxed); }
+
+private:
+    std::shared_ptr<std::atomic<std::int64_t>> now_;
+};
+
+struct options {
+    /// Live records each generation is sized for. Each generation holds next_pow2(2 * capacity) slots.
+    std::size_t capacity = 1u << 20;
+    /// Longest probe sequence; begin() answers capacity_exhausted when no free slot is found within it.
+    std::size_t max_probe = 64;
+    /// How long a claim stays valid without extend().
+    std::chrono::nanoseconds lease = 30s;
+    /// Terminal records stay in memory at least this long; whole generations are recycled after it.
+    std::chrono::nanoseconds retention = 24h;
+    /// Applied by fail() without a policy and by a ticket dropped without completion.
+    failure_policy on_failure = failure_policy::retryable;
+    /// Opt-in: an expired, unresolved claim may be taken over by a new caller with a new fence.
+    /// Dangerous: the old owner may already have executed. Off by default.
+    bool reclaim_expired = false;
+    /// Asked about each expired claim by compensate(). Without one, expired claims stay in doubt.
+    resolver resolve;
+    /// How often a background thread runs maintain() (compensation, then generation recycling).
+    /// Zero: no thread; the application calls maintain() itself (tests with a manual clock do).
+    std::chrono::nanoseconds maintenance_interval = 1s;
+};
+
+}  // namespace idem

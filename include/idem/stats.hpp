@@ -1,0 +1,72 @@
+// idem/stats.hpp: a snapshot of the guard's counters and its Prometheus text exposition.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace idem {
+
+struct stats {
+    std::uint64_t acquired = 0;            ///< claims granted (including reclaims)
+    std::uint64_t duplicates = 0;          ///< begin() on a completed key (replayed or refused)
+    std::uint64_t in_progress_hits = 0;    ///< begin() on a key someone else holds
+    std::uint64_t payload_mismatches = 0;  ///< begin() with a different request fingerprint
+    std::uint64_t succeeded = 0;           ///< claims completed with succeed()
+    std::uint64_t failed = 0;              ///< claims completed as FAILED (terminal)
+    std::uint64_t released = 0;            ///< claims released for retry (retryable failure, dropped ticket)
+    std::uint64_t stale_tickets = 0;       ///< completions or extensions refused for a stale fence
+    std::uint64_t in_doubt = 0;            ///< expired claims the resolver could not decide (events)
+    std::uint64_t compensated = 0;         ///< expired claims resolved by the resolver
+    std::uint64_t reclaimed = 0;           ///< expired claims taken over (reclaim_expired option)
+    std::uint64_t capacity_exhausted = 0;  ///< begin() refused for lack of space
+    std::uint64_t backpressure = 0;        ///< transitions refused because the flush queue was full
+    std::uint64_t evicted = 0;             ///< terminal records dropped by generation recycle
+    std::uint64_t rotations = 0;           ///< generation rotations
+    std::uint64_t max_probe = 0;           ///< longest probe sequence seen
+    // Filled by a durable store pipeline; zero for a memory-only guard.
+    std::uint64_t flush_batches = 0;
+    std::uint64_t flushed_transitions = 0;
+    std::uint64_t queue_depth = 0;
+    std::uint64_t flush_lag_ns = 0;
+    std::uint64_t store_errors = 0;
+};
+
+/// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
+inline std::string to_prometheus(const stats& s) {
+    std::string out;
+    auto put = [&](const char* name, const char* type, std::uint64_t v) {
+        out += "# TYPE idem_";
+        out += name;
+        out += ' ';
+        out += type;
+        out += "\nidem_";
+        out += name;
+        out += ' ';
+        out += std::to_string(v);
+        out += '\n';
+    };
+    put("acquired_total", "counter", s.acquired);
+    put("duplicates_total", "counter", s.duplicates);
+    put("in_progress_hits_total", "counter", s.in_progress_hits);
+    put("payload_mismatches_total", "counter", s.payload_mismatches);
+    put("succeeded_total", "counter", s.succeeded);
+    put("failed_total", "counter", s.failed);
+    put("released_total", "counter", s.released);
+    put("stale_tickets_total", "counter", s.stale_tickets);
+    put("in_doubt_total", "counter", s.in_doubt);
+    put("compensated_total", "counter", s.compensated);
+    put("reclaimed_total", "counter", s.reclaimed);
+    put("capacity_exhausted_total", "counter", s.capacity_exhausted);
+    put("backpressure_total", "counter", s.backpressure);
+    put("evicted_total", "counter", s.evicted);
+    put("rotations_total", "counter", s.rotations);
+    put("max_probe", "gauge", s.max_probe);
+    put("flush_batches_total", "counter", s.flush_batches);
+    put("flushed_transitions_total", "counter", s.flushed_transitions);
+    put("queue_depth", "gauge", s.queue_depth);
+    put("flush_lag_seconds_x1e9", "gauge", s.flush_lag_ns);
+    put("store_errors_total", "counter", s.store_errors);
+    return out;
+}
+
+}  // namespace idem

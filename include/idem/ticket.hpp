@@ -1,0 +1,106 @@
+// idem/ticket.hpp: the claim, a move-only RAII handle.
+//
+// A ticket is the right to execute one key's operation, held by exactly one caller. Complete it with
+// succeed() or fail(); a ticket dropped without completion is released per options.on_failure
+// (retryable: the key can be claimed again; terminal: the key becomes FAILED), and audited.
+// Thread-safety: a ticket is used by one thread at a time; it may move between threads.
+// Progress: every member is lock-free (wait-free when the claim is still current).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <system_error>
+#include <utility>
+
+#include "idem/detail/engine.hpp"
+
+namespace idem {
+
+template <template <class> class Atomic, class Clock>
+class basic_guard;
+
+template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
+class [[nodiscard]] basic_ticket {
+public:
+    using engine_type = detail::engine<Atomic, Clock>;
+
+    basic_ticket() noexcept = default;
+    basic_ticket(basic_ticket&& o) noexcept
+        : engine_(std::exchange(o.engine_, nullptr)), ref_(o.ref_), key_(o.key_) {}
+    basic_ticket& operator=(basic_ticket&& o) noexcept {
+        if (this != &o) {
+            drop();
+            engine_ = std::exchange(o.engine_, nullptr);
+            ref_ = o.ref_;
+            key_ = o.key_;
+        }
+        return *this;
+    }
+    basic_ticket(const basic_ticket&) = delete;
+    basic_ticket& operator=(const basic_ticket&) = delete;
+    ~basic_ticket() { drop(); }
+
+    /// True while the ticket holds an uncompleted claim.
+    [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
+    explicit operator bool() const noexcept { return valid(); }
+
+    /// The claim's fencing token (0 for an empty ticket).
+    [[nodiscard]] std::uint64_t fence() const noexcept {
+        return engine_ ? detail::state_word::fence(ref_.word) : 0;
+    }
+    [[nodiscard]] const key& get_key() const noexcept { return key_; }
+
+    /// Records success with an outcome replayed to duplicates. errc::stale_ticket when the claim was
+    /// compensated or reclaimed meanwhile (nothing changes), errc::empty_ticket when moved from or
+    /// already completed, errc::backpressure when the flush queue is full (the ticket stays valid:
+    /// retry), errc::store_unavailable in sync mode when the commit could not be confirmed.
+    std::error_code succeed(std::uint64_t outcome = 0) noexcept {
+        return finish(detail::slot_state::succeeded, outcome, transition_cause::succeed);
+    }
+
+    /// Records failure with the guard's failure policy.
+    std::error_code fail(std::uint64_t code = 0) noexcept {
+        return engine_ ? fail(code, engine_->opts().on_failure) : make_error_code(errc::empty_ticket);
+    }
+
+    /// Records failure: terminal (duplicates see FAILED) or retryable (the key may be claimed again).
+    std::error_code fail(std::uint64_t code, failure_policy policy) noexcept {
+        return policy == failure_policy::terminal
+                   ? finish(detail::slot_state::failed, code, transition_cause::fail)
+                   : finish(detail::slot_state::released, code, transition_cause::release);
+    }
+
+    /// Renews the lease to now + `by`. errc::stale_ticket if the claim is no longer this ticket's.
+    std::error_code extend(std::chrono::nanoseconds by) noexcept {
+        if (!engine_) return errc::empty_ticket;
+        return engine_->extend(ref_, by);
+    }
+
+private:
+    friend class basic_guard<Atomic, Clock>;
+    basic_ticket(engine_type* e, detail::claim_ref<Atomic> ref, const key& k) noexcept
+        : engine_(e), ref_(ref), key_(k) {}
+
+    std::error_code finish(detail::slot_state to, std::uint64_t outcome, transition_cause cause) noexcept {
+        if (!engine_) return errc::empty_ticket;
+        std::error_code ec = engine_->complete(key_, ref_, to, outcome, cause);
+        if (ec != errc::backpressure) engine_ = nullptr;  // done, or stale: either way the claim is gone
+        return ec;
+    }
+
+    void drop() noexcept {
+        if (!engine_) return;
+        // A dropped claim must not stay PROCESSING until its lease runs out. Under backpressure
+        // the lease and compensation take over.
+        (void)fail(0, engine_->opts().on_failure);
+        engine_ = nullptr;
+    }
+
+    engine_type* engine_ = nullptr;
+    detail::claim_ref<Atomic> ref_{};
+    key key_{};
+};
+
+using ticket = basic_ticket<>;
+
+}  // namespace idem
