@@ -25,6 +25,7 @@ enum class errc {
     store_unavailable,   ///< the durable store could not be reached within its deadline
     store_error,         ///< the store answered with an error
     corrupt_record,      ///< a row read back from the store breaks the schema's rules
+    busy,                ///< compensation or a reclaim holds the record for a moment; retry
 };
 
 class error_category_impl final : public std::error_category {
@@ -46,6 +47,7 @@ public:
             case errc::store_unavailable: return "durable store unavailable";
             case errc::store_error: return "durable store error";
             case errc::corrupt_record: return "corrupt record read from the store";
+            case errc::busy: return "record briefly held by compensation or a reclaim; retry";
         }
         return "unknown idem error";
     }

@@ -39,6 +39,7 @@ struct run_options {
     duplicate_policy on_duplicate = duplicate_policy::replay;
     std::uint64_t fingerprint = 0;                       ///< 0: no payload check
     std::chrono::nanoseconds wait{0};                    ///< wait this long for an in-flight outcome
+    std::chrono::nanoseconds record_timeout = std::chrono::seconds(5);  ///< retry recording success this long
 };
 
 /// A request fingerprint from payload bytes (XXH3-64; never 0, which means "none").
@@ -56,12 +57,23 @@ public:
     /// Allocates both generations (2 x next_pow2(2 x capacity) slots) up front. Throws idem::error
     /// (errc::invalid_argument) naming the bad option. `sink` receives every transition (durable
     /// stores); it must outlive the guard.
-    explicit basic_guard(options opts = {}, Clock clock = {}, transition_sink* sink = nullptr)
+    /// With defer_maintenance the background thread starts only when start_maintenance() is
+    /// called (the durable guard recovers first).
+    explicit basic_guard(options opts = {}, Clock clock = {}, transition_sink* sink = nullptr,
+                         bool defer_maintenance = false)
         : engine_(std::move(opts), clock, sink) {
-        if (engine_.opts().maintenance_interval > std::chrono::nanoseconds::zero())
+        if (!defer_maintenance) start_maintenance();
+    }
+
+    /// Starts the maintenance thread if options.maintenance_interval > 0 and it is not running.
+    void start_maintenance() {
+        if (engine_.opts().maintenance_interval > std::chrono::nanoseconds::zero() && !maintenance_.joinable())
             maintenance_ = std::thread([this] { maintenance_loop(); });
     }
     ~basic_guard() { stop_maintenance(); }
+
+    /// Stops the maintenance thread (the durable guard does this before stopping its flusher).
+    void stop_maintenance_for_shutdown() { stop_maintenance(); }
     basic_guard(const basic_guard&) = delete;
     basic_guard& operator=(const basic_guard&) = delete;
 
@@ -99,26 +111,26 @@ public:
     std::uint64_t run(const key& k, Fn&& fn, const run_options& ro = {}) {
         auto r = ro.wait > std::chrono::nanoseconds::zero() ? begin_wait(k, ro.fingerprint, ro.wait)
                                                             : begin(k, ro.fingerprint);
-        const std::string name = "key '" + key::printable(k.view()) + "'";
+        auto name = [&k] { return "key '" + key::printable(k.view()) + "'"; };  // only on the error paths
         switch (r.status) {
             case begin_status::acquired: break;
             case begin_status::succeeded:
                 if (ro.on_duplicate == duplicate_policy::replay) return r.outcome;
-                throw error(errc::duplicate_request, name + " already succeeded (fence " + std::to_string(r.fence) + ")");
+                throw error(errc::duplicate_request, name() + " already succeeded (fence " + std::to_string(r.fence) + ")");
             case begin_status::failed:
                 throw error(errc::duplicate_request,
-                            name + " already failed terminally with code " + std::to_string(r.outcome));
-            case begin_status::in_progress: throw error(errc::in_progress, name + " is being executed by another caller");
+                            name() + " already failed terminally with code " + std::to_string(r.outcome));
+            case begin_status::in_progress: throw error(errc::in_progress, name() + " is being executed by another caller");
             case begin_status::in_doubt:
-                throw error(errc::in_doubt, name + " has an expired claim whose outcome is unknown");
+                throw error(errc::in_doubt, name() + " has an expired claim whose outcome is unknown");
             case begin_status::payload_mismatch:
-                throw error(errc::payload_mismatch, name + " was used before with a different request payload");
+                throw error(errc::payload_mismatch, name() + " was used before with a different request payload");
             case begin_status::capacity_exhausted:
-                throw error(errc::capacity_exhausted, name + " found no free slot within options.max_probe = " +
+                throw error(errc::capacity_exhausted, name() + " found no free slot within options.max_probe = " +
                                                           std::to_string(engine_.opts().max_probe));
-            case begin_status::backpressure: throw error(errc::backpressure, name + ": flush queue full");
+            case begin_status::backpressure: throw error(errc::backpressure, name() + ": flush queue full");
             case begin_status::store_unavailable:
-                throw error(errc::store_unavailable, name + ": the claim could not be made durable; not executed");
+                throw error(errc::store_unavailable, name() + ": the claim could not be made durable; not executed");
         }
         std::uint64_t outcome = 0;
         if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {
@@ -126,12 +138,16 @@ public:
         } else {
             outcome = static_cast<std::uint64_t>(std::invoke(std::forward<Fn>(fn)));
         }
+        // The effect happened: the success must be recorded. Retry while the queue is full or
+        // compensation holds the record; give up after ro.record_timeout (the lease and the
+        // resolver then decide, and the caller learns it from the exception).
         std::error_code ec = r.ticket.succeed(outcome);
-        while (ec == errc::backpressure) {  // the effect happened: the success must be recorded
+        const auto give_up = std::chrono::steady_clock::now() + ro.record_timeout;
+        while ((ec == errc::backpressure || ec == errc::busy) && std::chrono::steady_clock::now() < give_up) {
             std::this_thread::yield();
             ec = r.ticket.succeed(outcome);
         }
-        if (ec) throw error(static_cast<errc>(ec.value()), name + ": " + ec.message());
+        if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
         return outcome;
     }
 
@@ -140,7 +156,7 @@ public:
 
     /// Recycles the previous generation if it is due (see detail/engine.hpp). Returns true on rotation.
     bool collect() {
-        return engine_.rotate_if_due([this](std::int64_t updated) { return !evictable_ || evictable_(updated); });
+        return engine_.rotate_if_due([this] { return !all_flushed_ || all_flushed_(); });
     }
 
     /// compensate() then collect(); what the background thread runs every maintenance_interval.
@@ -163,8 +179,11 @@ public:
     template <class Fn>
     void for_each(Fn&& fn) const { engine_.for_each(std::forward<Fn>(fn)); }
 
+    /// Recovery: new fences start above `max_seen` (the store's largest fence).
+    void set_fence_floor(std::uint64_t max_seen) noexcept { engine_.set_fence_floor(max_seen); }
+
     /// A store pipeline sets this so that only durably flushed records are evicted.
-    void set_evictable(std::function<bool(std::int64_t updated_ns)> f) { evictable_ = std::move(f); }
+    void set_all_flushed(std::function<bool()> f) { all_flushed_ = std::move(f); }
 
     [[nodiscard]] const options& opts() const noexcept { return engine_.opts(); }
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return engine_.now(); }
@@ -194,7 +213,7 @@ private:
     }
 
     detail::engine<Atomic, Clock> engine_;
-    std::function<bool(std::int64_t)> evictable_;
+    std::function<bool()> all_flushed_;
     std::mutex mutex_;
     std::condition_variable cv_;
     bool stopping_ = false;

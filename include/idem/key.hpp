@@ -22,9 +22,6 @@
 
 namespace idem {
 
-template <template <class> class Atomic, class Clock>
-class basic_ticket;
-
 class key {
 public:
     static constexpr std::size_t max_size = 128;
@@ -105,10 +102,11 @@ public:
         return true;
     }
 
+    /// An empty placeholder (for queues and empty tickets). Not a valid key: guard operations take
+    /// keys made by the constructor, parse() or compose().
+    key() = default;
+
 private:
-    template <template <class> class Atomic, class Clock>
-    friend class basic_ticket;
-    key() = default;  // the empty key of an empty ticket; never handed out
 
     static bool check_component(std::string_view text, const char* what, std::string* why) {
         if (!check(text, what, why)) return false;

@@ -22,6 +22,8 @@ struct stats {
     std::uint64_t backpressure = 0;        ///< transitions refused because the flush queue was full
     std::uint64_t evicted = 0;             ///< terminal records dropped by generation recycle
     std::uint64_t rotations = 0;           ///< generation rotations
+    std::uint64_t rotations_blocked = 0;   ///< rotations refused: a record in the previous generation
+                                           ///< is processing, too young, or not yet flushed
     std::uint64_t max_probe = 0;           ///< longest probe sequence seen
     // Filled by a durable store pipeline; zero for a memory-only guard.
     std::uint64_t flush_batches = 0;
@@ -60,6 +62,7 @@ inline std::string to_prometheus(const stats& s) {
     put("backpressure_total", "counter", s.backpressure);
     put("evicted_total", "counter", s.evicted);
     put("rotations_total", "counter", s.rotations);
+    put("rotations_blocked_total", "counter", s.rotations_blocked);
     put("max_probe", "gauge", s.max_probe);
     put("flush_batches_total", "counter", s.flush_batches);
     put("flushed_transitions_total", "counter", s.flushed_transitions);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "idem/detail/engine.hpp"
@@ -52,8 +53,10 @@ public:
 
     /// Records success with an outcome replayed to duplicates. errc::stale_ticket when the claim was
     /// compensated or reclaimed meanwhile (nothing changes), errc::empty_ticket when moved from or
-    /// already completed, errc::backpressure when the flush queue is full (the ticket stays valid:
-    /// retry), errc::store_unavailable in sync mode when the commit could not be confirmed.
+    /// already completed, errc::backpressure when the flush queue is full or errc::busy when
+    /// compensation holds the record for a moment (the ticket stays valid: retry),
+    /// errc::store_unavailable in sync mode when the commit could not be confirmed (the success is
+    /// recorded in memory and queued, not yet durable).
     std::error_code succeed(std::uint64_t outcome = 0) noexcept {
         return finish(detail::slot_state::succeeded, outcome, transition_cause::succeed);
     }
@@ -70,10 +73,13 @@ public:
                    : finish(detail::slot_state::released, code, transition_cause::release);
     }
 
-    /// Renews the lease to now + `by`. errc::stale_ticket if the claim is no longer this ticket's.
+    /// Renews the lease to now + `by`. errc::stale_ticket if the claim is no longer this ticket's
+    /// (the ticket becomes empty), errc::busy if compensation holds the record for a moment.
     std::error_code extend(std::chrono::nanoseconds by) noexcept {
         if (!engine_) return errc::empty_ticket;
-        return engine_->extend(ref_, by);
+        std::error_code ec = engine_->extend(ref_, by);
+        if (ec == errc::stale_ticket) engine_ = nullptr;  // the claim is gone; dropping must not release it
+        return ec;
     }
 
 private:
@@ -84,15 +90,18 @@ private:
     std::error_code finish(detail::slot_state to, std::uint64_t outcome, transition_cause cause) noexcept {
         if (!engine_) return errc::empty_ticket;
         std::error_code ec = engine_->complete(key_, ref_, to, outcome, cause);
-        if (ec != errc::backpressure) engine_ = nullptr;  // done, or stale: either way the claim is gone
+        if (ec != errc::backpressure && ec != errc::busy) engine_ = nullptr;  // done or stale: the claim is gone
         return ec;
     }
 
     void drop() noexcept {
         if (!engine_) return;
-        // A dropped claim must not stay PROCESSING until its lease runs out. Under backpressure
-        // the lease and compensation take over.
-        (void)fail(0, engine_->opts().on_failure);
+        // A dropped claim must not stay PROCESSING until its lease runs out. Retry briefly while
+        // compensation holds the record; under backpressure the lease and compensation take over.
+        for (int i = 0; i < 64 && engine_; ++i) {
+            if (fail(0, engine_->opts().on_failure) != errc::busy) break;
+            std::this_thread::yield();
+        }
         engine_ = nullptr;
     }
 

@@ -12,8 +12,9 @@
 
 namespace idem {
 
-/// The durable states, named as in the store's `status` column (absent = no row).
-enum class record_state : std::uint8_t { absent = 0, processing = 1, succeeded = 2, failed = 3 };
+/// The durable states, named as in the store's `status` column. absent = no record; released =
+/// a claim given back (retryable failure, not executed): claimable again, its fence kept.
+enum class record_state : std::uint8_t { absent = 0, processing = 1, succeeded = 2, failed = 3, released = 4 };
 
 [[nodiscard]] constexpr const char* to_string(record_state s) noexcept {
     switch (s) {
@@ -21,6 +22,7 @@ enum class record_state : std::uint8_t { absent = 0, processing = 1, succeeded =
         case record_state::processing: return "PROCESSING";
         case record_state::succeeded: return "SUCCESS";
         case record_state::failed: return "FAILED";
+        case record_state::released: return "RELEASED";
     }
     return "?";
 }

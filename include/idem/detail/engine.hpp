@@ -27,8 +27,9 @@
 //
 // Memory ordering (numbers are referred to at each atomic below)
 // ---------------------------------------------------------------
-//   (1) identity load, acquire        pairs with (2)
-//   (2) identity CAS 0 -> hash, acq_rel
+//   (1) identity load, seq_cst        pairs with (2); seq_cst so that the previous-generation
+//                                     consult takes part in the (4)/(6)/(7) total order
+//   (2) identity CAS 0 -> hash, seq_cst
 //   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
 //   (4) word CAS, seq_cst             total order with the epoch load (6) and increment (7)
 //   (5) word store leaving a transient state, release: publishes the fields written while holding it
@@ -38,6 +39,11 @@
 //   (7) epoch increment, seq_cst
 //   (8) acquire fence before a seqlock validation load of the word, so the field loads before it
 //       cannot be reordered after it
+//   (9) release fence right after a CAS into a transient state (claiming, completing, recycling),
+//       so the field stores that follow cannot become visible before the transient word (the
+//       seqlock writer side; free on x86, a store barrier on ARM)
+// Readers validate (word, identity, fields, word): identity changes only under `recycling`, which
+// bumps the incarnation, so an unchanged word proves the identity and fields belong together.
 // Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), and counters.
 #pragma once
 
@@ -49,6 +55,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <new>
 #include <random>
 #include <string_view>
@@ -106,7 +114,7 @@ namespace detail {
 enum counter : unsigned {
     c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
     c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
-    c_count
+    c_rotation_blocked, c_restored_processing, c_count
 };
 
 template <template <class> class Atomic>
@@ -168,13 +176,13 @@ public:
         for (std::size_t n = 0; n < limit; ++n) {
             slot<Atomic>& s = slots_[(start + n) & mask_];
             std::uint64_t lo = s.lo.load(std::memory_order_acquire);  // (1) pairs with (2)
-            if (lo == 0 && s.lo.compare_exchange_strong(lo, h.lo, std::memory_order_acq_rel))  // (2)
+            if (lo == 0 && s.lo.compare_exchange_strong(lo, h.lo, std::memory_order_seq_cst))  // (2)
                 lo = h.lo;
             if (lo != h.lo) continue;
             std::uint64_t hi = s.hi.load(std::memory_order_acquire);  // (1) pairs with (2)
             // (2) Any thread with the same low half may write the high half: the first CAS fixes the
             // identity, and a thread whose high half lost moves on (lock-free helping, no waiting).
-            if (hi == 0 && s.hi.compare_exchange_strong(hi, h.hi, std::memory_order_acq_rel)) hi = h.hi;
+            if (hi == 0 && s.hi.compare_exchange_strong(hi, h.hi, std::memory_order_seq_cst)) hi = h.hi;
             if (hi != h.hi) continue;
             probes = n + 1;
             return &s;
@@ -189,10 +197,10 @@ public:
         const std::size_t limit = std::min(max_probe, mask_ + 1);
         for (std::size_t n = 0; n < limit; ++n) {
             slot<Atomic>& s = slots_[(start + n) & mask_];
-            const std::uint64_t lo = s.lo.load(std::memory_order_acquire);  // (1) pairs with (2)
+            const std::uint64_t lo = s.lo.load(std::memory_order_seq_cst);  // (1) pairs with (2)
             if (lo == 0) return nullptr;
             if (lo != h.lo) continue;
-            if (s.hi.load(std::memory_order_acquire) == h.hi) return &s;  // (1) pairs with (2)
+            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return &s;  // (1) pairs with (2)
         }
         return nullptr;
     }
@@ -210,13 +218,17 @@ struct snapshot {
     std::uint64_t fingerprint = 0;
     std::int64_t lease_until = 0;
     std::int64_t updated = 0;
+    std::uint64_t lo = 0, hi = 0;  ///< the identity that goes with `word`
     bool valid = false;
+    [[nodiscard]] bool is(hash128 h) const noexcept { return valid && lo == h.lo && hi == h.hi; }
 };
 
 template <template <class> class Atomic>
 snapshot read_slot(const slot<Atomic>& s) noexcept {
     snapshot r;
-    r.word = s.word.load(std::memory_order_acquire);  // (3) pairs with (5)
+    r.word = s.word.load(std::memory_order_seq_cst);  // (3) pairs with (5); seq_cst: see (6)
+    r.lo = s.lo.load(std::memory_order_relaxed);                    // relaxed: validated below
+    r.hi = s.hi.load(std::memory_order_relaxed);                    // relaxed: validated below
     r.outcome = s.outcome.load(std::memory_order_relaxed);          // relaxed: validated below
     r.fingerprint = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: validated below
     r.lease_until = s.lease_until.load(std::memory_order_relaxed);  // relaxed: validated below
@@ -251,6 +263,7 @@ std::string read_key(const key_cell<Atomic>& cell) {
         case slot_state::completing: return record_state::processing;
         case slot_state::succeeded: return record_state::succeeded;
         case slot_state::failed: return record_state::failed;
+        case slot_state::released: return record_state::released;
         default: return record_state::absent;
     }
 }
@@ -293,6 +306,11 @@ public:
         return {h.low64 == 0 ? 1 : h.low64, h.high64 == 0 ? 1 : h.high64};
     }
 
+    /// Fences are (generation << 32) | count. A key's first claim in a generation takes
+    /// (fence_base + epoch) << 32 | 1, so a key evicted and claimed again later, or claimed after a
+    /// restart, gets a fence above every fence it had before. Call before the guard is shared.
+    void set_fence_floor(std::uint64_t max_seen) noexcept { fence_base_ = (max_seen >> 32) + 1; }
+
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return clock_.now(); }
     [[nodiscard]] const options& opts() const noexcept { return opts_; }
     [[nodiscard]] Clock& clock() noexcept { return clock_; }
@@ -310,73 +328,85 @@ public:
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
             generation<Atomic>& cur = *gens_[epoch & 1];
-            std::size_t probes = 0;
-            slot_type* s = cur.find_or_insert(h, opts_.max_probe, probes);
-            note_probe(probes);
-            if (s == nullptr) {
-                count(c_capacity);
-                return {begin_status::capacity_exhausted, {}, 0, 0};
-            }
-            const snapshot snap = read_slot(*s);
-            if (!snap.valid) continue;
-            const slot_state st = state_word::state(snap.word);
-            if (st == slot_state::recycling) continue;
-            if (st == slot_state::vacant) {
-                // Never claimed in this generation: the previous generation may know the key.
-                std::uint64_t next_fence = 1;
-                if (slot_type* p = gens_[(epoch + 1) & 1]->find(h, opts_.max_probe)) {
-                    const snapshot ps = read_slot(*p);
-                    if (!ps.valid) continue;
-                    const slot_state pst = state_word::state(ps.word);
-                    if (pst != slot_state::vacant && pst != slot_state::released && pst != slot_state::recycling)
-                        return existing(ps, fingerprint);
-                    if (pst == slot_state::released) next_fence = state_word::fence(ps.word) + 1;
+            slot_type* s = cur.find(h, opts_.max_probe);
+            snapshot snap;
+            if (s != nullptr) {
+                snap = read_slot(*s);
+                if (!snap.is(h)) continue;
+                switch (state_word::state(snap.word)) {
+                    case slot_state::recycling: continue;  // our epoch is stale
+                    case slot_state::vacant: break;        // never claimed here: consult below
+                    case slot_state::released:
+                        if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
+                                               record_state::released, k, fingerprint, epoch, transition_cause::claim))
+                            return *a;
+                        continue;
+                    case slot_state::processing:
+                        if (opts_.reclaim_expired && snap.lease_until <= clock_.now().count()) {
+                            if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
+                                                   record_state::processing, k, fingerprint, epoch,
+                                                   transition_cause::reclaim))
+                                return *a;
+                            continue;
+                        }
+                        return existing(snap, fingerprint);
+                    default: return existing(snap, fingerprint);
                 }
-                if (auto a = try_claim(*s, cur, snap.word, next_fence, k, fingerprint, epoch, transition_cause::claim);
-                    a.status != begin_status::in_progress)
-                    return a;
-                continue;
             }
-            if (st == slot_state::released) {
-                if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1, k, fingerprint, epoch,
-                                       transition_cause::claim);
-                    a.status != begin_status::in_progress)
-                    return a;
-                continue;
+            // Not claimed in the current generation: the previous generation may know the key.
+            std::uint64_t next_fence = first_fence(epoch);
+            record_state from = record_state::absent;
+            if (slot_type* p = gens_[(epoch + 1) & 1]->find(h, opts_.max_probe)) {
+                const snapshot ps = read_slot(*p);
+                if (!ps.is(h)) continue;
+                const slot_state pst = state_word::state(ps.word);
+                if (pst == slot_state::released) {
+                    next_fence = state_word::fence(ps.word) + 1;
+                    from = record_state::released;
+                } else if (pst != slot_state::vacant && pst != slot_state::recycling) {
+                    return existing(ps, fingerprint);
+                }
             }
-            if (st == slot_state::processing && opts_.reclaim_expired &&
-                snap.lease_until <= clock_.now().count()) {
-                if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1, k, fingerprint, epoch,
-                                       transition_cause::reclaim);
-                    a.status != begin_status::in_progress)
-                    return a;
-                continue;
+            if (s == nullptr) {
+                std::size_t probes = 0;
+                s = cur.find_or_insert(h, opts_.max_probe, probes);
+                note_probe(probes);
+                if (s == nullptr) {
+                    count(c_capacity);
+                    return {begin_status::capacity_exhausted, {}, 0, 0};
+                }
+                snap = read_slot(*s);
+                if (!snap.is(h) || state_word::state(snap.word) != slot_state::vacant) continue;
             }
-            return existing(snap, fingerprint);
+            if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim))
+                return *a;
         }
     }
 
     /// Completes a claim. Progress: lock-free; wait-free when the claim is current.
+    /// errc::busy: compensation or a reclaim holds the record for a moment; the claim may still be
+    /// ours, so the ticket stays valid (retry). With check_lease (compensation) the completion is
+    /// refused with errc::busy when the lease was renewed since it was seen expired.
     std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
-                             transition_cause cause) noexcept {
+                             transition_cause cause, bool check_lease = false) noexcept {
         slot_type& s = *c.s;
-        std::uint64_t expected = c.word;
-        const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
-        // (4) A claim marked in doubt is still the owner's: its completion is the truth.
-        if (!s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst) &&
-            !(expected == (c.word | state_word::doubt_bit) &&
-              s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst))) {
-            count(c_stale);
-            return errc::stale_ticket;
-        }
+        std::uint64_t replaced = 0;
+        if (std::error_code ec = enter(c, replaced)) return ec;
         const auto now = clock_.now();
-        transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word), outcome,
-                     s.fingerprint.load(std::memory_order_relaxed), std::chrono::nanoseconds(0), now};  // relaxed: we hold completing
+        if (check_lease && s.lease_until.load(std::memory_order_relaxed) > now.count()) {  // relaxed: we hold completing
+            s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
+            return errc::busy;
+        }
         std::uint64_t seq = 0;
-        if (sink_ != nullptr && (seq = sink_->offer(t)) == 0) {
-            s.word.store(c.word, std::memory_order_release);  // (5) undo: nothing changed
-            count(c_backpressure);
-            return errc::backpressure;
+        if (sink_ != nullptr) {
+            const transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word), outcome,
+                               s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                               std::chrono::nanoseconds(0), now};
+            if ((seq = sink_->offer(t)) == 0) {
+                s.word.store(replaced, std::memory_order_release);  // (5) undo: nothing changed
+                count(c_backpressure);
+                return errc::backpressure;
+            }
         }
         s.outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
         s.updated.store(now.count(), std::memory_order_relaxed);
@@ -386,15 +416,11 @@ public:
         return {};
     }
 
-    /// Renews a claim's lease. Progress: lock-free.
+    /// Renews a claim's lease (and clears a doubt mark: the owner is alive). Progress: lock-free.
     std::error_code extend(claim_ref<Atomic>& c, std::chrono::nanoseconds by) noexcept {
         slot_type& s = *c.s;
-        std::uint64_t expected = c.word;
-        const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
-        if (!s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
-            count(c_stale);
-            return errc::stale_ticket;
-        }
+        std::uint64_t replaced = 0;
+        if (std::error_code ec = enter(c, replaced)) return ec;
         s.lease_until.store((clock_.now() + by).count(), std::memory_order_relaxed);  // relaxed: published by (5)
         s.word.store(c.word, std::memory_order_release);                                // (5)
         return {};
@@ -405,99 +431,113 @@ public:
         const hash128 h = hash(k);
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
+            bool retry = false;
             for (std::uint64_t g : {epoch & 1, (epoch + 1) & 1}) {
                 slot_type* s = gens_[g]->find(h, opts_.max_probe);
                 if (s == nullptr) continue;
                 const snapshot snap = read_slot(*s);
-                if (!snap.valid) goto retry;
+                if (!snap.is(h)) {
+                    retry = true;
+                    break;
+                }
                 const slot_state st = state_word::state(snap.word);
                 if (st == slot_state::vacant || st == slot_state::recycling) continue;
-                record_view v;
-                v.state = durable_state(st);
-                v.fence = state_word::fence(snap.word);
-                v.outcome = snap.outcome;
-                v.fingerprint = snap.fingerprint;
-                v.in_doubt = state_word::in_doubt(snap.word);
-                v.lease_until = std::chrono::nanoseconds(snap.lease_until);
+                record_view v = view_of(snap);
                 if (st == slot_state::released) v.state = record_state::absent;
                 return v;
             }
-            return {};
-        retry:;
+            if (!retry) return {};
         }
     }
 
     /// Asks the resolver about every processing claim whose lease expired. Not on the hot path;
-    /// scans both generations. Returns the number of claims resolved.
+    /// scans both generations (skipped when no claim is outstanding). Returns the claims resolved.
     std::size_t compensate() {
         std::size_t resolved = 0;
-        const auto now = clock_.now();
+        if (outstanding() == 0) return 0;
         for (auto& g : gens_) {
             for (std::size_t i = 0; i < g->size(); ++i) {
                 slot_type& s = g->at(i);
                 if (s.lo.load(std::memory_order_relaxed) == 0) continue;  // relaxed: a hint; the snapshot decides
                 const snapshot snap = read_slot(s);
                 if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
-                if (snap.lease_until > now.count()) continue;
+                if (snap.lease_until > clock_.now().count()) continue;
                 const std::string text = read_key(g->key_at(&s));
-                if (state_word::fence(s.word.load(std::memory_order_acquire)) != state_word::fence(snap.word))  // (3)
-                    continue;  // the key bytes may belong to a newer claim: skip this pass
-                resolver_answer answer{};
-                if (opts_.resolve) answer = opts_.resolve(expired_claim{text, state_word::fence(snap.word), snap.fingerprint});
+                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // the key bytes may be newer
                 const auto k = key::parse(text);
                 if (!k) continue;
+                resolver_answer answer{};
+                if (opts_.resolve) answer = opts_.resolve(expired_claim{text, state_word::fence(snap.word), snap.fingerprint});
                 if (resolve_claim(s, snap.word, *k, answer)) ++resolved;
             }
         }
         return resolved;
     }
 
-    /// Recycles the previous generation when every record in it is terminal, older than the
-    /// retention and accepted by `evictable`, and the current one is at least half full.
-    /// Returns true when the generations rotated. Not on the hot path.
-    template <class Evictable>
-    bool rotate_if_due(Evictable&& evictable) {
+    /// Recycles the previous generation when every record in it is terminal and older than the
+    /// retention, all_flushed() says the store has everything, and the current one is at least
+    /// half full. Then the recycled generation becomes the current one. Returns true on rotation.
+    /// Not on the hot path; concurrent calls are serialised (a second caller returns false).
+    template <class AllFlushed>
+    bool rotate_if_due(AllFlushed&& all_flushed) {
+        std::unique_lock lock(rotate_mutex_, std::try_to_lock);
+        if (!lock.owns_lock()) return false;
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
-        if (fill(epoch & 1) < opts_.capacity / 2 + 1 && fill(epoch & 1) < opts_.capacity) return false;
+        if (fill(epoch & 1) < std::max<std::uint64_t>(1, opts_.capacity / 2)) return false;
         generation<Atomic>& prev = *gens_[(epoch + 1) & 1];
         const auto horizon = (clock_.now() - opts_.retention).count();
-        for (std::size_t i = 0; i < prev.size(); ++i) {
-            const snapshot snap = read_slot(prev.at(i));
+        auto evictable = [&](const snapshot& snap) {
             const slot_state st = state_word::state(snap.word);
-            if (!snap.valid) return false;
-            if (st == slot_state::vacant || st == slot_state::released) continue;
-            if (!is_terminal(st) || snap.updated > horizon || !evictable(snap.updated)) return false;
+            return snap.valid && (is_claimable(st) || (is_terminal(st) && snap.updated <= horizon));
+        };
+        for (std::size_t i = 0; i < prev.size(); ++i) {
+            if (!evictable(read_slot(prev.at(i)))) {
+                count(c_rotation_blocked);
+                return false;
+            }
+        }
+        // Every record read above was offered to the sink before it was published, so a sink that
+        // is drained now has all of them.
+        if (!all_flushed()) {
+            count(c_rotation_blocked);
+            return false;
         }
         std::uint64_t evicted = 0;
         for (std::size_t i = 0; i < prev.size(); ++i) {
             slot_type& s = prev.at(i);
-            std::uint64_t w = s.word.load(std::memory_order_acquire);  // (3)
-            const slot_state st = state_word::state(w);
-            if (!is_terminal(st) && !is_claimable(st)) return false;  // a late claim: try again later
-            const std::uint64_t inc = state_word::incarnation(w) + 1;
-            if (!s.word.compare_exchange_strong(w, state_word::make(slot_state::recycling, inc, 0),
+            const snapshot snap = read_slot(s);
+            if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
+            const std::uint64_t inc = state_word::incarnation(snap.word) + 1;
+            std::uint64_t expected = snap.word;
+            if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
                                                 std::memory_order_seq_cst))  // (4)
                 return false;
-            if (is_terminal(st)) ++evicted;
-            s.hi.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
-            s.lo.store(0, std::memory_order_relaxed);
+            std::atomic_thread_fence(std::memory_order_release);  // (9)
+            if (is_terminal(state_word::state(snap.word))) ++evicted;
+            s.lo.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.hi.store(0, std::memory_order_relaxed);
             s.outcome.store(0, std::memory_order_relaxed);
             s.fingerprint.store(0, std::memory_order_relaxed);
             s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
         }
-        for (auto& st : stripes_) st.v[c_fill0 + ((epoch + 1) & 1)].store(0, std::memory_order_relaxed);  // relaxed: a statistic
+        const unsigned recycled_fill = c_fill0 + static_cast<unsigned>((epoch + 1) & 1);
+        for (auto& st : stripes_) st.v[recycled_fill].store(0, std::memory_order_relaxed);  // relaxed: a statistic
         count(c_evicted, evicted);
-        epoch_.fetch_add(1, std::memory_order_seq_cst);  // (7) pairs with (6)
+        std::uint64_t expected_epoch = epoch;
+        epoch_.compare_exchange_strong(expected_epoch, epoch + 1, std::memory_order_seq_cst);  // (7) pairs with (6)
         rotations_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
         return true;
     }
 
-    /// Loads a record during recovery (single-threaded, before the guard is shared).
+    /// Loads a record during recovery. Only before the guard is shared (single-threaded).
     begin_status restore(const key& k, record_state state, std::uint64_t fence, std::uint64_t outcome,
                          std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
                          std::chrono::nanoseconds updated) noexcept {
-        if (fence == 0 || fence > state_word::max_fence) return begin_status::payload_mismatch;
-        generation<Atomic>& cur = *gens_[epoch_.load(std::memory_order_seq_cst) & 1];  // (6)
+        if (fence == 0 || fence > state_word::max_fence || state == record_state::absent)
+            return begin_status::payload_mismatch;
+        const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
+        generation<Atomic>& cur = *gens_[epoch & 1];
         std::size_t probes = 0;
         slot_type* s = cur.find_or_insert(hash(k), opts_.max_probe, probes);
         note_probe(probes);
@@ -513,7 +553,8 @@ public:
         s->lease_until.store(lease_until.count(), std::memory_order_relaxed);
         s->updated.store(updated.count(), std::memory_order_relaxed);
         s->word.store(state_word::make(st, inc, fence), std::memory_order_release);  // (5)
-        count(c_fill0 + (epoch_.load(std::memory_order_relaxed) & 1));  // relaxed: a statistic
+        count(c_fill0 + static_cast<unsigned>(epoch & 1));
+        if (st == slot_state::processing) count(c_restored_processing);
         return begin_status::acquired;
     }
 
@@ -527,24 +568,15 @@ public:
                 const snapshot snap = read_slot(s);
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
-                record_view v;
-                v.state = durable_state(st);
-                v.fence = state_word::fence(snap.word);
-                v.outcome = snap.outcome;
-                v.fingerprint = snap.fingerprint;
-                v.in_doubt = state_word::in_doubt(snap.word);
-                v.lease_until = std::chrono::nanoseconds(snap.lease_until);
-                fn(read_key(g->key_at(&s)), v);
+                std::string text = read_key(g->key_at(&s));
+                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
+                fn(std::move(text), view_of(snap));
             }
         }
     }
 
     [[nodiscard]] stats snapshot_stats() const noexcept {
-        auto sum = [&](unsigned c) {
-            std::uint64_t v = 0;
-            for (auto& st : stripes_) v += st.v[c].load(std::memory_order_relaxed);  // relaxed: a statistic
-            return v;
-        };
         stats s;
         s.acquired = sum(c_acquired);
         s.duplicates = sum(c_duplicates);
@@ -560,6 +592,7 @@ public:
         s.capacity_exhausted = sum(c_capacity);
         s.backpressure = sum(c_backpressure);
         s.evicted = sum(c_evicted);
+        s.rotations_blocked = sum(c_rotation_blocked);
         s.rotations = rotations_.load(std::memory_order_relaxed);   // relaxed: a statistic
         s.max_probe = max_probe_.load(std::memory_order_relaxed);   // relaxed: a statistic
         return s;
@@ -570,10 +603,61 @@ public:
     }
 
 private:
-    [[nodiscard]] std::uint64_t fill(std::uint64_t g) const noexcept {
+    [[nodiscard]] std::uint64_t sum(unsigned c) const noexcept {
         std::uint64_t v = 0;
-        for (auto& st : stripes_) v += st.v[c_fill0 + g].load(std::memory_order_relaxed);  // relaxed: a statistic
+        for (auto& st : stripes_) v += st.v[c].load(std::memory_order_relaxed);  // relaxed: a statistic
         return v;
+    }
+
+    /// Claims granted (or restored) minus claims completed: zero means nothing can have expired.
+    [[nodiscard]] std::uint64_t outstanding() const noexcept {
+        const std::uint64_t opened = sum(c_acquired) + sum(c_reclaimed) + sum(c_restored_processing);
+        const std::uint64_t closed = sum(c_succeeded) + sum(c_failed) + sum(c_released) + sum(c_reclaimed);
+        return opened > closed ? opened - closed : 1;  // counters are not a snapshot: err on scanning
+    }
+
+    /// Moves the claim's slot from processing(fence) (with or without the doubt mark) into
+    /// completing. `replaced` receives the exact word replaced, for an undo.
+    std::error_code enter(claim_ref<Atomic>& c, std::uint64_t& replaced) noexcept {
+        slot_type& s = *c.s;
+        const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
+        for (std::uint64_t expected : {c.word, c.word | state_word::doubt_bit}) {
+            const std::uint64_t want = expected;
+            if (s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
+                std::atomic_thread_fence(std::memory_order_release);                         // (9)
+                replaced = want;
+                return {};
+            }
+            // Someone holds the record for a moment (compensation, a reclaim that may withdraw, or
+            // a doubt mark being written): the claim may still be ours.
+            const bool same_life = state_word::incarnation(expected) == state_word::incarnation(c.word);
+            const slot_state st = state_word::state(expected);
+            if (same_life && ((st == slot_state::completing && state_word::fence(expected) == state_word::fence(c.word)) ||
+                              (st == slot_state::claiming && state_word::fence(expected) == state_word::fence(c.word) + 1)))
+                return errc::busy;
+            if (expected != (c.word | state_word::doubt_bit)) break;
+        }
+        count(c_stale);
+        return errc::stale_ticket;
+    }
+
+    [[nodiscard]] static record_view view_of(const snapshot& snap) noexcept {
+        record_view v;
+        v.state = durable_state(state_word::state(snap.word));
+        v.fence = state_word::fence(snap.word);
+        v.outcome = snap.outcome;
+        v.fingerprint = snap.fingerprint;
+        v.in_doubt = state_word::in_doubt(snap.word);
+        v.lease_until = std::chrono::nanoseconds(snap.lease_until);
+        return v;
+    }
+
+    [[nodiscard]] std::uint64_t first_fence(std::uint64_t epoch) const noexcept {
+        return ((fence_base_ + epoch) << 32) | 1;
+    }
+
+    [[nodiscard]] std::uint64_t fill(std::uint64_t g) const noexcept {
+        return sum(c_fill0 + static_cast<unsigned>(g));
     }
 
     void note_probe(std::size_t probes) noexcept {
@@ -604,26 +688,28 @@ private:
         return {begin_status::in_progress, {}, 0, fence};
     }
 
-    /// CAS `seen` -> claiming. Returns in_progress when the CAS lost (the caller retries).
-    begin_answer try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
-                           const key& k, std::uint64_t fingerprint, std::uint64_t epoch,
-                           transition_cause cause) noexcept {
+    /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
+    std::optional<begin_answer> try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
+                                          record_state from, const key& k, std::uint64_t fingerprint,
+                                          std::uint64_t epoch, transition_cause cause) noexcept {
         if (fence > state_word::max_fence) {
             count(c_capacity);
-            return {begin_status::capacity_exhausted, {}, 0, 0};
+            return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
         }
         const std::uint64_t inc = state_word::incarnation(seen);
-        const std::uint64_t claiming = state_word::make(slot_state::claiming, inc, fence);
         std::uint64_t expected = seen;
-        if (!s.word.compare_exchange_strong(expected, claiming, std::memory_order_seq_cst))  // (4) pairs with (6)(7)
-            return {begin_status::in_progress, {}, 0, 0};
-        if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
-            s.word.store(seen, std::memory_order_release);        // (5)
-            return {begin_status::in_progress, {}, 0, 0};
-        }
+        if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::claiming, inc, fence),
+                                            std::memory_order_seq_cst))  // (4) pairs with (6)(7)
+            return std::nullopt;
+        std::atomic_thread_fence(std::memory_order_release);  // (9)
         const auto now = clock_.now();
+        if (epoch_.load(std::memory_order_seq_cst) != epoch ||  // (6) a rotation overtook us: withdraw
+            (cause == transition_cause::reclaim &&
+             s.lease_until.load(std::memory_order_relaxed) > now.count())) {  // relaxed: we hold claiming; renewed
+            s.word.store(seen, std::memory_order_release);                    // (5)
+            return std::nullopt;
+        }
         const auto lease_until = now + opts_.lease;
-        const record_state from = durable_state(state_word::state(seen));
         const std::uint64_t old_fp = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: we hold claiming
         const std::int64_t old_lease = s.lease_until.load(std::memory_order_relaxed);
         s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
@@ -638,43 +724,50 @@ private:
                 s.lease_until.store(old_lease, std::memory_order_relaxed);
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
                 count(c_backpressure);
-                return {begin_status::backpressure, {}, 0, 0};
+                return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
         }
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
         s.word.store(processing, std::memory_order_release);  // (5)
-        if (state_word::state(seen) == slot_state::vacant) count(c_fill0 + (epoch & 1));
+        if (state_word::state(seen) == slot_state::vacant) count(c_fill0 + static_cast<unsigned>(epoch & 1));
         count(cause == transition_cause::reclaim ? c_reclaimed : c_acquired);
         claim_ref<Atomic> ref{&s, processing};
         if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) {
             // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise the
             // lease runs out and compensation asks the resolver (which will answer not_executed).
             (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable);
-            return {begin_status::store_unavailable, {}, 0, fence};
+            return begin_answer{begin_status::store_unavailable, {}, 0, fence};
         }
-        return {begin_status::acquired, ref, 0, fence};
+        return begin_answer{begin_status::acquired, ref, 0, fence};
     }
 
+    /// Applies the resolver's answer to the claim seen as `seen` (processing, expired).
     bool resolve_claim(slot_type& s, std::uint64_t seen, const key& k, const resolver_answer& answer) {
+        claim_ref<Atomic> ref{&s, seen & ~state_word::doubt_bit};
         if (answer.verdict == resolution::unknown) {
-            if (state_word::in_doubt(seen)) return false;
-            std::uint64_t expected = seen;
-            if (!s.word.compare_exchange_strong(expected, seen | state_word::doubt_bit,
-                                                std::memory_order_seq_cst))  // (4)
+            if (state_word::in_doubt(seen)) return false;  // already marked and audited
+            std::uint64_t replaced = 0;
+            if (enter(ref, replaced)) return false;
+            if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
+                s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
                 return false;
+            }
+            if (sink_ != nullptr &&
+                sink_->offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
+                                        state_word::fence(seen), 0,
+                                        s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                        std::chrono::nanoseconds(0), clock_.now()}) == 0) {
+                s.word.store(replaced, std::memory_order_release);  // (5) undo; asked again next pass
+                return false;
+            }
+            s.word.store(ref.word | state_word::doubt_bit, std::memory_order_release);  // (5)
             count(c_in_doubt);
-            if (sink_ != nullptr)
-                (void)sink_->offer(transition{k, record_state::processing, record_state::processing,
-                                              transition_cause::doubt, state_word::fence(seen), 0,
-                                              s.fingerprint.load(std::memory_order_relaxed),  // relaxed: audit detail only
-                                              std::chrono::nanoseconds(0), clock_.now()});
             return false;
         }
         const slot_state to = answer.verdict == resolution::succeeded ? slot_state::succeeded
                               : answer.verdict == resolution::failed  ? slot_state::failed
                                                                       : slot_state::released;
-        claim_ref<Atomic> ref{&s, seen & ~state_word::doubt_bit};
-        if (complete(k, ref, to, answer.outcome, transition_cause::compensate)) return false;
+        if (complete(k, ref, to, answer.outcome, transition_cause::compensate, /*check_lease=*/true)) return false;
         count(c_compensated);
         return true;
     }
@@ -682,9 +775,11 @@ private:
     options opts_;
     Clock clock_;
     transition_sink* sink_;
+    std::uint64_t fence_base_ = 0;  // generations before this process (from the store's max fence)
     std::unique_ptr<generation<Atomic>> gens_[2];
     unsigned char secret_[XXH3_SECRET_DEFAULT_SIZE];
     alignas(64) Atomic<std::uint64_t> epoch_{0};
+    std::mutex rotate_mutex_;  // rotation only; never taken on the hot path
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];

@@ -15,7 +15,7 @@
 //   doubt        a processing claim whose lease expired and whose resolver answered unknown
 //   incarnation  bumped each time the slot's identity is reset (generation recycle), so a reader
 //                that validated (word, identity, word) never mixes two keys' fields
-//   fence        strictly increasing per key within a generation; a ticket presents it on completion
+//   fence        strictly increasing per key, (generation << 32) | count; a ticket presents it on completion
 //
 // Transitions (every arrow is one CAS on the word unless marked "store", which only the thread that
 // moved the slot into the transient state may do):

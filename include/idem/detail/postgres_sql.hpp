@@ -1,0 +1,379 @@
+// idem/detail/postgres_sql.hpp: the SQL text of the PostgreSQL store and the pure helpers around it
+// (UTF-8 check, array literals, connection-string options, password redaction). No libpqxx here, so
+// the helpers can be tested without a server.
+//
+// Parameters only. Keys, nodes and details never enter SQL text: a batch travels as a handful of
+// bound parameters, each a PostgreSQL array literal ('{"k1","k2"}') that the server parses with
+// array_in and unnest() turns back into rows. Every element is double-quoted and '"' and '\' are
+// backslash-escaped, which is the whole of array_in's quoting rule, so a key holding quotes, ';',
+// '--', braces, commas, blanks or the word NULL round-trips byte for byte.
+//
+// Unsigned fences. Fences, outcomes and fingerprints are uint64 stored as the int64 with the same
+// bits. memory_store compares fences unsigned, so SQL compares (fence # sign_bit): flipping the sign
+// bit maps unsigned order onto signed order. Fences never reach 2^63 in practice; the flip makes the
+// store exact anyway, at no measurable cost.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <span>
+#include <system_error>
+#include <string>
+#include <string_view>
+
+namespace idem::detail::pg {
+
+inline constexpr int schema_version = 1;
+
+// Serialises concurrent openers of one database (CREATE TABLE IF NOT EXISTS is not race-free in
+// PostgreSQL: two sessions can both pass the existence check and one fails on pg_type's unique
+// index). The number is arbitrary: "idem" in ASCII.
+inline constexpr std::string_view schema_lock = "SELECT pg_advisory_xact_lock(1768189293)";
+
+// idempotent_key is COLLATE "C": byte order, the same as SQLite's BINARY and std::string, so
+// scan_audit's order matches memory_store's, and btree comparisons skip the locale.
+inline constexpr std::string_view schema_ddl = R"sql(
+CREATE TABLE IF NOT EXISTS idem_schema (
+  version INTEGER NOT NULL PRIMARY KEY
+);
+CREATE TABLE IF NOT EXISTS idempotent_record (
+  idempotent_key VARCHAR(128) COLLATE "C" PRIMARY KEY,
+  biz_type VARCHAR(32) NOT NULL,
+  status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING','SUCCESS','FAILED','RELEASED')),
+  fencing_token BIGINT NOT NULL,
+  lease_until BIGINT NOT NULL,
+  outcome BIGINT NOT NULL,
+  request_fingerprint BIGINT NOT NULL,
+  created_time BIGINT NOT NULL,
+  updated_time BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_idempotent_record_biz_status ON idempotent_record (biz_type, status);
+CREATE TABLE IF NOT EXISTS idempotent_audit (
+  sequence BIGSERIAL PRIMARY KEY,
+  idempotent_key VARCHAR(128) COLLATE "C" NOT NULL,
+  from_status VARCHAR(16) NOT NULL,
+  to_status VARCHAR(16) NOT NULL,
+  fencing_token BIGINT NOT NULL,
+  node VARCHAR(64) NOT NULL,
+  at_time BIGINT NOT NULL,
+  detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_idempotent_audit_key_seq ON idempotent_audit (idempotent_key, sequence);
+CREATE TABLE IF NOT EXISTS idempotent_batch (
+  batch_id BIGINT PRIMARY KEY,
+  committed_time BIGINT NOT NULL
+)
+)sql";
+
+// Writes schema_version (the literal 1) into a fresh database.
+inline constexpr std::string_view schema_version_insert =
+    "INSERT INTO idem_schema (version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM idem_schema)";
+inline constexpr std::string_view schema_version_select = "SELECT max(version) FROM idem_schema";
+
+// apply, statement 1 of 2. One round trip for three things:
+//  - the batch id (its primary key makes a replayed batch fail instead of writing twice);
+//  - lease_until / request_fingerprint of existing records: memory_store takes them from the last
+//    *applied* PROCESSING row, which need not be the last row (claim then succeed in one batch), and
+//    whether that row applies depends on the stored fence. ON CONFLICT DO UPDATE cannot see values
+//    beyond the proposed row, so this UPDATE runs first, while the stored fence is still the old one:
+//    one entry per key that has a PROCESSING row in its applied chain ($10..$13), with that row's
+//    fence, lease and fingerprint;
+//  - every audit row, in input order (WITH ORDINALITY ... ORDER BY keeps BIGSERIAL in that order).
+inline constexpr std::string_view apply_audit_name = "idem_apply_audit";
+inline constexpr std::string_view apply_audit = R"sql(
+WITH batch AS (
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, $2)
+), lease AS (
+  UPDATE idempotent_record AS r SET lease_until = p.pl, request_fingerprint = p.pfp
+  FROM unnest($10::text[], $11::bigint[], $12::bigint[], $13::bigint[]) AS p(k, pf, pl, pfp)
+  WHERE r.idempotent_key = p.k
+    AND (r.fencing_token # (-9223372036854775808)::bigint) <= (p.pf # (-9223372036854775808)::bigint)
+)
+INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
+SELECT a.k, a.f, a.t, a.fe, $9, a.at, a.d
+FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[])
+     WITH ORDINALITY AS a(k, f, t, fe, at, d, n)
+ORDER BY a.n
+)sql";
+
+// apply, statement 2 of 2: each key's record set to the state of the last row of its applied chain,
+// guarded by the fence (the stored fence must not be higher). lease_until and request_fingerprint are
+// only written on insert here; statement 1 updated them for existing rows. created_time and biz_type
+// are kept on update.
+inline constexpr std::string_view apply_records_name = "idem_apply_records";
+inline constexpr std::string_view apply_records = R"sql(
+INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
+                                    request_fingerprint, created_time, updated_time)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
+                     $7::bigint[], $8::bigint[], $9::bigint[])
+ON CONFLICT (idempotent_key) DO UPDATE
+  SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, outcome = EXCLUDED.outcome,
+      updated_time = EXCLUDED.updated_time
+  WHERE (r.fencing_token # (-9223372036854775808)::bigint) <= (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
+)sql";
+
+// committed(batch_id): a speculative insert, rolled back by the caller. It waits for a transaction
+// that holds the same batch id uncommitted (the COMMIT in doubt may still be running in the old
+// session), then returns no row when the batch committed and one row when it did not. A plain SELECT
+// would answer "not committed" while that COMMIT is still on its way.
+inline constexpr std::string_view committed_name = "idem_committed";
+inline constexpr std::string_view committed =
+    "INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, 0) ON CONFLICT (batch_id) DO NOTHING "
+    "RETURNING 1";
+
+inline constexpr std::string_view get_name = "idem_get";
+inline constexpr std::string_view get =
+    "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
+    "created_time, updated_time FROM idempotent_record WHERE idempotent_key = $1";
+
+inline constexpr std::string_view audit_name = "idem_audit";
+inline constexpr std::string_view audit =
+    "SELECT sequence, idempotent_key, from_status, to_status, fencing_token, node, at_time, detail "
+    "FROM idempotent_audit WHERE idempotent_key = $1 ORDER BY sequence";
+// COPY (query) TO STDOUT streams rows as the executor produces them; the client reads them one line
+// at a time (pqxx::stream_from::get_raw_line) and split_copy_line() below takes each line apart.
+inline constexpr std::string_view load_query =
+    "(SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
+    "created_time, updated_time FROM idempotent_record)";
+inline constexpr std::size_t load_columns = 9;
+inline constexpr std::string_view scan_audit_query =
+    "(SELECT sequence, idempotent_key, from_status, to_status, fencing_token, node, at_time, detail "
+    "FROM idempotent_audit ORDER BY idempotent_key, sequence)";
+inline constexpr std::size_t scan_audit_columns = 8;
+
+// NULL on an empty table; the client flips the sign bit back.
+inline constexpr std::string_view max_fence =
+    "SELECT max(fencing_token # (-9223372036854775808)::bigint) FROM idempotent_record";
+
+// ---------------------------------------------------------------------------------------------------
+// Pure helpers.
+
+/// True when text is well-formed UTF-8 as PostgreSQL's UTF8 encoding checks it: no overlong forms,
+/// no surrogates (U+D800..U+DFFF), nothing above U+10FFFF. (NUL is excluded by idem::key already.)
+[[nodiscard]] inline bool valid_utf8(std::string_view text) noexcept {
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    const auto* end = p + text.size();
+    while (p < end) {
+        const unsigned c = *p;
+        if (c < 0x80) {
+            ++p;
+            continue;
+        }
+        std::size_t n;
+        unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+        if (c >= 0xc2 && c <= 0xdf) {
+            n = 2;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            n = 3;
+            if (c == 0xe0) lo = 0xa0;       // overlong
+            if (c == 0xed) hi = 0x9f;       // surrogates
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            n = 4;
+            if (c == 0xf0) lo = 0x90;       // overlong
+            if (c == 0xf4) hi = 0x8f;       // above U+10FFFF
+        } else {
+            return false;
+        }
+        if (static_cast<std::size_t>(end - p) < n) return false;
+        if (p[1] < lo || p[1] > hi) return false;
+        for (std::size_t i = 2; i < n; ++i)
+            if (p[i] < 0x80 || p[i] > 0xbf) return false;
+        p += n;
+    }
+    return true;
+}
+
+/// The longest prefix of text that does not end inside a UTF-8 sequence (biz_type_of cuts at 32
+/// bytes, which can split a character; PostgreSQL would reject the half).
+[[nodiscard]] inline std::string_view utf8_prefix(std::string_view text) noexcept {
+    while (!text.empty() && !valid_utf8(text)) text.remove_suffix(1);
+    return text;
+}
+
+/// Builds one array-literal parameter: '{"a","b"}' for text, '{1,2}' for integers.
+class array_literal {
+public:
+    void reserve(std::size_t bytes) { text_.reserve(bytes); }
+    void add_text(std::string_view s) {
+        open_element();
+        text_ += '"';
+        for (char c : s) {
+            if (c == '"' || c == '\\') text_ += '\\';
+            text_ += c;
+        }
+        text_ += '"';
+    }
+    void add_int(std::int64_t v) {
+        open_element();
+        char buf[24];
+        auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+        (void)ec;
+        text_.append(buf, end);
+    }
+    void add_uint(std::uint64_t v) { add_int(static_cast<std::int64_t>(v)); }  // same bits
+    [[nodiscard]] const std::string& str() {
+        if (!closed_) {
+            if (text_.empty()) text_ += '{';
+            text_ += '}';
+            closed_ = true;
+        }
+        return text_;
+    }
+
+private:
+    void open_element() { text_ += text_.empty() ? '{' : ','; }
+    std::string text_;
+    bool closed_ = false;
+};
+
+/// Takes one line of COPY text output apart into out[0..n), undoing COPY's backslash escapes.
+/// Returns false unless the line holds exactly out.size() fields, none of them NULL (\N): no column
+/// of the schema is nullable. Splitting bytewise is safe: in UTF-8 no multibyte sequence contains a
+/// byte below 0x80. (libpqxx 6.4's stream_from::operator>> is not used: it reads an uninitialised
+/// flag, m_retry_line, when constructed with a column list.)
+[[nodiscard]] inline bool split_copy_line(std::string_view line, std::span<std::string> out) {
+    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+    std::size_t field = 0;
+    std::size_t i = 0;
+    auto hex = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+    auto is_hex = [](char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); };
+    while (true) {
+        if (field == out.size()) return false;
+        std::string& f = out[field];
+        f.clear();
+        const std::size_t start = i;
+        while (i < line.size() && line[i] != '\t') {
+            const char c = line[i++];
+            if (c != '\\') {
+                f += c;
+                continue;
+            }
+            if (i == line.size()) return false;
+            const char e = line[i++];
+            switch (e) {
+                case 'b': f += '\b'; break;
+                case 'f': f += '\f'; break;
+                case 'n': f += '\n'; break;
+                case 'r': f += '\r'; break;
+                case 't': f += '\t'; break;
+                case 'v': f += '\v'; break;
+                case 'N':
+                    if (i - start == 2 && (i == line.size() || line[i] == '\t')) return false;  // NULL
+                    f += e;
+                    break;
+                case 'x':
+                    if (i < line.size() && is_hex(line[i])) {
+                        int v = hex(line[i++]);
+                        if (i < line.size() && is_hex(line[i])) v = v * 16 + hex(line[i++]);
+                        f += static_cast<char>(v);
+                    } else {
+                        f += e;
+                    }
+                    break;
+                default:
+                    if (e >= '0' && e <= '7') {
+                        int v = e - '0';
+                        for (int k = 0; k < 2 && i < line.size() && line[i] >= '0' && line[i] <= '7'; ++k)
+                            v = v * 8 + (line[i++] - '0');
+                        f += static_cast<char>(v);
+                    } else {
+                        f += e;  // \\ and any other escaped character stand for themselves
+                    }
+            }
+        }
+        ++field;
+        if (i == line.size()) return field == out.size();
+        ++i;  // the tab
+    }
+}
+
+/// A BIGINT column's text; false when it is not one (a protocol surprise, not a corrupt record).
+[[nodiscard]] inline bool parse_int(std::string_view text, std::int64_t& v) noexcept {
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+[[nodiscard]] inline bool is_uri(std::string_view conninfo) noexcept {
+    return conninfo.starts_with("postgresql://") || conninfo.starts_with("postgres://");
+}
+
+/// True when the connection string already sets `name` (keyword=value or URI query parameter).
+[[nodiscard]] inline bool has_option(std::string_view conninfo, std::string_view name) {
+    for (std::size_t pos = conninfo.find(name); pos != std::string_view::npos; pos = conninfo.find(name, pos + 1)) {
+        const bool starts = pos == 0 || conninfo[pos - 1] == ' ' || conninfo[pos - 1] == '?' || conninfo[pos - 1] == '&';
+        std::size_t after = pos + name.size();
+        while (after < conninfo.size() && conninfo[after] == ' ') ++after;
+        if (starts && after < conninfo.size() && conninfo[after] == '=') return true;
+    }
+    return false;
+}
+
+/// Adds name=value unless the user set it (theirs wins). value must need no quoting or escaping.
+inline void add_option(std::string& conninfo, std::string_view name, std::string_view value) {
+    if (has_option(conninfo, name)) return;
+    if (is_uri(conninfo)) {
+        conninfo += conninfo.find('?') == std::string::npos ? '?' : '&';
+    } else if (!conninfo.empty()) {
+        conninfo += ' ';
+    }
+    conninfo.append(name).append("=").append(value);
+}
+
+/// The connection string with any password removed: "postgresql://u:secret@h/db" -> "postgresql://u@h/db",
+/// "password=secret" (keyword or URI parameter) dropped.
+[[nodiscard]] inline std::string redact(std::string_view conninfo) {
+    std::string out;
+    if (is_uri(conninfo)) {
+        const std::size_t scheme = conninfo.find("://") + 3;
+        const std::size_t auth_end = std::min(conninfo.find_first_of("/?", scheme), conninfo.size());
+        const std::string_view auth = conninfo.substr(scheme, auth_end - scheme);
+        const std::size_t at = auth.rfind('@');
+        out.append(conninfo.substr(0, scheme));
+        if (at != std::string_view::npos) {
+            const std::string_view user = auth.substr(0, at);
+            out.append(user.substr(0, user.find(':'))).append(auth.substr(at));
+        } else {
+            out.append(auth);
+        }
+        std::string_view rest = conninfo.substr(auth_end);
+        const std::size_t q = rest.find('?');
+        out.append(rest.substr(0, q));
+        if (q != std::string_view::npos) {
+            char sep = '?';
+            std::string_view params = rest.substr(q + 1);
+            while (!params.empty()) {
+                const std::size_t amp = params.find('&');
+                const std::string_view p = params.substr(0, amp);
+                if (!p.starts_with("password=")) {
+                    out += sep;
+                    out.append(p);
+                    sep = '&';
+                }
+                params = amp == std::string_view::npos ? std::string_view{} : params.substr(amp + 1);
+            }
+        }
+        return out;
+    }
+    // keyword=value pairs separated by blanks; values may be 'single quoted' with \' escapes.
+    std::size_t i = 0;
+    while (i < conninfo.size()) {
+        while (i < conninfo.size() && conninfo[i] == ' ') ++i;
+        const std::size_t start = i;
+        while (i < conninfo.size() && conninfo[i] != '=' && conninfo[i] != ' ') ++i;
+        const std::string_view name = conninfo.substr(start, i - start);
+        while (i < conninfo.size() && (conninfo[i] == ' ' || conninfo[i] == '=')) ++i;
+        if (i < conninfo.size() && conninfo[i] == '\'') {
+            for (++i; i < conninfo.size() && conninfo[i] != '\''; ++i)
+                if (conninfo[i] == '\\') ++i;
+            ++i;
+        } else {
+            while (i < conninfo.size() && conninfo[i] != ' ') ++i;
+        }
+        if (name == "password" || name.empty()) continue;
+        if (!out.empty()) out += ' ';
+        out.append(conninfo.substr(start, std::min(i, conninfo.size()) - start));
+    }
+    return out;
+}
+
+}  // namespace idem::detail::pg

@@ -1,0 +1,669 @@
+// idem/postgres_store.hpp: the PostgreSQL store (target idem::postgres, libpqxx 6.4).
+//
+//   idem::postgres_store s("postgresql://idem@db.internal:5432/payments", std::chrono::seconds(2));
+//
+// Schema: the tables of detail/postgres_sql.hpp (idempotent_record, idempotent_audit,
+// idempotent_batch, idem_schema), created and versioned on open. Opening is idempotent and safe when
+// several processes open one database at once (a transaction-scoped advisory lock serialises the
+// CREATE ... IF NOT EXISTS; a unique violation from a racing opener is retried).
+//
+// apply(rows, batch_id) is one transaction, four round trips: BEGIN; batch id + lease/fingerprint
+// update + every audit row (one statement); every record upserted with a fence guard (one
+// statement); COMMIT. Rows travel as array parameters and unnest() on the server: bound parameters
+// only, no SQL text is ever built from a key. The records end exactly as memory_store leaves them
+// (see fold() below for how a key's rows collapse into one upsert).
+//
+// Deadlines. libpq blocks in poll() for as long as the server does not answer: a server stopped
+// with SIGSTOP, or a network that drops packets, would block the flusher forever, and neither
+// statement_timeout (enforced by the stopped server) nor TCP keepalives (answered by the server's
+// kernel) help. So every call is bounded by call_deadline through a watchdog thread (one per store):
+// when a call runs past its deadline, the watchdog shuts down the connection's socket
+// (shutdown(SHUT_RDWR)); libpq then fails at once, and the call throws store_unavailable, or
+// commit_unknown when COMMIT was in flight. The next call reconnects. Second lines of defence:
+// statement_timeout = call_deadline on the session, TCP keepalives and tcp_user_timeout in the
+// connection string, and connect_timeout = max(2 s, call_deadline) (libpq's minimum is 2 s) for the
+// connection handshake, which the watchdog cannot cut because there is no socket to watch yet.
+// load() and scan_audit() stream for as long as rows keep coming: for them the deadline bounds each
+// wait for progress, not the whole scan.
+//
+// Errors: store_unavailable when the server cannot be reached or answered too late (connection
+// refused or lost, deadline passed, statement_timeout, server shutting down); commit_unknown when the
+// connection broke during COMMIT (pqxx::in_doubt_error); store_error for any other SQL error;
+// corrupt_record for a row that breaks the schema's rules. Every message names the store (its URI
+// without password), the operation and the step.
+//
+// What PostgreSQL cannot hold. idem::key admits any byte >= 0x80, but PostgreSQL text must be valid
+// UTF-8 (the connection uses client_encoding UTF8). apply() rejects a batch holding a key that is
+// not valid UTF-8 with store_error naming the key, before touching the server; accepts_key() lets a
+// caller check first. biz_type (biz_type_of cuts at 32 bytes) is cut back to a UTF-8 boundary.
+//
+// Durability: check_sync_durability() refuses fsync=off and synchronous_commit=off. It accepts on,
+// local, remote_write and remote_apply: each of them waits for the primary's WAL flush before a
+// commit is acknowledged, which is what a crash of this server needs (local, like on without a
+// synchronous standby, does not survive the loss of the machine).
+//
+// Ordering: keys are COLLATE "C" (byte order), so scan_audit() orders keys as memory_store does.
+//
+// Thread-safety: like every store, one thread at a time (the flusher, or recovery before it). The
+// watchdog thread touches only its own state and the socket. Progress: blocking, each call bounded as
+// above. Not guaranteed: the callbacks of load() and scan_audit() run while a COPY is open on the
+// connection, so they must not call back into this store.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <pqxx/pqxx>
+
+#include "idem/detail/postgres_sql.hpp"
+#include "idem/store.hpp"
+
+namespace idem {
+
+namespace detail {
+
+/// Cuts a connection's socket when a call overruns its deadline.
+///
+/// The store arms the watchdog at the start of each call and disarms it at the end; one thread
+/// sleeps until the armed deadline and, if the call is still running and has made no progress
+/// since the last check, shuts the socket down. All state is under m_, except progress_.
+/// The watchdog holds its own dup() of libpq's socket, so the descriptor number it shuts down can
+/// never be reused by an unrelated file while it is watched; shutdown() acts on the socket itself,
+/// so libpq's descriptor sees it too.
+class socket_watchdog {
+public:
+    socket_watchdog() : thread_([this] { run(); }) {}
+    ~socket_watchdog() {
+        {
+            std::lock_guard lk(m_);
+            stop_ = true;
+        }
+        cv_.notify_one();
+        thread_.join();
+        if (fd_ >= 0) ::close(fd_);
+    }
+    socket_watchdog(const socket_watchdog&) = delete;
+    socket_watchdog& operator=(const socket_watchdog&) = delete;
+
+    /// Watches `sock` (libpq's descriptor; -1 watches nothing) from now on.
+    void watch(int sock) {
+        const int mine = sock >= 0 ? ::fcntl(sock, F_DUPFD_CLOEXEC, 0) : -1;
+        std::lock_guard lk(m_);
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = mine;
+    }
+    /// A call starts: it must end, or make progress, within `budget`.
+    void arm(std::chrono::milliseconds budget) {
+        {
+            std::lock_guard lk(m_);
+            budget_ = budget;
+            deadline_ = std::chrono::steady_clock::now() + budget;
+            seen_ = progress_.load(std::memory_order_relaxed);
+            armed_ = true;
+            fired_ = false;
+        }
+        cv_.notify_one();
+    }
+    /// The call ended. Returns whether the watchdog cut the socket during it.
+    bool disarm() {
+        std::lock_guard lk(m_);
+        armed_ = false;
+        return fired_;
+    }
+    /// A streaming call got another row: push the deadline out. Relaxed: the watchdog only
+    /// compares the count for change; a stale read costs at most one more budget of waiting.
+    void progress() noexcept { progress_.fetch_add(1, std::memory_order_relaxed); }
+    /// Cuts the socket now (abandoning a COPY in flight is faster than draining it).
+    void cut() {
+        std::lock_guard lk(m_);
+        if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    }
+
+private:
+    void run() {
+        std::unique_lock lk(m_);
+        while (!stop_) {
+            if (!armed_ || fired_) {
+                cv_.wait(lk);
+                continue;
+            }
+            const auto now = std::chrono::steady_clock::now();
+            if (now < deadline_) {
+                cv_.wait_until(lk, deadline_);
+                continue;
+            }
+            const auto p = progress_.load(std::memory_order_relaxed);
+            if (p != seen_) {
+                seen_ = p;
+                deadline_ = now + budget_;
+                continue;
+            }
+            if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+            fired_ = true;
+        }
+    }
+
+    std::mutex m_;
+    std::condition_variable cv_;
+    int fd_ = -1;
+    bool armed_ = false;
+    bool fired_ = false;
+    bool stop_ = false;
+    std::chrono::milliseconds budget_{0};
+    std::chrono::steady_clock::time_point deadline_{};
+    std::uint64_t seen_ = 0;
+    std::atomic<std::uint64_t> progress_{0};
+    std::thread thread_;  // last: starts after every member above is initialised
+};
+
+/// Swallows libpq notices and libpqxx warnings (they would go to stderr); errors arrive as exceptions.
+class quiet_notices final : public pqxx::errorhandler {
+public:
+    explicit quiet_notices(pqxx::connection_base& c) : pqxx::errorhandler(c) {}
+    bool operator()(const char*) noexcept override { return false; }
+};
+
+}  // namespace detail
+
+class postgres_store final : public store {
+public:
+    /// Connects to `uri` (postgresql://user@host:port/db, or a libpq key=value string, taken as is
+    /// plus the deadline options it does not set itself) and creates or checks the schema.
+    /// Throws idem::error: invalid_argument for a non-positive deadline, store_unavailable when the
+    /// server cannot be reached, store_error when the schema cannot be created or is newer than
+    /// this library.
+    explicit postgres_store(std::string uri, std::chrono::milliseconds call_deadline = std::chrono::seconds(5))
+        : uri_(std::move(uri)), name_(detail::pg::redact(uri_)), deadline_(call_deadline) {
+        if (deadline_ <= std::chrono::milliseconds::zero())
+            throw error(errc::invalid_argument, "postgres store " + name_ + ": call_deadline must be positive, got " +
+                                                    std::to_string(deadline_.count()) + " ms");
+        conninfo_ = uri_;
+        const auto secs = std::max<std::int64_t>(2, (deadline_.count() + 999) / 1000);
+        detail::pg::add_option(conninfo_, "connect_timeout", std::to_string(secs));
+        detail::pg::add_option(conninfo_, "keepalives", "1");
+        detail::pg::add_option(conninfo_, "keepalives_idle", std::to_string(secs));
+        detail::pg::add_option(conninfo_, "keepalives_interval", "1");
+        detail::pg::add_option(conninfo_, "keepalives_count", "3");
+        detail::pg::add_option(conninfo_, "tcp_user_timeout", std::to_string(deadline_.count()));
+        detail::pg::add_option(conninfo_, "client_encoding", "UTF8");
+        detail::pg::add_option(conninfo_, "application_name", "idem");
+        run("open", [&] { create_schema(); });
+    }
+    ~postgres_store() override {
+        watchdog_.watch(-1);
+        notices_.reset();
+    }
+    postgres_store(const postgres_store&) = delete;
+    postgres_store& operator=(const postgres_store&) = delete;
+
+    /// Whether PostgreSQL text can hold this key (valid UTF-8). A key that fails makes apply() throw.
+    [[nodiscard]] static bool accepts_key(std::string_view key) noexcept { return detail::pg::valid_utf8(key); }
+
+    void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
+        const std::string op = "apply batch " + std::to_string(batch_id);
+        if (!detail::pg::valid_utf8(node_))
+            throw error(errc::store_error, "postgres store " + name_ + ": " + op + ": node '" + key::printable(node_) +
+                                               "' is not valid UTF-8; PostgreSQL text cannot hold it");
+        params p;
+        p.build(rows, [&](std::string_view k, const char* rule) {
+            throw error(errc::store_error, "postgres store " + name_ + ": " + op + ": key '" + key::printable(k) +
+                                               "' " + rule);
+        });
+        const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+        run(op, [&] {
+            step_ = "begin";
+            pqxx::work w(*conn_);
+            step_ = "insert batch id and audit rows";
+            w.exec_prepared(std::string(detail::pg::apply_audit_name), static_cast<std::int64_t>(batch_id), now_ms,
+                            p.a_key.str(), p.a_from.str(), p.a_to.str(), p.a_fence.str(), p.a_at.str(),
+                            p.a_detail.str(), node_, p.l_key.str(), p.l_fence.str(), p.l_lease.str(), p.l_fp.str());
+            step_ = "upsert records";
+            w.exec_prepared(std::string(detail::pg::apply_records_name), p.r_key.str(), p.r_biz.str(),
+                            p.r_status.str(), p.r_fence.str(), p.r_lease.str(), p.r_outcome.str(), p.r_fp.str(),
+                            p.r_created.str(), p.r_updated.str());
+            step_ = "commit";
+            committing_ = true;
+            if (before_commit_) before_commit_();
+            w.commit();
+            committing_ = false;
+        });
+    }
+
+    /// Resolves an in-doubt batch. Not a plain SELECT: the COMMIT of the batch may still be running
+    /// in the old session. A speculative INSERT of the batch id waits for any transaction holding
+    /// that id uncommitted, then conflicts (committed) or not (never committed; rolled back here).
+    /// Bounded by the call deadline: a server that cannot decide yet gives store_unavailable.
+    bool committed(std::uint64_t batch_id) override {
+        bool done = false;
+        run("committed(" + std::to_string(batch_id) + ")", [&] {
+            step_ = "probe idempotent_batch";
+            pqxx::work w(*conn_);
+            const auto r = w.exec_prepared(std::string(detail::pg::committed_name), static_cast<std::int64_t>(batch_id));
+            done = r.empty();
+            w.abort();
+        });
+        return done;
+    }
+
+    void load(const std::function<void(const stored_record&)>& fn) override {
+        namespace sql = detail::pg;
+        std::exception_ptr from_fn;
+        run("load", [&] {
+            step_ = "copy idempotent_record";
+            pqxx::work w(*conn_);
+            w.exec("SET LOCAL statement_timeout = 0");  // the watchdog bounds each wait for rows instead
+            pqxx::stream_from s(w, std::string(sql::load_query));
+            std::string line;
+            std::array<std::string, sql::load_columns> f;
+            stored_record rec;
+            while (s.get_raw_line(line)) {
+                watchdog_.progress();
+                try {
+                    if (!sql::split_copy_line(line, f)) bad_copy_line(line);
+                    rec.key = f[0];
+                    check_key(rec.key);
+                    rec.biz_type = f[1];
+                    rec.state = checked_state(rec.key, f[2]);
+                    if (rec.state == record_state::absent) throw_corrupt(rec.key, "status 'ABSENT' is for audit rows only");
+                    rec.fence = checked_fence(rec.key, int_field(line, f[3]));
+                    rec.lease_until_ms = int_field(line, f[4]);
+                    rec.outcome = static_cast<std::uint64_t>(int_field(line, f[5]));
+                    rec.fingerprint = static_cast<std::uint64_t>(int_field(line, f[6]));
+                    rec.created_ms = int_field(line, f[7]);
+                    rec.updated_ms = int_field(line, f[8]);
+                    fn(rec);
+                } catch (...) {  // corrupt_record, or the callback's own exception: passed on unchanged
+                    from_fn = std::current_exception();
+                    abandon_stream();
+                    return;
+                }
+            }
+            s.complete();
+            w.commit();
+        });
+        if (from_fn) std::rethrow_exception(from_fn);
+    }
+
+    std::optional<stored_record> get(std::string_view key) override {
+        if (!detail::pg::valid_utf8(key)) return std::nullopt;  // such a key can have no row
+        std::optional<stored_record> out;
+        run("get", [&] {
+            step_ = "select idempotent_record";
+            pqxx::nontransaction n(*conn_);
+            const auto r = n.exec_prepared(std::string(detail::pg::get_name), std::string(key));
+            if (r.empty()) return;
+            const auto row = r[0];
+            stored_record rec;
+            rec.key = row[0].c_str();
+            rec.biz_type = row[1].c_str();
+            rec.state = checked_state(rec.key, row[2].c_str());
+            if (rec.state == record_state::absent) throw_corrupt(rec.key, "status 'ABSENT' is for audit rows only");
+            rec.fence = checked_fence(rec.key, row[3].as<std::int64_t>());
+            rec.lease_until_ms = row[4].as<std::int64_t>();
+            rec.outcome = static_cast<std::uint64_t>(row[5].as<std::int64_t>());
+            rec.fingerprint = static_cast<std::uint64_t>(row[6].as<std::int64_t>());
+            rec.created_ms = row[7].as<std::int64_t>();
+            rec.updated_ms = row[8].as<std::int64_t>();
+            out = std::move(rec);
+        });
+        return out;
+    }
+
+    std::vector<audit_entry> audit(std::string_view key) override {
+        std::vector<audit_entry> out;
+        if (!detail::pg::valid_utf8(key)) return out;
+        run("audit", [&] {
+            step_ = "select idempotent_audit";
+            pqxx::nontransaction n(*conn_);
+            const auto r = n.exec_prepared(std::string(detail::pg::audit_name), std::string(key));
+            out.reserve(r.size());
+            for (const auto& row : r) {
+                audit_entry a;
+                a.sequence = row[0].as<std::int64_t>();
+                a.key = row[1].c_str();
+                a.from = checked_state(a.key, row[2].c_str(), "from_status");
+                a.to = checked_state(a.key, row[3].c_str(), "to_status");
+                a.fence = static_cast<std::uint64_t>(row[4].as<std::int64_t>());
+                a.node = row[5].c_str();
+                a.at_ms = row[6].as<std::int64_t>();
+                a.detail = row[7].c_str();
+                out.push_back(std::move(a));
+            }
+        });
+        return out;
+    }
+
+    void scan_audit(const std::function<void(const audit_entry&)>& fn) override {
+        namespace sql = detail::pg;
+        std::exception_ptr from_fn;
+        run("scan_audit", [&] {
+            step_ = "copy idempotent_audit";
+            pqxx::work w(*conn_);
+            w.exec("SET LOCAL statement_timeout = 0");  // the watchdog bounds each wait for rows instead
+            pqxx::stream_from s(w, std::string(sql::scan_audit_query));
+            std::string line;
+            std::array<std::string, sql::scan_audit_columns> f;
+            audit_entry a;
+            while (s.get_raw_line(line)) {
+                watchdog_.progress();
+                try {
+                    if (!sql::split_copy_line(line, f)) bad_copy_line(line);
+                    a.sequence = int_field(line, f[0]);
+                    a.key = f[1];
+                    a.from = checked_state(a.key, f[2], "from_status");
+                    a.to = checked_state(a.key, f[3], "to_status");
+                    a.fence = static_cast<std::uint64_t>(int_field(line, f[4]));
+                    a.node = f[5];
+                    a.at_ms = int_field(line, f[6]);
+                    a.detail = f[7];
+                    fn(a);
+                } catch (...) {  // corrupt_record, or the callback's own exception: passed on unchanged
+                    from_fn = std::current_exception();
+                    abandon_stream();
+                    return;
+                }
+            }
+            s.complete();
+            w.commit();
+        });
+        if (from_fn) std::rethrow_exception(from_fn);
+    }
+
+    /// Refuses fsync=off and synchronous_commit=off (see the header comment for what is accepted).
+    void check_sync_durability() override {
+        std::string fsync, sync_commit;
+        run("check sync durability", [&] {
+            step_ = "SHOW fsync / synchronous_commit";
+            pqxx::nontransaction n(*conn_);
+            fsync = n.exec("SHOW fsync")[0][0].c_str();
+            sync_commit = n.exec("SHOW synchronous_commit")[0][0].c_str();
+        });
+        auto refuse = [&](const std::string& setting, const std::string& fix) {
+            throw error(errc::invalid_argument, "sync durability refused: PostgreSQL at " + name_ + " runs with " +
+                                                    setting + "; a commit acknowledged by it can be lost on a crash. Set " +
+                                                    fix + " or use --durability async");
+        };
+        if (fsync == "off") refuse("fsync=off", "fsync=on");
+        if (sync_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");
+    }
+
+    /// Drops the connection and opens a new one (bounded like every call).
+    void reconnect() override {
+        need_reconnect_ = true;
+        run("reconnect", [] {});
+    }
+
+    [[nodiscard]] std::string name() const override { return name_; }
+
+    std::uint64_t max_fence() override {
+        std::uint64_t m = 0;
+        run("max_fence", [&] {
+            step_ = "select max(fencing_token)";
+            pqxx::nontransaction n(*conn_);
+            const auto r = n.exec(std::string(detail::pg::max_fence));
+            if (!r[0][0].is_null())  // undo the sign-bit flip that made the max unsigned
+                m = static_cast<std::uint64_t>(r[0][0].as<std::int64_t>()) ^ (std::uint64_t{1} << 63);
+        });
+        return m;
+    }
+
+    /// The server process of the current connection (0 when disconnected): for operators and tests.
+    [[nodiscard]] int backend_pid() const noexcept { return conn_ ? conn_->backendpid() : 0; }
+    [[nodiscard]] std::chrono::milliseconds call_deadline() const noexcept { return deadline_; }
+
+    /// Test hook: runs right before COMMIT is sent (to pause the server at the worst moment).
+    void set_before_commit_hook_for_testing(std::function<void()> hook) { before_commit_ = std::move(hook); }
+
+private:
+    /// The bound parameters of one apply(): twelve array literals.
+    ///
+    /// How a key's rows fold into one upsert, matching memory_store (rows applied in order; a row
+    /// applies unless the record's fence is higher). Let S be the stored fence, if any. Without S,
+    /// row i applies iff its fence >= the largest fence of rows 0..i-1 (each row that set that
+    /// maximum applied). Call those rows the chain C; fences along C never decrease. With S, the rows
+    /// that apply are the rows of C with fence >= S: a suffix of C. Hence:
+    ///  - status, fence, outcome, updated_time come from the last row of C, applied iff its fence
+    ///    >= S: the upsert's fence guard;
+    ///  - lease_until and request_fingerprint come from the last PROCESSING row P of C, applied iff
+    ///    P's fence >= S (statement 1's UPDATE, run while S is still stored), or on insert;
+    ///    otherwise they keep their stored values (0 on insert without P);
+    ///  - created_time (on insert) is the first row's time; biz_type is biz_type_of(key).
+    struct params {
+        detail::pg::array_literal a_key, a_from, a_to, a_fence, a_at, a_detail;  // audit rows
+        detail::pg::array_literal l_key, l_fence, l_lease, l_fp;                 // lease updates
+        detail::pg::array_literal r_key, r_biz, r_status, r_fence, r_lease, r_outcome, r_fp, r_created, r_updated;
+
+        template <class Reject>
+        void build(std::span<const store_row> rows, Reject&& reject) {
+            struct fold {
+                const store_row* first;
+                const store_row* last;  // last row of the chain C
+                const store_row* proc;  // last PROCESSING row of C, or nullptr
+            };
+            std::vector<fold> folds;
+            std::unordered_map<std::string_view, std::size_t> index;
+            folds.reserve(rows.size());
+            index.reserve(rows.size());
+            a_key.reserve(rows.size() * 40);
+            a_detail.reserve(rows.size() * 28);
+            std::string_view prev_key;
+            std::size_t prev = 0;
+            for (const store_row& r : rows) {
+                const std::string_view k = r.t.k.view();
+                std::size_t i;
+                if (!folds.empty() && k == prev_key) {  // sorted input: the common case skips the map
+                    i = prev;
+                } else {
+                    auto [it, inserted] = index.try_emplace(k, folds.size());
+                    if (inserted) {
+                        if (!detail::pg::valid_utf8(k))
+                            reject(k, "is not valid UTF-8; PostgreSQL text cannot hold it (postgres_store::accepts_key)");
+                        folds.push_back({&r, &r, r.t.to == record_state::processing ? &r : nullptr});
+                    }
+                    i = it->second;
+                    prev_key = k;
+                    prev = i;
+                }
+                fold& f = folds[i];
+                if (&r != f.first && r.t.fence >= f.last->t.fence) {
+                    f.last = &r;
+                    if (r.t.to == record_state::processing) f.proc = &r;
+                }
+                a_key.add_text(k);
+                a_from.add_text(status_text(r.t.from));
+                a_to.add_text(status_text(r.t.to));
+                a_fence.add_uint(r.t.fence);
+                a_at.add_int(r.at_ms);
+                a_detail.add_text(audit_detail(r.t));
+            }
+            for (const fold& f : folds) {
+                const std::string_view k = f.first->t.k.view();
+                if (f.last->t.to == record_state::absent)
+                    reject(k, "would leave its record ABSENT; a record is PROCESSING, SUCCESS, FAILED or RELEASED");
+                r_key.add_text(k);
+                r_biz.add_text(detail::pg::utf8_prefix(biz_type_of(k)));
+                r_status.add_text(status_text(f.last->t.to));
+                r_fence.add_uint(f.last->t.fence);
+                r_lease.add_int(f.proc ? f.proc->lease_until_ms : 0);
+                r_outcome.add_uint(f.last->t.outcome);
+                r_fp.add_uint(f.proc ? f.proc->t.fingerprint : 0);
+                r_created.add_int(f.first->at_ms);
+                r_updated.add_int(f.last->at_ms);
+                if (f.proc) {
+                    l_key.add_text(k);
+                    l_fence.add_uint(f.proc->t.fence);
+                    l_lease.add_int(f.proc->lease_until_ms);
+                    l_fp.add_uint(f.proc->t.fingerprint);
+                }
+            }
+        }
+    };
+
+    /// Runs one store call: arms the watchdog, reconnects when needed, and turns every failure into
+    /// idem::error (or commit_unknown) naming the store, `op` and the step.
+    template <class F>
+    void run(const std::string& op, F&& body) {
+        watchdog_.arm(deadline_);
+        committing_ = false;
+        try {
+            if (need_reconnect_ || !conn_ || !conn_->is_open()) connect();
+            body();
+        } catch (...) {
+            const bool fired = watchdog_.disarm();
+            rethrow_translated(op, fired);
+        }
+        if (watchdog_.disarm()) need_reconnect_ = true;  // cut after the work finished: reconnect next time
+    }
+
+    [[noreturn]] void rethrow_translated(const std::string& op, bool fired) {
+        const bool in_commit = committing_;
+        committing_ = false;
+        const bool open = conn_ && conn_->is_open();
+        if (fired || !open) need_reconnect_ = true;
+        const std::string where = "postgres store " + name_ + ": " + op + ": " + step_ + ": ";
+        const std::string late = "no answer within the call deadline of " + std::to_string(deadline_.count()) +
+                                 " ms; the connection was cut";
+        auto text = [](const std::exception& e) {
+            std::string s = e.what();
+            while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+            return s;
+        };
+        auto unknown = [&](const std::string& why) {
+            return commit_unknown(where + why +
+                                  "; the batch may or may not have committed (resolve with committed(batch_id))");
+        };
+        try {
+            throw;
+        } catch (const error&) {
+            throw;  // ours already (corrupt_record, ...)
+        } catch (const pqxx::in_doubt_error& e) {
+            throw unknown(fired ? late : text(e));
+        } catch (const std::exception& e) {
+            const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e);
+            const std::string state = sql ? sql->sqlstate() : std::string();
+            const bool lost = fired || !open || dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr;
+            if (in_commit && lost) throw unknown(fired ? late : text(e));
+            if (lost || state.starts_with("08") || state.starts_with("57P") || state == "57014")
+                throw error(errc::store_unavailable, where + (fired ? late : text(e)));
+            throw error(errc::store_error, where + text(e));
+        }
+    }
+
+    void connect() {
+        step_ = "connect";
+        watchdog_.watch(-1);
+        notices_.reset();
+        conn_.reset();
+        conn_ = std::make_unique<pqxx::connection>(conninfo_);
+        notices_ = std::make_unique<detail::quiet_notices>(*conn_);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        conn_->inhibit_reactivation(true);  // a broken connection stays broken: we reconnect, and watch the new socket
+#pragma GCC diagnostic pop
+        watchdog_.watch(conn_->sock());
+        step_ = "set session";
+        {
+            pqxx::nontransaction n(*conn_);
+            n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
+                   "; SET client_min_messages = warning");
+        }
+        namespace sql = detail::pg;
+        conn_->prepare(std::string(sql::apply_audit_name), std::string(sql::apply_audit));
+        conn_->prepare(std::string(sql::apply_records_name), std::string(sql::apply_records));
+        conn_->prepare(std::string(sql::committed_name), std::string(sql::committed));
+        conn_->prepare(std::string(sql::get_name), std::string(sql::get));
+        conn_->prepare(std::string(sql::audit_name), std::string(sql::audit));
+        need_reconnect_ = false;
+    }
+
+    void create_schema() {
+        for (int attempt = 0;; ++attempt) {
+            try {
+                step_ = "create schema";
+                pqxx::work w(*conn_);
+                w.exec(std::string(detail::pg::schema_lock));
+                w.exec(std::string(detail::pg::schema_ddl));
+                w.exec(std::string(detail::pg::schema_version_insert));
+                const int v = w.exec(std::string(detail::pg::schema_version_select))[0][0].as<int>();
+                w.commit();
+                if (v != detail::pg::schema_version)
+                    throw error(errc::store_error, "postgres store " + name_ + ": idem_schema says version " +
+                                                       std::to_string(v) + "; this library reads version " +
+                                                       std::to_string(detail::pg::schema_version) + " only");
+                return;
+            } catch (const pqxx::unique_violation&) {
+                if (attempt == 2) throw;  // a racing opener without the lock (an older library): try again
+            }
+        }
+    }
+
+    [[noreturn]] void throw_corrupt(const std::string& k, const std::string& rule) const {
+        throw error(errc::corrupt_record,
+                    "postgres store " + name_ + ": corrupt row for key '" + key::printable(k) + "': " + rule);
+    }
+    record_state checked_state(const std::string& k, std::string_view text, const char* column = "status") const {
+        const auto s = parse_status(text);
+        if (!s)
+            throw_corrupt(k, std::string(column) + " '" + key::printable(text) +
+                                   "' is not a status (PROCESSING, SUCCESS, FAILED, RELEASED; ABSENT in audit rows)");
+        return *s;
+    }
+    std::uint64_t checked_fence(const std::string& k, std::int64_t fence) const {
+        if (fence == 0) throw_corrupt(k, "fencing_token is 0; fences start at 1");
+        return static_cast<std::uint64_t>(fence);
+    }
+    [[noreturn]] void bad_copy_line(const std::string& line) const {
+        throw error(errc::store_error, "postgres store " + name_ + ": " + step_ + ": unexpected COPY line '" +
+                                          key::printable(line) + "'");
+    }
+    std::int64_t int_field(const std::string& line, const std::string& text) const {
+        std::int64_t v = 0;
+        if (!detail::pg::parse_int(text, v)) bad_copy_line(line);
+        return v;
+    }
+    void check_key(const std::string& k) const {
+        std::string why;
+        if (!key::check(k, "idempotent_key", &why)) throw_corrupt(k, why);
+    }
+
+    /// A row was corrupt or the callback threw mid-COPY: cut the connection rather than drain the
+    /// rest of the table (the next call reconnects).
+    void abandon_stream() {
+        watchdog_.cut();
+        need_reconnect_ = true;
+    }
+
+    std::string uri_;
+    std::string name_;  // the URI without password
+    std::string conninfo_;
+    std::chrono::milliseconds deadline_;
+    detail::socket_watchdog watchdog_;
+    std::unique_ptr<pqxx::connection> conn_;
+    std::unique_ptr<detail::quiet_notices> notices_;
+    std::string step_ = "connect";
+    bool committing_ = false;
+    bool need_reconnect_ = true;
+    std::function<void()> before_commit_;
+};
+
+}  // namespace idem

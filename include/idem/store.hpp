@@ -1,0 +1,212 @@
+// idem/store.hpp: the durable store interface, its row types, and the schema both SQL stores share.
+//
+// A store does four things: apply a batch of transitions atomically (records and audit rows in one
+// transaction), load records for recovery, read one key, and read audit trails. Implementations:
+// memory_store (below; for tests and users who want the pipeline without a disk), sqlite_store
+// (sqlite_store.hpp, target idem::sqlite) and postgres_store (postgres_store.hpp, target
+// idem::postgres). Stores are used by one thread at a time (the flusher, or recovery before it
+// starts); they need not be thread-safe.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+#include "idem/error.hpp"
+#include "idem/transition.hpp"
+
+namespace idem {
+
+/// One transition as the store writes it: the transition plus wall-clock times (Unix milliseconds,
+/// so records survive restarts) and the writer's node identity. Trivially copyable: it travels
+/// through the lock-free flush queue by value.
+struct store_row {
+    transition t;
+    std::uint64_t seq = 0;             ///< order of offer; rows of one key are applied in seq order
+    std::int64_t at_ms = 0;            ///< when the transition happened (system_clock)
+    std::int64_t lease_until_ms = 0;   ///< lease deadline (system_clock), for PROCESSING rows
+};
+
+/// The `status` column. A retryable failure or a not-executed compensation leaves the row with
+/// status RELEASED: claimable again, but its fence is kept so fences keep increasing. ABSENT appears
+/// only as the from_status of a key's first audit row; a record never has it.
+[[nodiscard]] constexpr const char* status_text(record_state s) noexcept { return to_string(s); }
+
+[[nodiscard]] inline std::optional<record_state> parse_status(std::string_view s) noexcept {
+    if (s == "PROCESSING") return record_state::processing;
+    if (s == "SUCCESS") return record_state::succeeded;
+    if (s == "FAILED") return record_state::failed;
+    if (s == "RELEASED") return record_state::released;
+    if (s == "ABSENT") return record_state::absent;
+    return std::nullopt;
+}
+
+/// A row of idempotent_record.
+struct stored_record {
+    std::string key;
+    std::string biz_type;
+    record_state state = record_state::absent;
+    std::uint64_t fence = 0;
+    std::int64_t lease_until_ms = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fingerprint = 0;
+    std::int64_t created_ms = 0;
+    std::int64_t updated_ms = 0;
+    friend bool operator==(const stored_record&, const stored_record&) = default;
+};
+
+/// A row of idempotent_audit.
+struct audit_entry {
+    std::int64_t sequence = 0;
+    std::string key;
+    record_state from = record_state::absent;
+    record_state to = record_state::absent;
+    std::uint64_t fence = 0;
+    std::string node;
+    std::int64_t at_ms = 0;
+    std::string detail;  ///< the cause ("claim", "succeed", ...), then " outcome=N"
+};
+
+/// Thrown by store::apply when the commit's result is unknown (the connection broke during COMMIT).
+/// The flusher then asks store::committed(batch_id) instead of retrying blindly.
+class commit_unknown : public error {
+public:
+    explicit commit_unknown(const std::string& what) : error(errc::store_unavailable, what) {}
+};
+
+/// The biz_type column: the operation part of a composed key (TXID_OPERATION_vN), else "default".
+[[nodiscard]] inline std::string biz_type_of(std::string_view key) {
+    const auto last = key.rfind('_');
+    if (last == std::string_view::npos || last + 2 > key.size() || key[last + 1] != 'v') return "default";
+    const auto first = key.rfind('_', last - 1);
+    if (first == std::string_view::npos || last == 0) return "default";
+    return std::string(key.substr(first + 1, std::min<std::size_t>(last - first - 1, 32)));
+}
+
+/// The detail column of an audit row.
+[[nodiscard]] inline std::string audit_detail(const transition& t) {
+    return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome);
+}
+
+class store {
+public:
+    virtual ~store() = default;
+    /// Writes `rows` (sorted by key, then seq) in one transaction: one audit row per row, and each
+    /// key's record set to the state of its last row, unless the stored fence is higher. Records
+    /// batch_id in the same transaction. Throws commit_unknown when COMMIT's outcome is unknown,
+    /// idem::error(store_unavailable) when the store cannot be reached, idem::error(store_error)
+    /// for anything else (disk full, I/O error), each naming the store and the failing step.
+    virtual void apply(std::span<const store_row> rows, std::uint64_t batch_id) = 0;
+    /// Whether the batch with this id committed (used after commit_unknown).
+    [[nodiscard]] virtual bool committed(std::uint64_t batch_id) = 0;
+    /// Calls fn for every record (recovery). Throws idem::error(corrupt_record) for a row that
+    /// breaks the schema's rules, naming the key and the rule.
+    virtual void load(const std::function<void(const stored_record&)>& fn) = 0;
+    [[nodiscard]] virtual std::optional<stored_record> get(std::string_view key) = 0;
+    /// The key's audit trail in sequence order.
+    [[nodiscard]] virtual std::vector<audit_entry> audit(std::string_view key) = 0;
+    /// Every audit row, ordered by key then sequence (for `idem verify`).
+    virtual void scan_audit(const std::function<void(const audit_entry&)>& fn) = 0;
+    /// Sync mode calls this at start; throws idem::error(invalid_argument) with the reason when the
+    /// store cannot make a commit durable (PostgreSQL with fsync=off or synchronous_commit=off).
+    virtual void check_sync_durability() {}
+    /// Reconnects after store_unavailable (no-op for embedded stores).
+    virtual void reconnect() {}
+    [[nodiscard]] virtual std::string name() const = 0;
+    /// The largest fencing_token in the store (0 when empty): new fences start above it.
+    [[nodiscard]] virtual std::uint64_t max_fence() = 0;
+    /// The node identity written into the audit trail's `node` column (default: hostname:pid).
+    void set_node(std::string node) { node_ = std::move(node); }
+    [[nodiscard]] const std::string& node() const noexcept { return node_; }
+
+protected:
+    std::string node_ = default_node();
+
+private:
+    static std::string default_node() {
+        char host[64] = {};
+        if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+        return std::string(host) + ":" + std::to_string(::getpid());
+    }
+};
+
+/// Applies a batch to in-memory maps: the reference semantics every store must match.
+class memory_store final : public store {
+public:
+    void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
+        if (fail_next_ > 0) {
+            --fail_next_;
+            throw error(errc::store_unavailable, "memory store: injected failure");
+        }
+        for (const store_row& r : rows) {
+            const std::string k(r.t.k.view());
+            audit_.push_back({static_cast<std::int64_t>(audit_.size() + 1), k, r.t.from, r.t.to, r.t.fence, node_,
+                              r.at_ms, audit_detail(r.t)});
+            auto [it, inserted] = records_.try_emplace(k);
+            stored_record& rec = it->second;
+            if (!inserted && rec.fence > r.t.fence) continue;
+            if (inserted) {
+                rec.key = k;
+                rec.biz_type = biz_type_of(k);
+                rec.created_ms = r.at_ms;
+            }
+            rec.state = r.t.to;
+            rec.fence = r.t.fence;
+            if (r.t.to == record_state::processing) {
+                rec.lease_until_ms = r.lease_until_ms;
+                rec.fingerprint = r.t.fingerprint;
+            }
+            rec.outcome = r.t.outcome;
+            rec.updated_ms = r.at_ms;
+        }
+        batches_.push_back(batch_id);
+    }
+    bool committed(std::uint64_t batch_id) override {
+        return std::find(batches_.begin(), batches_.end(), batch_id) != batches_.end();
+    }
+    void load(const std::function<void(const stored_record&)>& fn) override {
+        for (auto& [k, r] : records_) fn(r);
+    }
+    std::optional<stored_record> get(std::string_view key) override {
+        auto it = records_.find(std::string(key));
+        if (it == records_.end()) return std::nullopt;
+        return it->second;
+    }
+    std::vector<audit_entry> audit(std::string_view key) override {
+        std::vector<audit_entry> out;
+        for (auto& a : audit_)
+            if (a.key == key) out.push_back(a);
+        return out;
+    }
+    void scan_audit(const std::function<void(const audit_entry&)>& fn) override {
+        std::vector<audit_entry> sorted = audit_;
+        std::stable_sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.key < b.key; });
+        for (auto& a : sorted) fn(a);
+    }
+    std::string name() const override { return "memory"; }
+    std::uint64_t max_fence() override {
+        std::uint64_t m = 0;
+        for (auto& [k, r] : records_) m = std::max(m, r.fence);
+        return m;
+    }
+
+    /// Test hook: the next n apply() calls throw store_unavailable.
+    void fail_next(int n) { fail_next_ = n; }
+
+private:
+    std::map<std::string, stored_record> records_;
+    std::vector<audit_entry> audit_;
+    std::vector<std::uint64_t> batches_;
+    int fail_next_ = 0;
+};
+
+}  // namespace idem
