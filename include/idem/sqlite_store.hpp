@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -37,6 +38,7 @@ public:
 
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
         exec("BEGIN IMMEDIATE", "begin batch");
+        std::int64_t sequence = next_sequence_;
         try {
             sqlite3_stmt* b = batch_stmt_;
             sqlite3_reset(b);
@@ -54,8 +56,11 @@ public:
                 sqlite3_bind_int64(a, 4, static_cast<std::int64_t>(r.t.fence));
                 sqlite3_bind_text(a, 5, node_.data(), static_cast<int>(node_.size()), SQLITE_STATIC);
                 sqlite3_bind_int64(a, 6, r.at_ms);
-                const std::string detail = audit_detail(r.t);
-                sqlite3_bind_text(a, 7, detail.data(), static_cast<int>(detail.size()), SQLITE_TRANSIENT);
+                char detail[48];
+                const int n = std::snprintf(detail, sizeof detail, "%s outcome=%llu", to_string(r.t.cause),
+                                            static_cast<unsigned long long>(r.t.outcome));
+                sqlite3_bind_text(a, 7, detail, n, SQLITE_TRANSIENT);
+                sqlite3_bind_int64(a, 8, sequence++);
                 step_done(a, "insert audit row");
                 const bool last_of_key = i + 1 == rows.size() || rows[i + 1].t.k.view() != k;
                 if (!last_of_key) continue;
@@ -75,6 +80,7 @@ public:
                 step_done(u, "upsert record");
             }
             exec("COMMIT", "commit batch");
+            next_sequence_ = sequence;
         } catch (...) {
             sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
             throw;
@@ -125,7 +131,7 @@ public:
 
     std::vector<audit_entry> audit(std::string_view key) override {
         std::vector<audit_entry> out;
-        scan_audit_where("WHERE idempotent_key = ?1 ORDER BY sequence", key, [&](const audit_entry& a) { out.push_back(a); });
+        scan_audit_where("WHERE idempotent_key = ?1 ORDER BY idempotent_key, sequence", key, [&](const audit_entry& a) { out.push_back(a); });
         return out;
     }
 
@@ -163,6 +169,7 @@ private:
             sqlite3_extended_result_codes(db_, 1);
             exec("PRAGMA journal_mode=WAL", "enable WAL");
             exec(full_sync_ ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", "set synchronous");
+            exec("PRAGMA cache_size=-65536", "set cache size");
             exec("BEGIN IMMEDIATE", "begin schema");
             exec(R"SQL(
 CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL);
@@ -179,16 +186,16 @@ CREATE TABLE IF NOT EXISTS idempotent_record (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idx_idempotent_record_biz_status ON idempotent_record (biz_type, status);
 CREATE TABLE IF NOT EXISTS idempotent_audit (
-  sequence       INTEGER PRIMARY KEY AUTOINCREMENT,
+  sequence       BIGINT       NOT NULL UNIQUE,
   idempotent_key VARCHAR(128) NOT NULL,
   from_status    VARCHAR(16)  NOT NULL,
   to_status      VARCHAR(16)  NOT NULL,
   fencing_token  BIGINT       NOT NULL,
   node           VARCHAR(64)  NOT NULL,
   at_time        BIGINT       NOT NULL,
-  detail         TEXT         NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idx_idempotent_audit_key ON idempotent_audit (idempotent_key, sequence);
+  detail         TEXT         NOT NULL,
+  PRIMARY KEY (idempotent_key, sequence)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, committed_time BIGINT NOT NULL);
 )SQL",
                  "create schema");
@@ -203,7 +210,11 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             exec("COMMIT", "commit schema");
             audit_stmt_ = prepare(
                 "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, "
-                "detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+                "detail, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+            sqlite3_stmt* m = prepare("SELECT COALESCE(MAX(sequence), 0) FROM idempotent_audit");
+            rc2 = sqlite3_step(m);
+            next_sequence_ = (rc2 == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 0) + 1;
+            sqlite3_finalize(m);
             upsert_stmt_ = prepare(
                 "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
                 "request_fingerprint, created_time, updated_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) "
@@ -330,6 +341,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     sqlite3_stmt* audit_stmt_ = nullptr;
     sqlite3_stmt* upsert_stmt_ = nullptr;
     sqlite3_stmt* batch_stmt_ = nullptr;
+    std::int64_t next_sequence_ = 1;  // audit sequence: this store is the file's only writer
 };
 
 }  // namespace idem
