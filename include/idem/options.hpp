@@ -70,6 +70,10 @@ private:
 struct options {
     /// Live records each generation is sized for. Each generation holds next_pow2(2 * capacity) slots.
     std::size_t capacity = 1u << 20;
+    /// Fault in every page of the table at construction (MAP_POPULATE) instead of on first touch:
+    /// slower start and full memory at once, but no page fault on the hot path. Latency-critical
+    /// users turn it on.
+    bool prefault = false;
     /// Longest probe sequence; begin() answers capacity_exhausted when no free slot is found within it.
     std::size_t max_probe = 64;
     /// How long a claim stays valid without extend().

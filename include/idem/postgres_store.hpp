@@ -7,11 +7,14 @@
 // several processes open one database at once (a transaction-scoped advisory lock serialises the
 // CREATE ... IF NOT EXISTS; a unique violation from a racing opener is retried).
 //
-// apply(rows, batch_id) is one transaction, four round trips: BEGIN; batch id + lease/fingerprint
-// update + every audit row (one statement); every record upserted with a fence guard (one
-// statement); COMMIT. Rows travel as array parameters and unnest() on the server: bound parameters
-// only, no SQL text is ever built from a key. The records end exactly as memory_store leaves them
-// (see fold() below for how a key's rows collapse into one upsert).
+// apply(rows, batch_id) is one transaction, three round trips for a typical batch: BEGIN; one
+// statement writing the batch id, every audit row and every record (fence-guarded upsert); COMMIT.
+// A fourth statement runs when some record must keep its stored lease (detail/postgres_sql.hpp).
+// Rows travel as array parameters that unnest() takes apart on the server: bound parameters only,
+// no SQL text is ever built from a key. The records end exactly as memory_store leaves them (see
+// params below for how a key's rows fold into one upsert). A batch id can commit once: applying a
+// committed id again fails with store_error and writes nothing. committed(batch_id) resolves a
+// commit_unknown by asking the server, waiting for the old session's COMMIT if it is still running.
 //
 // Deadlines. libpq blocks in poll() for as long as the server does not answer: a server stopped
 // with SIGSTOP, or a network that drops packets, would block the flusher forever, and neither
@@ -22,7 +25,8 @@
 // commit_unknown when COMMIT was in flight. The next call reconnects. Second lines of defence:
 // statement_timeout = call_deadline on the session, TCP keepalives and tcp_user_timeout in the
 // connection string, and connect_timeout = max(2 s, call_deadline) (libpq's minimum is 2 s) for the
-// connection handshake, which the watchdog cannot cut because there is no socket to watch yet.
+// connection handshake, during which the watchdog has no socket to cut (a call whose connect ran
+// past its deadline is cut as soon as the socket exists).
 // load() and scan_audit() stream for as long as rows keep coming: for them the deadline bounds each
 // wait for progress, not the whole scan.
 //
@@ -36,6 +40,8 @@
 // UTF-8 (the connection uses client_encoding UTF8). apply() rejects a batch holding a key that is
 // not valid UTF-8 with store_error naming the key, before touching the server; accepts_key() lets a
 // caller check first. biz_type (biz_type_of cuts at 32 bytes) is cut back to a UTF-8 boundary.
+// Use a database with encoding UTF8: another server encoding refuses characters it cannot hold.
+// The node written into the audit trail is cut to the 64 characters of its column.
 //
 // Durability: check_sync_durability() refuses fsync=off and synchronous_commit=off. It accepts on,
 // local, remote_write and remote_apply: each of them waits for the primary's WAL flush before a
@@ -47,7 +53,8 @@
 // Thread-safety: like every store, one thread at a time (the flusher, or recovery before it). The
 // watchdog thread touches only its own state and the socket. Progress: blocking, each call bounded as
 // above. Not guaranteed: the callbacks of load() and scan_audit() run while a COPY is open on the
-// connection, so they must not call back into this store.
+// connection, so they must not call back into this store; an exception a callback throws ends the
+// scan (the connection is cut rather than drained) and reaches the caller unchanged.
 #pragma once
 
 #include <array>
@@ -103,12 +110,16 @@ public:
     socket_watchdog(const socket_watchdog&) = delete;
     socket_watchdog& operator=(const socket_watchdog&) = delete;
 
-    /// Watches `sock` (libpq's descriptor; -1 watches nothing) from now on.
+    /// Watches `sock` (libpq's descriptor; -1 watches nothing) from now on. A call already past its
+    /// deadline (a slow connect, which connect_timeout bounds) gets the new socket cut at once.
     void watch(int sock) {
         const int mine = sock >= 0 ? ::fcntl(sock, F_DUPFD_CLOEXEC, 0) : -1;
-        std::lock_guard lk(m_);
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = mine;
+        {
+            std::lock_guard lk(m_);
+            if (fd_ >= 0) ::close(fd_);
+            fd_ = mine;
+        }
+        cv_.notify_one();
     }
     /// A call starts: it must end, or make progress, within `budget`.
     void arm(std::chrono::milliseconds budget) {
@@ -156,7 +167,11 @@ private:
                 deadline_ = now + budget_;
                 continue;
             }
-            if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+            if (fd_ < 0) {  // no socket yet (connecting): cut the one watch() installs next
+                cv_.wait(lk);
+                continue;
+            }
+            ::shutdown(fd_, SHUT_RDWR);
             fired_ = true;
         }
     }
@@ -222,6 +237,8 @@ public:
         if (!detail::pg::valid_utf8(node_))
             throw error(errc::store_error, "postgres store " + name_ + ": " + op + ": node '" + key::printable(node_) +
                                                "' is not valid UTF-8; PostgreSQL text cannot hold it");
+        // node is VARCHAR(64); the default hostname:pid can be longer (a 63-byte hostname).
+        const std::string node(detail::pg::utf8_truncate(node_, 64));
         params p;
         p.build(rows, [&](std::string_view k, const char* rule) {
             throw error(errc::store_error, "postgres store " + name_ + ": " + op + ": key '" + key::printable(k) +
@@ -233,14 +250,18 @@ public:
         run(op, [&] {
             step_ = "begin";
             pqxx::work w(*conn_);
-            step_ = "insert batch id and audit rows";
-            w.exec_prepared(std::string(detail::pg::apply_audit_name), static_cast<std::int64_t>(batch_id), now_ms,
+            step_ = "write batch id, audit rows and records";
+            w.exec_prepared(std::string(detail::pg::apply_main_name), static_cast<std::int64_t>(batch_id), now_ms,
                             p.a_key.str(), p.a_from.str(), p.a_to.str(), p.a_fence.str(), p.a_at.str(),
-                            p.a_detail.str(), node_, p.l_key.str(), p.l_fence.str(), p.l_lease.str(), p.l_fp.str());
-            step_ = "upsert records";
-            w.exec_prepared(std::string(detail::pg::apply_records_name), p.r_key.str(), p.r_biz.str(),
-                            p.r_status.str(), p.r_fence.str(), p.r_lease.str(), p.r_outcome.str(), p.r_fp.str(),
-                            p.r_created.str(), p.r_updated.str());
+                            p.a_detail.str(), node, p.l_key.str(), p.l_fence.str(), p.l_lease.str(), p.l_fp.str(),
+                            p.x.key.str(), p.x.biz.str(), p.x.status.str(), p.x.fence.str(), p.x.lease.str(),
+                            p.x.outcome.str(), p.x.fp.str(), p.x.created.str(), p.x.updated.str());
+            if (!p.y.key.empty()) {
+                step_ = "write records that keep their lease";
+                w.exec_prepared(std::string(detail::pg::apply_keep_lease_name), p.y.key.str(), p.y.biz.str(),
+                                p.y.status.str(), p.y.fence.str(), p.y.lease.str(), p.y.outcome.str(), p.y.fp.str(),
+                                p.y.created.str(), p.y.updated.str());
+            }
             step_ = "commit";
             committing_ = true;
             if (before_commit_) before_commit_();
@@ -280,9 +301,9 @@ public:
                 watchdog_.progress();
                 try {
                     if (!sql::split_copy_line(line, f)) bad_copy_line(line);
-                    rec.key = f[0];
+                    rec.key = std::move(f[0]);
                     check_key(rec.key);
-                    rec.biz_type = f[1];
+                    rec.biz_type = std::move(f[1]);
                     rec.state = checked_state(rec.key, f[2]);
                     if (rec.state == record_state::absent) throw_corrupt(rec.key, "status 'ABSENT' is for audit rows only");
                     rec.fence = checked_fence(rec.key, int_field(line, f[3]));
@@ -360,6 +381,9 @@ public:
             step_ = "copy idempotent_audit";
             pqxx::work w(*conn_);
             w.exec("SET LOCAL statement_timeout = 0");  // the watchdog bounds each wait for rows instead
+            // Stream in index order rather than sort first: a sort of a large trail would produce no
+            // row for longer than the deadline, and the watchdog would take that for a hang.
+            w.exec("SET LOCAL enable_sort = off");
             pqxx::stream_from s(w, std::string(sql::scan_audit_query));
             std::string line;
             std::array<std::string, sql::scan_audit_columns> f;
@@ -369,13 +393,13 @@ public:
                 try {
                     if (!sql::split_copy_line(line, f)) bad_copy_line(line);
                     a.sequence = int_field(line, f[0]);
-                    a.key = f[1];
+                    a.key = std::move(f[1]);
                     a.from = checked_state(a.key, f[2], "from_status");
                     a.to = checked_state(a.key, f[3], "to_status");
                     a.fence = static_cast<std::uint64_t>(int_field(line, f[4]));
-                    a.node = f[5];
+                    a.node = std::move(f[5]);
                     a.at_ms = int_field(line, f[6]);
-                    a.detail = f[7];
+                    a.detail = std::move(f[7]);
                     fn(a);
                 } catch (...) {  // corrupt_record, or the callback's own exception: passed on unchanged
                     from_fn = std::current_exception();
@@ -435,23 +459,28 @@ public:
     void set_before_commit_hook_for_testing(std::function<void()> hook) { before_commit_ = std::move(hook); }
 
 private:
-    /// The bound parameters of one apply(): twelve array literals.
+    /// The bound parameters of one apply(): array literals, one per column.
     ///
-    /// How a key's rows fold into one upsert, matching memory_store (rows applied in order; a row
-    /// applies unless the record's fence is higher). Let S be the stored fence, if any. Without S,
-    /// row i applies iff its fence >= the largest fence of rows 0..i-1 (each row that set that
+    /// How a key's rows fold into one record write, matching memory_store (rows applied in order; a
+    /// row applies unless the record's fence is higher). Let S be the stored fence, if any. Without
+    /// S, row i applies iff its fence >= the largest fence of rows 0..i-1 (each row that set that
     /// maximum applied). Call those rows the chain C; fences along C never decrease. With S, the rows
-    /// that apply are the rows of C with fence >= S: a suffix of C. Hence:
-    ///  - status, fence, outcome, updated_time come from the last row of C, applied iff its fence
-    ///    >= S: the upsert's fence guard;
-    ///  - lease_until and request_fingerprint come from the last PROCESSING row P of C, applied iff
-    ///    P's fence >= S (statement 1's UPDATE, run while S is still stored), or on insert;
-    ///    otherwise they keep their stored values (0 on insert without P);
-    ///  - created_time (on insert) is the first row's time; biz_type is biz_type_of(key).
+    /// that apply are the rows of C with fence >= S: a suffix of C. Hence, with F the fence of C's
+    /// last row and P the last PROCESSING row of C:
+    ///  - status, fence, outcome, updated_time come from C's last row, applied iff F >= S: the
+    ///    upsert's fence guard;
+    ///  - lease_until and request_fingerprint come from P, applied iff P's fence >= S, or on insert;
+    ///    otherwise they keep their stored values (0 on insert without P). postgres_sql.hpp's
+    ///    classes X (P's fence == F) and Y (the rest) put that into SQL;
+    ///  - created_time (on insert) is the first row's time; biz_type is biz_type_of(key), cut back
+    ///    to a UTF-8 boundary.
     struct params {
+        struct records {
+            detail::pg::array_literal key, biz, status, fence, lease, outcome, fp, created, updated;
+        };
         detail::pg::array_literal a_key, a_from, a_to, a_fence, a_at, a_detail;  // audit rows
-        detail::pg::array_literal l_key, l_fence, l_lease, l_fp;                 // lease updates
-        detail::pg::array_literal r_key, r_biz, r_status, r_fence, r_lease, r_outcome, r_fp, r_created, r_updated;
+        detail::pg::array_literal l_key, l_fence, l_lease, l_fp;                 // Y keys with P below F
+        records x, y;
 
         template <class Reject>
         void build(std::span<const store_row> rows, Reject&& reject) {
@@ -500,16 +529,18 @@ private:
                 const std::string_view k = f.first->t.k.view();
                 if (f.last->t.to == record_state::absent)
                     reject(k, "would leave its record ABSENT; a record is PROCESSING, SUCCESS, FAILED or RELEASED");
-                r_key.add_text(k);
-                r_biz.add_text(detail::pg::utf8_prefix(biz_type_of(k)));
-                r_status.add_text(status_text(f.last->t.to));
-                r_fence.add_uint(f.last->t.fence);
-                r_lease.add_int(f.proc ? f.proc->lease_until_ms : 0);
-                r_outcome.add_uint(f.last->t.outcome);
-                r_fp.add_uint(f.proc ? f.proc->t.fingerprint : 0);
-                r_created.add_int(f.first->at_ms);
-                r_updated.add_int(f.last->at_ms);
-                if (f.proc) {
+                const bool class_x = f.proc && f.proc->t.fence == f.last->t.fence;
+                records& r = class_x ? x : y;
+                r.key.add_text(k);
+                r.biz.add_text(detail::pg::utf8_prefix(biz_type_of(k)));
+                r.status.add_text(status_text(f.last->t.to));
+                r.fence.add_uint(f.last->t.fence);
+                r.lease.add_int(f.proc ? f.proc->lease_until_ms : 0);
+                r.outcome.add_uint(f.last->t.outcome);
+                r.fp.add_uint(f.proc ? f.proc->t.fingerprint : 0);
+                r.created.add_int(f.first->at_ms);
+                r.updated.add_int(f.last->at_ms);
+                if (f.proc && !class_x) {
                     l_key.add_text(k);
                     l_fence.add_uint(f.proc->t.fence);
                     l_lease.add_int(f.proc->lease_until_ms);
@@ -565,6 +596,9 @@ private:
             if (in_commit && lost) throw unknown(fired ? late : text(e));
             if (lost || state.starts_with("08") || state.starts_with("57P") || state == "57014")
                 throw error(errc::store_unavailable, where + (fired ? late : text(e)));
+            if (state == "23505" && text(e).find("idempotent_batch_pkey") != std::string::npos)
+                throw error(errc::store_error, where + "this batch id already committed; a batch commits once (" +
+                                                   text(e) + ")");
             throw error(errc::store_error, where + text(e));
         }
     }
@@ -588,8 +622,8 @@ private:
                    "; SET client_min_messages = warning");
         }
         namespace sql = detail::pg;
-        conn_->prepare(std::string(sql::apply_audit_name), std::string(sql::apply_audit));
-        conn_->prepare(std::string(sql::apply_records_name), std::string(sql::apply_records));
+        conn_->prepare(std::string(sql::apply_main_name), std::string(sql::apply_main));
+        conn_->prepare(std::string(sql::apply_keep_lease_name), std::string(sql::apply_keep_lease));
         conn_->prepare(std::string(sql::committed_name), std::string(sql::committed));
         conn_->prepare(std::string(sql::get_name), std::string(sql::get));
         conn_->prepare(std::string(sql::audit_name), std::string(sql::audit));

@@ -186,7 +186,7 @@ CREATE TABLE IF NOT EXISTS idempotent_record (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idx_idempotent_record_biz_status ON idempotent_record (biz_type, status);
 CREATE TABLE IF NOT EXISTS idempotent_audit (
-  sequence       BIGINT       NOT NULL UNIQUE,
+  sequence       BIGINT       NOT NULL,
   idempotent_key VARCHAR(128) NOT NULL,
   from_status    VARCHAR(16)  NOT NULL,
   to_status      VARCHAR(16)  NOT NULL,

@@ -61,6 +61,9 @@
 #include <random>
 #include <string_view>
 #include <thread>
+#include <type_traits>
+
+#include <sys/mman.h>
 
 #include "idem/detail/slot.hpp"
 #include "idem/error.hpp"
@@ -145,19 +148,36 @@ struct hash128 {
 template <template <class> class Atomic>
 class generation {
 public:
-    explicit generation(std::size_t slots)
-        : slots_(static_cast<slot<Atomic>*>(::operator new[](slots * sizeof(slot<Atomic>), std::align_val_t{64}))),
-          keys_(std::make_unique<key_cell<Atomic>[]>(slots)),
-          mask_(slots - 1) {
-        for (std::size_t i = 0; i < slots; ++i) new (&slots_[i]) slot<Atomic>();
-        for (std::size_t i = 0; i < slots; ++i) {
-            for (auto& w : keys_[i].words) w.store(0, std::memory_order_relaxed);  // relaxed: before publication
-            keys_[i].size.store(0, std::memory_order_relaxed);
+    /// With std::atomic the arrays come from anonymous mmap: zero pages, faulted in on first touch
+    /// (or all at once with prefault, MAP_POPULATE). std::atomic<integer> is lock-free and its
+    /// object representation is the integer's, so zero pages are slots holding 0 (static_asserts
+    /// in slot.hpp). Other atomic types (test hooks, model checkers) are constructed normally.
+    generation(std::size_t slots, bool prefault) : mask_(slots - 1) {
+        if constexpr (zero_pages_ok) {
+            slots_ = static_cast<slot<Atomic>*>(map(slots * sizeof(slot<Atomic>), prefault));
+            keys_ = static_cast<key_cell<Atomic>*>(map(slots * sizeof(key_cell<Atomic>), prefault));
+        } else {
+            slots_ = static_cast<slot<Atomic>*>(::operator new[](slots * sizeof(slot<Atomic>), std::align_val_t{64}));
+            keys_ = static_cast<key_cell<Atomic>*>(::operator new[](slots * sizeof(key_cell<Atomic>)));
+            for (std::size_t i = 0; i < slots; ++i) new (&slots_[i]) slot<Atomic>();
+            for (std::size_t i = 0; i < slots; ++i) {
+                new (&keys_[i]) key_cell<Atomic>();
+                for (auto& w : keys_[i].words) w.store(0, std::memory_order_relaxed);  // relaxed: before publication
+                keys_[i].size.store(0, std::memory_order_relaxed);
+            }
         }
     }
     ~generation() {
-        for (std::size_t i = 0; i <= mask_; ++i) slots_[i].~slot<Atomic>();
-        ::operator delete[](slots_, std::align_val_t{64});
+        const std::size_t slots = mask_ + 1;
+        if constexpr (zero_pages_ok) {
+            ::munmap(slots_, slots * sizeof(slot<Atomic>));
+            ::munmap(keys_, slots * sizeof(key_cell<Atomic>));
+        } else {
+            for (std::size_t i = 0; i < slots; ++i) slots_[i].~slot<Atomic>();
+            for (std::size_t i = 0; i < slots; ++i) keys_[i].~key_cell<Atomic>();
+            ::operator delete[](slots_, std::align_val_t{64});
+            ::operator delete[](keys_);
+        }
     }
     generation(const generation&) = delete;
     generation& operator=(const generation&) = delete;
@@ -166,6 +186,11 @@ public:
     [[nodiscard]] slot<Atomic>& at(std::size_t i) noexcept { return slots_[i & mask_]; }
     [[nodiscard]] key_cell<Atomic>& key_at(const slot<Atomic>* s) noexcept {
         return keys_[static_cast<std::size_t>(s - slots_)];
+    }
+
+    /// Bytes of address space this generation maps.
+    [[nodiscard]] std::size_t bytes() const noexcept {
+        return (mask_ + 1) * (sizeof(slot<Atomic>) + sizeof(key_cell<Atomic>));
     }
 
     /// Finds the key's slot, giving it the identity when the probe reaches an empty one first.
@@ -206,8 +231,19 @@ public:
     }
 
 private:
-    slot<Atomic>* slots_;
-    std::unique_ptr<key_cell<Atomic>[]> keys_;
+    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
+
+    static void* map(std::size_t bytes, bool prefault) {
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | (prefault ? MAP_POPULATE : 0), -1, 0);
+        if (p == MAP_FAILED)
+            throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
+                                                    " bytes for the record table; lower options.capacity");
+        return p;
+    }
+
+    slot<Atomic>* slots_ = nullptr;
+    key_cell<Atomic>* keys_ = nullptr;
     std::size_t mask_;
 };
 
@@ -292,8 +328,8 @@ public:
             throw error(errc::invalid_argument, "options.retention must not be negative");
         std::size_t slots = 2;
         while (slots < 2 * opts_.capacity) slots <<= 1;
-        gens_[0] = std::make_unique<generation<Atomic>>(slots);
-        gens_[1] = std::make_unique<generation<Atomic>>(slots);
+        gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
+        gens_[1] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
         std::random_device rd;
         for (auto& b : secret_) b = static_cast<unsigned char>(rd());
         for (auto& st : stripes_)
@@ -391,7 +427,7 @@ public:
                              transition_cause cause, bool check_lease = false) noexcept {
         slot_type& s = *c.s;
         std::uint64_t replaced = 0;
-        if (std::error_code ec = enter(c, replaced)) return ec;
+        if (std::error_code ec = enter(c, replaced, !check_lease)) return ec;
         const auto now = clock_.now();
         if (check_lease && s.lease_until.load(std::memory_order_relaxed) > now.count()) {  // relaxed: we hold completing
             s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
@@ -618,7 +654,7 @@ private:
 
     /// Moves the claim's slot from processing(fence) (with or without the doubt mark) into
     /// completing. `replaced` receives the exact word replaced, for an undo.
-    std::error_code enter(claim_ref<Atomic>& c, std::uint64_t& replaced) noexcept {
+    std::error_code enter(claim_ref<Atomic>& c, std::uint64_t& replaced, bool by_owner = true) noexcept {
         slot_type& s = *c.s;
         const std::uint64_t busy = state_word::with_state(c.word, slot_state::completing);
         for (std::uint64_t expected : {c.word, c.word | state_word::doubt_bit}) {
@@ -637,7 +673,7 @@ private:
                 return errc::busy;
             if (expected != (c.word | state_word::doubt_bit)) break;
         }
-        count(c_stale);
+        if (by_owner) count(c_stale);
         return errc::stale_ticket;
     }
 
@@ -747,7 +783,7 @@ private:
         if (answer.verdict == resolution::unknown) {
             if (state_word::in_doubt(seen)) return false;  // already marked and audited
             std::uint64_t replaced = 0;
-            if (enter(ref, replaced)) return false;
+            if (enter(ref, replaced, /*by_owner=*/false)) return false;
             if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
                 s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
                 return false;

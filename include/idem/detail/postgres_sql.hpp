@@ -70,38 +70,55 @@ inline constexpr std::string_view schema_version_insert =
     "INSERT INTO idem_schema (version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM idem_schema)";
 inline constexpr std::string_view schema_version_select = "SELECT max(version) FROM idem_schema";
 
-// apply, statement 1 of 2. One round trip for three things:
-//  - the batch id (its primary key makes a replayed batch fail instead of writing twice);
-//  - lease_until / request_fingerprint of existing records: memory_store takes them from the last
-//    *applied* PROCESSING row, which need not be the last row (claim then succeed in one batch), and
-//    whether that row applies depends on the stored fence. ON CONFLICT DO UPDATE cannot see values
-//    beyond the proposed row, so this UPDATE runs first, while the stored fence is still the old one:
-//    one entry per key that has a PROCESSING row in its applied chain ($10..$13), with that row's
-//    fence, lease and fingerprint;
-//  - every audit row, in input order (WITH ORDINALITY ... ORDER BY keeps BIGSERIAL in that order).
-inline constexpr std::string_view apply_audit_name = "idem_apply_audit";
-inline constexpr std::string_view apply_audit = R"sql(
+// apply(). Each key's rows fold into one record write (postgres_store::params explains the fold).
+// Keys fall into two classes by where lease_until / request_fingerprint come from:
+//   X: the key has a PROCESSING row P in its applied chain with P's fence == the final fence F. P's
+//      lease and fingerprint apply exactly when the final row does (stored fence <= F), so the
+//      fence-guarded upsert writes them too. Fresh claims, and claim + succeed in one batch, are X.
+//   Y: no such P. The upsert keeps the stored lease and fingerprint. In the rare case of a P with
+//      fence < F (a claim, then a higher-fenced non-claim row), P's lease applies only if the stored
+//      fence <= P's fence, which ON CONFLICT cannot see (it sees the proposed row and the stored
+//      one, nothing else), so a plain UPDATE sets it first, while the stored fence is still the old
+//      one.
+// Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
+// batch has class-Y keys. The CTEs write different tables, or different rows (X and Y keys are
+// disjoint), so no row is modified twice by one statement.
+//   $1 batch id, $2 committed_time (its primary key makes a replayed batch fail, not write twice)
+//   $3..$8 audit rows: key, from, to, fence, at, detail (in input order: WITH ORDINALITY ... ORDER BY
+//          keeps the BIGSERIAL sequence in that order); $9 node
+//   $10..$13 Y keys with P below F: key, P's fence, lease, fingerprint
+//   $14..$22 X records: key, biz_type, status, fence, lease, outcome, fingerprint, created, updated
+inline constexpr std::string_view apply_main_name = "idem_apply_main";
+inline constexpr std::string_view apply_main = R"sql(
 WITH batch AS (
   INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, $2)
+), audit AS (
+  INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
+  SELECT a.k, a.f, a.t, a.fe, $9, a.at, a.d
+  FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[])
+       WITH ORDINALITY AS a(k, f, t, fe, at, d, n)
+  ORDER BY a.n
 ), lease AS (
   UPDATE idempotent_record AS r SET lease_until = p.pl, request_fingerprint = p.pfp
   FROM unnest($10::text[], $11::bigint[], $12::bigint[], $13::bigint[]) AS p(k, pf, pl, pfp)
   WHERE r.idempotent_key = p.k
     AND (r.fencing_token # (-9223372036854775808)::bigint) <= (p.pf # (-9223372036854775808)::bigint)
 )
-INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
-SELECT a.k, a.f, a.t, a.fe, $9, a.at, a.d
-FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::text[])
-     WITH ORDINALITY AS a(k, f, t, fe, at, d, n)
-ORDER BY a.n
+INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
+                                    request_fingerprint, created_time, updated_time)
+SELECT * FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[],
+                     $20::bigint[], $21::bigint[], $22::bigint[])
+ON CONFLICT (idempotent_key) DO UPDATE
+  SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, lease_until = EXCLUDED.lease_until,
+      outcome = EXCLUDED.outcome, request_fingerprint = EXCLUDED.request_fingerprint,
+      updated_time = EXCLUDED.updated_time
+  WHERE (r.fencing_token # (-9223372036854775808)::bigint) <= (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
 )sql";
 
-// apply, statement 2 of 2: each key's record set to the state of the last row of its applied chain,
-// guarded by the fence (the stored fence must not be higher). lease_until and request_fingerprint are
-// only written on insert here; statement 1 updated them for existing rows. created_time and biz_type
-// are kept on update.
-inline constexpr std::string_view apply_records_name = "idem_apply_records";
-inline constexpr std::string_view apply_records = R"sql(
+// Statement 2: the class-Y records ($1..$9 as $14..$22 above). lease_until and request_fingerprint
+// are written on insert only; created_time and biz_type are kept on update in both statements.
+inline constexpr std::string_view apply_keep_lease_name = "idem_apply_keep_lease";
+inline constexpr std::string_view apply_keep_lease = R"sql(
 INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                     request_fingerprint, created_time, updated_time)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
@@ -190,6 +207,16 @@ inline constexpr std::string_view max_fence =
     return text;
 }
 
+/// The first max_chars characters of valid UTF-8 text (VARCHAR(n) counts characters, not bytes).
+[[nodiscard]] inline std::string_view utf8_truncate(std::string_view text, std::size_t max_chars) noexcept {
+    std::size_t chars = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if ((static_cast<unsigned char>(text[i]) & 0xc0) == 0x80) continue;  // continuation byte
+        if (chars++ == max_chars) return text.substr(0, i);
+    }
+    return text;
+}
+
 /// Builds one array-literal parameter: '{"a","b"}' for text, '{1,2}' for integers.
 class array_literal {
 public:
@@ -211,6 +238,7 @@ public:
         text_.append(buf, end);
     }
     void add_uint(std::uint64_t v) { add_int(static_cast<std::int64_t>(v)); }  // same bits
+    [[nodiscard]] bool empty() const noexcept { return text_.empty(); }
     [[nodiscard]] const std::string& str() {
         if (!closed_) {
             if (text_.empty()) text_ += '{';

@@ -1,0 +1,237 @@
+// race_test: exactly-once claims under contention (the seed's 100-thread test, repeated over many
+// rounds and keys), and a completing owner racing compensation of its expired lease.
+//
+// Environment: IDEM_SEED (replay), IDEM_THREADS, IDEM_ROUNDS, IDEM_KEYS.
+#include <idem/idem.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/manual_guard.hpp"
+#include "support/threads.hpp"
+
+namespace {
+
+using idem::begin_status;
+using idem::errc;
+using idem_test::mix;
+
+std::uint64_t outcome_of(std::size_t round, std::size_t k) { return mix(round * 1'000'003u + k); }
+
+// 100 threads released by one latch race begin() on the same keys. Per key: exactly one thread
+// acquires; every other thread is told in_progress or succeeded, and a succeeded answer carries the
+// owner's outcome. In odd rounds each thread walks the keys in its own seeded order.
+TEST(Race, HundredThreadsExactlyOneAcquires) {
+    const std::uint64_t seed = idem_test::test_seed();
+    SCOPED_TRACE("IDEM_SEED=" + std::to_string(seed));
+    const std::size_t threads = idem_test::env_size("IDEM_THREADS", 100, 100);
+    const std::size_t rounds = idem_test::env_size("IDEM_ROUNDS", 40, 6);
+    const std::size_t keys = idem_test::env_size("IDEM_KEYS", 64, 24);
+
+    idem::guard g(idem_test::test_options(rounds * keys + 16));
+    for (std::size_t round = 0; round < rounds; ++round) {
+        std::vector<idem::key> ks;
+        for (std::size_t k = 0; k < keys; ++k) ks.push_back(idem::key("R" + std::to_string(round) + "_K" + std::to_string(k)));
+        struct tally {
+            std::atomic<int> acquired{0}, in_progress{0}, succeeded{0}, wrong_outcome{0}, other{0};
+        };
+        std::vector<tally> t(keys);
+        std::vector<std::vector<std::size_t>> order(threads);
+        std::mt19937_64 rng(seed ^ mix(round));
+        for (auto& o : order) {
+            o.resize(keys);
+            for (std::size_t k = 0; k < keys; ++k) o[k] = k;
+            if (round % 2 == 1) std::shuffle(o.begin(), o.end(), rng);
+        }
+        idem_test::run_on_latch(threads, [&](std::size_t i) {
+            for (std::size_t k : order[i]) {
+                auto r = g.begin(ks[k]);
+                switch (r.status) {
+                    case begin_status::acquired:
+                        t[k].acquired.fetch_add(1);
+                        if (r.ticket.succeed(outcome_of(round, k))) t[k].other.fetch_add(1);
+                        break;
+                    case begin_status::in_progress: t[k].in_progress.fetch_add(1); break;
+                    case begin_status::succeeded:
+                        t[k].succeeded.fetch_add(1);
+                        if (r.outcome != outcome_of(round, k)) t[k].wrong_outcome.fetch_add(1);
+                        break;
+                    default: t[k].other.fetch_add(1); break;
+                }
+            }
+        });
+        for (std::size_t k = 0; k < keys; ++k) {
+            SCOPED_TRACE("round " + std::to_string(round) + " key " + ks[k].str());
+            ASSERT_EQ(t[k].acquired.load(), 1);
+            ASSERT_EQ(t[k].in_progress.load() + t[k].succeeded.load(), static_cast<int>(threads) - 1);
+            ASSERT_EQ(t[k].wrong_outcome.load(), 0);
+            ASSERT_EQ(t[k].other.load(), 0);
+            const auto v = g.query(ks[k]);
+            ASSERT_EQ(v.state, idem::record_state::succeeded);
+            ASSERT_EQ(v.outcome, outcome_of(round, k));
+        }
+    }
+    const auto s = g.snapshot();
+    EXPECT_EQ(s.acquired, rounds * keys);
+    EXPECT_EQ(s.succeeded, rounds * keys);
+    EXPECT_EQ(s.duplicates + s.in_progress_hits, rounds * keys * (threads - 1));
+    EXPECT_EQ(s.stale_tickets, 0u);
+}
+
+// The seed's exact test, on one key: 100 threads, one winner, and the winner holds the claim until
+// every loser has answered, so every loser must see in_progress (never succeeded, never acquired).
+TEST(Race, HundredThreadsOneKeyHeldClaim) {
+    const std::uint64_t seed = idem_test::test_seed();
+    SCOPED_TRACE("IDEM_SEED=" + std::to_string(seed));
+    const std::size_t threads = idem_test::env_size("IDEM_THREADS", 100, 100);
+    const std::size_t rounds = idem_test::env_size("IDEM_ROUNDS", 40, 6);
+    idem::guard g(idem_test::test_options(rounds + 16));
+    for (std::size_t round = 0; round < rounds; ++round) {
+        const idem::key k("TX" + std::to_string(seed % 100000) + "_" + std::to_string(round) + "_PAY_v1");
+        std::atomic<int> acquired{0}, in_progress{0}, other{0};
+        std::latch answered(static_cast<std::ptrdiff_t>(threads));
+        idem_test::run_on_latch(threads, [&](std::size_t) {
+            auto r = g.begin(k);
+            if (r.status == begin_status::acquired) acquired.fetch_add(1);
+            else if (r.status == begin_status::in_progress) in_progress.fetch_add(1);
+            else other.fetch_add(1);
+            answered.arrive_and_wait();  // the winner completes only after every loser answered
+            if (r.ticket && r.ticket.succeed(round)) other.fetch_add(1);
+        });
+        ASSERT_EQ(acquired.load(), 1) << "round " << round;
+        ASSERT_EQ(in_progress.load(), static_cast<int>(threads) - 1) << "round " << round;
+        ASSERT_EQ(other.load(), 0) << "round " << round;
+        auto again = g.begin(k);
+        ASSERT_EQ(again.status, begin_status::succeeded);
+        ASSERT_EQ(again.outcome, round);
+    }
+}
+
+// An owner whose lease expired completes while one or two compensation passes resolve the same
+// claim. Exactly one side wins per key: the owner's succeed() returns ok and no pass resolves it,
+// or a pass resolves it and the owner gets stale_ticket. The record shows the winner's result.
+// With the resolver answering unknown the claim is marked in doubt and the owner always wins.
+TEST(Race, OwnerCompletionVersusCompensationResolvesOnce) {
+    const std::uint64_t seed = idem_test::test_seed();
+    SCOPED_TRACE("IDEM_SEED=" + std::to_string(seed));
+    const std::size_t rounds = idem_test::env_size("IDEM_ROUNDS", 200, 24);
+    const std::size_t keys = idem_test::env_size("IDEM_KEYS", 32, 16);
+    constexpr std::size_t owners = 2, compensators = 2;
+    constexpr std::array verdicts{idem::resolution::succeeded, idem::resolution::failed,
+                                  idem::resolution::not_executed, idem::resolution::unknown};
+    std::size_t owner_wins = 0, compensation_wins = 0;
+    std::mt19937_64 rng(seed);
+
+    for (std::size_t round = 0; round < rounds; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const idem::resolution verdict = verdicts[round % verdicts.size()];
+        const std::uint64_t resolver_outcome = 1'000'000 + round;
+        idem::manual_clock clock;
+        auto opts = idem_test::test_options(keys);
+        opts.lease = std::chrono::seconds(1);
+        std::atomic<int> asked{0};
+        opts.resolve = [&](const idem::expired_claim&) {
+            asked.fetch_add(1);
+            return idem::resolver_answer{verdict, resolver_outcome};
+        };
+        idem_test::manual_guard g(opts, clock);
+        std::vector<idem::key> ks;
+        std::vector<idem_test::manual_ticket> tickets;
+        for (std::size_t k = 0; k < keys; ++k) {
+            ks.push_back(idem_test::key_n("L", k));
+            auto r = g.begin(ks.back());
+            ASSERT_EQ(r.status, begin_status::acquired);
+            tickets.push_back(std::move(r.ticket));
+        }
+        clock.advance(opts.lease + std::chrono::nanoseconds(1 + rng() % 1000));
+
+        std::vector<std::error_code> owner_result(keys);
+        std::atomic<std::size_t> resolved{0};
+        idem_test::run_on_latch(owners + compensators, [&](std::size_t i) {
+            if (i < owners) {
+                for (std::size_t k = i; k < keys; k += owners) {
+                    // errc::busy: compensation holds the record for a moment; the ticket stays valid.
+                    do owner_result[k] = tickets[k].succeed(k);
+                    while (owner_result[k] == errc::busy);
+                }
+            } else {
+                resolved.fetch_add(g.compensate());
+            }
+        });
+
+        std::size_t owners_won = 0;
+        for (std::size_t k = 0; k < keys; ++k) {
+            SCOPED_TRACE("key " + ks[k].str());
+            const auto v = g.query(ks[k]);
+            if (!owner_result[k]) {
+                ++owners_won;
+                EXPECT_EQ(v.state, idem::record_state::succeeded);
+                EXPECT_EQ(v.outcome, k);
+            } else {
+                ASSERT_EQ(owner_result[k], errc::stale_ticket);
+                ASSERT_NE(verdict, idem::resolution::unknown) << "an in-doubt claim is still its owner's";
+                switch (verdict) {
+                    case idem::resolution::succeeded:
+                        EXPECT_EQ(v.state, idem::record_state::succeeded);
+                        EXPECT_EQ(v.outcome, resolver_outcome);
+                        break;
+                    case idem::resolution::failed: EXPECT_EQ(v.state, idem::record_state::failed); break;
+                    default: EXPECT_EQ(v.state, idem::record_state::absent); break;
+                }
+            }
+            EXPECT_FALSE(v.in_doubt);
+        }
+        EXPECT_EQ(owners_won + resolved.load(), keys) << "every claim is resolved exactly once";
+        const auto s = g.snapshot();
+        EXPECT_EQ(s.compensated, resolved.load());
+        // A compensation pass that loses to the owner is counted as a stale completion too, so
+        // stale_tickets is at least the number of stale owners.
+        EXPECT_GE(s.stale_tickets, keys - owners_won);
+        EXPECT_EQ(s.succeeded + s.failed + s.released, keys) << "one completion transition per claim";
+        owner_wins += owners_won;
+        compensation_wins += resolved.load();
+        if (HasFailure()) break;
+    }
+    std::cout << "[ idem    ] owner won " << owner_wins << ", compensation won " << compensation_wins << '\n';
+}
+
+// Racing compensation passes alone (no owner): each expired claim is resolved by exactly one pass.
+TEST(Race, ConcurrentCompensationPassesResolveEachClaimOnce) {
+    const std::size_t rounds = idem_test::env_size("IDEM_ROUNDS", 100, 12);
+    const std::size_t keys = idem_test::env_size("IDEM_KEYS", 32, 16);
+    for (std::size_t round = 0; round < rounds; ++round) {
+        idem::manual_clock clock;
+        auto opts = idem_test::test_options(keys);
+        opts.lease = std::chrono::seconds(1);
+        opts.resolve = [](const idem::expired_claim& c) {
+            return idem::resolver_answer{idem::resolution::succeeded, c.fence};
+        };
+        idem_test::manual_guard g(opts, clock);
+        std::vector<idem_test::manual_ticket> tickets;
+        for (std::size_t k = 0; k < keys; ++k) {
+            auto r = g.begin(idem_test::key_n("C", k));
+            ASSERT_EQ(r.status, begin_status::acquired);
+            tickets.push_back(std::move(r.ticket));
+        }
+        clock.advance(std::chrono::seconds(2));
+        std::atomic<std::size_t> resolved{0};
+        idem_test::run_on_latch(4, [&](std::size_t) { resolved.fetch_add(g.compensate()); });
+        ASSERT_EQ(resolved.load(), keys) << "round " << round;
+        ASSERT_EQ(g.snapshot().compensated, keys);
+        for (std::size_t k = 0; k < keys; ++k) {
+            const auto v = g.query(idem_test::key_n("C", k));
+            ASSERT_EQ(v.state, idem::record_state::succeeded);
+            ASSERT_EQ(v.outcome, tickets[k].fence()) << "the resolver was told the claim's fence";
+            ASSERT_EQ(tickets[k].succeed(), errc::stale_ticket);
+        }
+    }
+}
+
+}  // namespace
