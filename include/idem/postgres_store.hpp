@@ -662,9 +662,13 @@ private:
                                    "' is not a status (PROCESSING, SUCCESS, FAILED, RELEASED; ABSENT in audit rows)");
         return *s;
     }
+    /// Fences are 1 .. 2^52-1: the guard packs them into 52 bits of its slot word
+    /// (detail::state_word::max_fence), so a larger one cannot be loaded back.
     std::uint64_t checked_fence(const std::string& k, std::int64_t fence) const {
-        if (fence == 0) throw_corrupt(k, "fencing_token is 0; fences start at 1");
-        return static_cast<std::uint64_t>(fence);
+        const auto f = static_cast<std::uint64_t>(fence);
+        if (f == 0 || f >= (std::uint64_t{1} << 52))
+            throw_corrupt(k, "fencing_token is " + std::to_string(fence) + "; expected 1 .. 2^52-1");
+        return f;
     }
     [[noreturn]] void bad_copy_line(const std::string& line) const {
         throw error(errc::store_error, "postgres store " + name_ + ": " + step_ + ": unexpected COPY line '" +
