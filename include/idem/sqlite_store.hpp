@@ -37,6 +37,7 @@ public:
     static constexpr int schema_version = 1;
 
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
+        ensure_open();
         exec("BEGIN IMMEDIATE", "begin batch");
         std::int64_t sequence = next_sequence_;
         try {
@@ -45,9 +46,16 @@ public:
             sqlite3_bind_int64(b, 1, static_cast<std::int64_t>(batch_id));
             sqlite3_bind_int64(b, 2, rows.empty() ? 0 : rows.back().at_ms);
             step_done(b, "insert batch id");
+            std::size_t first_of_key = 0;        // the key's first row in this batch (created_time)
+            const store_row* claim = nullptr;    // the key's last PROCESSING row (lease, fingerprint)
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 const store_row& r = rows[i];
                 const auto k = r.t.k.view();
+                if (i == 0 || rows[i - 1].t.k.view() != k) {
+                    first_of_key = i;
+                    claim = nullptr;
+                }
+                if (r.t.to == record_state::processing) claim = &r;
                 sqlite3_stmt* a = audit_stmt_;
                 sqlite3_reset(a);
                 sqlite3_bind_text(a, 1, k.data(), static_cast<int>(k.size()), SQLITE_STATIC);
@@ -64,19 +72,22 @@ public:
                 step_done(a, "insert audit row");
                 const bool last_of_key = i + 1 == rows.size() || rows[i + 1].t.k.view() != k;
                 if (!last_of_key) continue;
+                // One upsert per key with the batch's net effect, as if the rows were applied one by
+                // one: state, fence and outcome from the last row; lease and fingerprint from the
+                // last claim in the batch (else kept); created_time from the first row.
                 sqlite3_stmt* u = upsert_stmt_;
                 sqlite3_reset(u);
                 const std::string biz = biz_type_of(k);
-                const bool processing = r.t.to == record_state::processing;
                 sqlite3_bind_text(u, 1, k.data(), static_cast<int>(k.size()), SQLITE_STATIC);
                 sqlite3_bind_text(u, 2, biz.data(), static_cast<int>(biz.size()), SQLITE_TRANSIENT);
                 sqlite3_bind_text(u, 3, status_text(r.t.to), -1, SQLITE_STATIC);
                 sqlite3_bind_int64(u, 4, static_cast<std::int64_t>(r.t.fence));
-                sqlite3_bind_int64(u, 5, processing ? r.lease_until_ms : 0);
+                sqlite3_bind_int64(u, 5, claim ? claim->lease_until_ms : 0);
                 sqlite3_bind_int64(u, 6, static_cast<std::int64_t>(r.t.outcome));
-                sqlite3_bind_int64(u, 7, static_cast<std::int64_t>(processing ? r.t.fingerprint : 0));
+                sqlite3_bind_int64(u, 7, static_cast<std::int64_t>(claim ? claim->t.fingerprint : 0));
                 sqlite3_bind_int64(u, 8, r.at_ms);
-                sqlite3_bind_int(u, 9, processing ? 1 : 0);
+                sqlite3_bind_int(u, 9, claim ? 1 : 0);
+                sqlite3_bind_int64(u, 10, rows[first_of_key].at_ms);
                 step_done(u, "upsert record");
             }
             exec("COMMIT", "commit batch");
@@ -88,6 +99,7 @@ public:
     }
 
     bool committed(std::uint64_t batch_id) override {
+        ensure_open();
         sqlite3_stmt* s = prepare("SELECT 1 FROM idempotent_batch WHERE batch_id = ?1");
         sqlite3_bind_int64(s, 1, static_cast<std::int64_t>(batch_id));
         const int rc = sqlite3_step(s);
@@ -97,6 +109,7 @@ public:
     }
 
     void load(const std::function<void(const stored_record&)>& fn) override {
+        ensure_open();
         sqlite3_stmt* s = prepare(
             "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
             "created_time, updated_time FROM idempotent_record");
@@ -112,6 +125,7 @@ public:
     }
 
     std::optional<stored_record> get(std::string_view key) override {
+        ensure_open();
         sqlite3_stmt* s = prepare(
             "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
             "created_time, updated_time FROM idempotent_record WHERE idempotent_key = ?1");
@@ -130,16 +144,19 @@ public:
     }
 
     std::vector<audit_entry> audit(std::string_view key) override {
+        ensure_open();
         std::vector<audit_entry> out;
         scan_audit_where("WHERE idempotent_key = ?1 ORDER BY idempotent_key, sequence", key, [&](const audit_entry& a) { out.push_back(a); });
         return out;
     }
 
     void scan_audit(const std::function<void(const audit_entry&)>& fn) override {
+        ensure_open();
         scan_audit_where("ORDER BY idempotent_key, sequence", {}, fn);
     }
 
     std::uint64_t max_fence() override {
+        ensure_open();
         sqlite3_stmt* s = prepare("SELECT COALESCE(MAX(fencing_token), 0) FROM idempotent_record");
         const int rc = sqlite3_step(s);
         const auto v = rc == SQLITE_ROW ? static_cast<std::uint64_t>(sqlite3_column_int64(s, 0)) : 0;
@@ -156,6 +173,11 @@ public:
     std::string name() const override { return "sqlite:" + path_; }
 
 private:
+    /// After a failed reconnect the handle is gone: reopen, so the caller sees the real cause.
+    void ensure_open() {
+        if (db_ == nullptr) open();
+    }
+
     void open() {
         const int rc = sqlite3_open_v2(path_.c_str(), &db_,
                                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
@@ -217,7 +239,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             sqlite3_finalize(m);
             upsert_stmt_ = prepare(
                 "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
-                "request_fingerprint, created_time, updated_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) "
+                "request_fingerprint, created_time, updated_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8) "
                 "ON CONFLICT (idempotent_key) DO UPDATE SET status = excluded.status, "
                 "fencing_token = excluded.fencing_token, outcome = excluded.outcome, "
                 "lease_until = CASE WHEN ?9 THEN excluded.lease_until ELSE idempotent_record.lease_until END, "

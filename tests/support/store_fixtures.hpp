@@ -53,6 +53,7 @@
 
 namespace idem {
 
+inline void PrintTo(durability m, std::ostream* os) { *os << (m == durability::sync ? "sync" : "async"); }
 inline void PrintTo(const stored_record& r, std::ostream* os) {
     *os << "{key '" << key::printable(r.key) << "' biz " << r.biz_type << ' ' << to_string(r.state) << " fence "
         << r.fence << " lease_until " << r.lease_until_ms << " outcome " << r.outcome << " fp " << r.fingerprint
@@ -418,25 +419,6 @@ private:
     mutable std::mutex mutex_;
     std::map<std::string, acked_row> acked_;
 };
-
-/// Runs a statement on an SQLite file through a separate connection (test set-up and corruption).
-/// Returns "" or SQLite's message.
-inline std::string sqlite_exec(const std::string& path, const std::string& sql) {
-    sqlite3* db = nullptr;
-    std::string why;
-    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
-        why = db ? sqlite3_errmsg(db) : "cannot open";
-    } else {
-        sqlite3_busy_timeout(db, 5000);
-        char* err = nullptr;
-        if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-            why = err ? err : "error";
-            sqlite3_free(err);
-        }
-    }
-    sqlite3_close_v2(db);
-    return why;
-}
 
 /// Every record of a store, by key.
 inline std::map<std::string, idem::stored_record> load_all(idem::store& st) {

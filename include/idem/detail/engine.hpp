@@ -424,7 +424,7 @@ public:
     /// ours, so the ticket stays valid (retry). With check_lease (compensation) the completion is
     /// refused with errc::busy when the lease was renewed since it was seen expired.
     std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
-                             transition_cause cause, bool check_lease = false) noexcept {
+                             transition_cause cause, bool check_lease = false, bool await = true) noexcept {
         slot_type& s = *c.s;
         std::uint64_t replaced = 0;
         if (std::error_code ec = enter(c, replaced, !check_lease)) return ec;
@@ -448,7 +448,7 @@ public:
         s.updated.store(now.count(), std::memory_order_relaxed);
         s.word.store(state_word::with_state(c.word, to), std::memory_order_release);  // (5)
         count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
-        if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) return errc::store_unavailable;
+        if (await && seq != 0 && sink_->synchronous() && !sink_->await(seq)) return errc::store_unavailable;
         return {};
     }
 
@@ -771,7 +771,8 @@ private:
         if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) {
             // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise the
             // lease runs out and compensation asks the resolver (which will answer not_executed).
-            (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable);
+            // The caller is told store_unavailable now: the withdrawal is queued, not awaited.
+            (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable, false, /*await=*/false);
             return begin_answer{begin_status::store_unavailable, {}, 0, fence};
         }
         return begin_answer{begin_status::acquired, ref, 0, fence};

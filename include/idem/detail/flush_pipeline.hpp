@@ -159,7 +159,9 @@ private:
         std::chrono::nanoseconds backoff = 1ms;
         for (;;) {
             store_row row;
-            while (batch_.size() < opts_.max_batch && queue_.pop(row)) batch_.push_back(row);
+            if (batch_.empty()) oldest_pending_ = std::chrono::steady_clock::now();
+            // A batch whose commit is unknown must not grow: its id names exactly these rows.
+            while (unknown_batch_ == 0 && batch_.size() < opts_.max_batch && queue_.pop(row)) batch_.push_back(row);
             if (batch_.empty()) {
                 if (!running_.load(std::memory_order_acquire)) return;  // (F2) pairs with (F1)
                 std::this_thread::sleep_for(opts_.idle_poll);
@@ -185,41 +187,48 @@ private:
         }
     }
 
-    /// Applies batch_ once. True when it committed (batch_ is then cleared).
+    /// Applies batch_ once. True when it committed (batch_ is then cleared). After a
+    /// commit_unknown the batch stays pending under its id and later calls only ask the store
+    /// whether that id committed (never a blind re-apply); it is applied again, under a new id,
+    /// only once the store answered that it did not commit.
     bool write_batch() {
-        std::sort(batch_.begin(), batch_.end(), [](const store_row& a, const store_row& b) {
-            const auto ka = a.t.k.view(), kb = b.t.k.view();
-            return ka != kb ? ka < kb : a.seq < b.seq;
-        });
-        const std::uint64_t id = batch_prefix_ | ++batch_counter_;
-        const auto started = std::chrono::steady_clock::now();
         bool ok = false;
-        try {
-            store_.apply(batch_, id);
-            ok = true;
-        } catch (const commit_unknown& e) {
-            note_error(e.what(), true);
-            // Resolve by reading the store, never by blind retry.
-            for (int attempt = 0; attempt < 3 && !ok; ++attempt) {
-                try {
-                    store_.reconnect();
-                    ok = store_.committed(id);
-                    break;
-                } catch (const std::exception& e2) {
-                    note_error(e2.what());
-                    std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));
-                }
+        if (unknown_batch_ != 0) {
+            try {
+                store_.reconnect();
+                ok = store_.committed(unknown_batch_);
+                unknown_batch_ = 0;  // answered: committed, or not (then re-apply below)
+            } catch (const std::exception& e) {
+                note_error(e.what());
+                return false;  // still unknown: back off, ask again
             }
-        } catch (const std::exception& e) {
-            note_error(e.what());
         }
-        if (!ok) return false;
+        if (!ok) {
+            std::sort(batch_.begin(), batch_.end(), [](const store_row& a, const store_row& b) {
+                const auto ka = a.t.k.view(), kb = b.t.k.view();
+                return ka != kb ? ka < kb : a.seq < b.seq;
+            });
+            const std::uint64_t id = batch_prefix_ | ++batch_counter_;
+            try {
+                store_.apply(batch_, id);
+                ok = true;
+            } catch (const commit_unknown& e) {
+                note_error(e.what(), true);
+                unknown_batch_ = id;
+                return false;
+            } catch (const std::exception& e) {
+                note_error(e.what());
+                return false;
+            }
+        }
         std::lock_guard lock(mutex_);
         for (const store_row& r : batch_) done_.insert(r.seq);
         advance_watermark();
         counters_.batches++;
         counters_.rows += batch_.size();
-        counters_.lag_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+        counters_.lag_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - oldest_pending_)
+                               .count();
         batch_.clear();
         committed_cv_.notify_all();
         return true;
@@ -243,6 +252,8 @@ private:
     std::thread thread_;
     std::vector<store_row> batch_;
     std::uint64_t batch_prefix_ = 0;
+    std::uint64_t unknown_batch_ = 0;  // id of the pending batch whose commit is unknown, else 0
+    std::chrono::steady_clock::time_point oldest_pending_{};
     std::uint64_t batch_counter_ = 0;
 
     std::mutex mutex_;  // flusher <-> waiters only; never taken on the async hot path

@@ -1,0 +1,667 @@
+// store_conformance_test: one typed suite run over every store. memory_store is the reference
+// semantics (store.hpp); every other store must leave the same records and audit trails for the
+// same batches: round trip, last row of a key wins within a batch, an older fence never overwrites
+// a newer record, a claim's lease and fingerprint survive the rows that follow it, RELEASED rows,
+// batch ids, load / max_fence / scan_audit, keys that break naive SQL or encodings, and corrupt
+// rows refused by load() with errc::corrupt_record naming the key.
+//
+// Adding a store: write a maker (open() / reopen() / insert_raw(), two flags) and add it to
+// store_makers below: one line. postgres_store joins when the build defines IDEM_TEST_POSTGRES
+// (tests/CMakeLists.txt does when the idem::postgres target exists); it reads the server from
+// IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database.
+#include <idem/sqlite_store.hpp>
+#include <idem/store.hpp>
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/store_fixtures.hpp"
+#include "support/threads.hpp"
+
+#ifdef IDEM_TEST_POSTGRES
+#include <idem/postgres_store.hpp>
+#endif
+
+namespace {
+
+using idem::record_state;
+using idem::transition_cause;
+using idem_test::row;
+using idem_test::row_fields;
+
+constexpr std::uint64_t F1 = (std::uint64_t{1} << 32) | 1;  // a first claim's fence, as the engine makes it
+constexpr std::int64_t T0 = 1'700'000'000'000;             // Unix ms
+const std::string node = "conformance:1";
+
+// ---- makers: one per store ----------------------------------------------------------------------
+
+/// The reference. Reopening gives back the same maps (it has no disk).
+struct memory_maker {
+    static constexpr bool raw_rows = false;   // holds typed records only: nothing can be corrupt
+    static constexpr bool any_bytes = true;   // keys with bytes 0x80-0xff that are not UTF-8
+    idem::memory_store store;
+    idem::store& open() { return store; }
+    idem::store& reopen() { return store; }
+    std::string insert_raw(const std::string&, const std::string&, std::int64_t) { return "unsupported"; }
+    std::string delete_raw(const std::string&) { return "unsupported"; }
+};
+
+struct sqlite_maker {
+    static constexpr bool raw_rows = true;
+    static constexpr bool any_bytes = true;
+    idem_test::temp_dir dir{"idem-conformance"};
+    std::string path = dir.file("idem.db");
+    std::unique_ptr<idem::sqlite_store> store;
+    idem::store& open() {
+        store = std::make_unique<idem::sqlite_store>(path);
+        return *store;
+    }
+    idem::store& reopen() {
+        store.reset();
+        return open();
+    }
+    /// Writes a record row directly (bypassing the CHECK constraint), as a bad migration or a
+    /// hand edit would. Returns "" or SQLite's message.
+    std::string insert_raw(const std::string& key, const std::string& status, std::int64_t fence) {
+        sqlite3* db = nullptr;
+        std::string why;
+        if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+            why = sqlite3_errmsg(db);
+        } else {
+            sqlite3_busy_timeout(db, 5000);
+            sqlite3_exec(db, "PRAGMA ignore_check_constraints=ON", nullptr, nullptr, nullptr);
+            sqlite3_stmt* s = nullptr;
+            sqlite3_prepare_v2(db,
+                               "INSERT OR REPLACE INTO idempotent_record (idempotent_key, biz_type, status, "
+                               "fencing_token, lease_until, outcome, request_fingerprint, created_time, updated_time) "
+                               "VALUES (?1, 'default', ?2, ?3, 0, 0, 0, 1, 1)",
+                               -1, &s, nullptr);
+            sqlite3_bind_text(s, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+            sqlite3_bind_text(s, 2, status.data(), static_cast<int>(status.size()), SQLITE_TRANSIENT);
+            sqlite3_bind_int64(s, 3, fence);
+            if (sqlite3_step(s) != SQLITE_DONE) why = sqlite3_errmsg(db);
+            sqlite3_finalize(s);
+        }
+        sqlite3_close_v2(db);
+        return why;
+    }
+    std::string delete_raw(const std::string& key) {
+        sqlite3* db = nullptr;
+        std::string why;
+        if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+            why = sqlite3_errmsg(db);
+        } else {
+            sqlite3_busy_timeout(db, 5000);
+            sqlite3_stmt* s = nullptr;
+            sqlite3_prepare_v2(db, "DELETE FROM idempotent_record WHERE idempotent_key = ?1", -1, &s, nullptr);
+            sqlite3_bind_text(s, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+            if (sqlite3_step(s) != SQLITE_DONE) why = sqlite3_errmsg(db);
+            sqlite3_finalize(s);
+        }
+        sqlite3_close_v2(db);
+        return why;
+    }
+};
+
+#ifdef IDEM_TEST_POSTGRES
+/// A fresh database on the IDEM_TEST_PG_URI server per test, dropped afterwards.
+struct postgres_maker {
+    static constexpr bool raw_rows = true;
+    static constexpr bool any_bytes = false;  // PostgreSQL text holds UTF-8 only (postgres_store.hpp)
+    std::string server, db, uri;
+    std::unique_ptr<idem::postgres_store> store;
+
+    static std::string with_database(const std::string& base, const std::string& name) {
+        if (!idem::detail::pg::is_uri(base)) return base + " dbname=" + name;
+        const std::size_t auth = base.find("://") + 3;
+        const std::size_t path = base.find_first_of("/?", auth);
+        if (path == std::string::npos) return base + "/" + name;
+        if (base[path] == '?') return base.substr(0, path) + "/" + name + base.substr(path);
+        const std::size_t q = base.find('?', path);
+        return base.substr(0, path + 1) + name + (q == std::string::npos ? "" : base.substr(q));
+    }
+    idem::store& open() {
+        if (uri.empty()) {
+            const char* u = std::getenv("IDEM_TEST_PG_URI");
+            if (u == nullptr || *u == '\0')
+                throw std::runtime_error("IDEM_TEST_PG_URI is unset: the postgres_store conformance tests need a "
+                                         "PostgreSQL server (scripts/test starts one)");
+            server = u;
+            std::random_device rd;
+            char name[40];
+            std::snprintf(name, sizeof name, "idem_conf_%08x%08x", rd(), rd());
+            db = name;
+            pqxx::connection c(server);
+            pqxx::nontransaction n(c);
+            n.exec("CREATE DATABASE " + db);  // hex digits only
+            uri = with_database(server, db);
+        }
+        store = std::make_unique<idem::postgres_store>(uri);
+        return *store;
+    }
+    idem::store& reopen() {
+        store.reset();
+        return open();
+    }
+    std::string insert_raw(const std::string& key, const std::string& status, std::int64_t fence) {
+        try {
+            pqxx::connection c(uri);
+            pqxx::nontransaction n(c);
+            n.exec("ALTER TABLE idempotent_record DROP CONSTRAINT IF EXISTS idempotent_record_status_check");
+            n.exec_params(
+                "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+                "request_fingerprint, created_time, updated_time) VALUES ($1, 'default', $2, $3, 0, 0, 0, 1, 1) "
+                "ON CONFLICT (idempotent_key) DO UPDATE SET status = excluded.status, "
+                "fencing_token = excluded.fencing_token",
+                key, status, fence);
+            return {};
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+    }
+    std::string delete_raw(const std::string& key) {
+        try {
+            pqxx::connection c(uri);
+            pqxx::nontransaction n(c);
+            n.exec_params("DELETE FROM idempotent_record WHERE idempotent_key = $1", key);
+            return {};
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+    }
+    ~postgres_maker() {
+        store.reset();
+        if (db.empty()) return;
+        try {
+            pqxx::connection c(server);
+            pqxx::nontransaction n(c);
+            n.exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");
+        } catch (...) {
+        }
+    }
+};
+#define IDEM_TEST_PG_MAKER , postgres_maker
+#else
+#define IDEM_TEST_PG_MAKER
+#endif
+
+using store_makers = ::testing::Types<memory_maker, sqlite_maker IDEM_TEST_PG_MAKER>;
+
+struct maker_names {
+    template <class T>
+    static std::string GetName(int) {
+        if constexpr (std::is_same_v<T, memory_maker>) return "memory";
+        else if constexpr (std::is_same_v<T, sqlite_maker>) return "sqlite";
+        else return "postgres";
+    }
+};
+
+// ---- comparison with the reference -----------------------------------------------------------
+
+std::string record_diff(const idem::stored_record& want, const idem::stored_record& got) {
+    std::ostringstream o;
+    auto field = [&](const char* name, auto a, auto b) {
+        if (a != b) o << ' ' << name << ": want " << a << " got " << b << ';';
+    };
+    field("key", idem::key::printable(want.key), idem::key::printable(got.key));
+    field("biz_type", want.biz_type, got.biz_type);
+    field("status", std::string(idem::to_string(want.state)), std::string(idem::to_string(got.state)));
+    field("fence", want.fence, got.fence);
+    field("lease_until", want.lease_until_ms, got.lease_until_ms);
+    field("outcome", want.outcome, got.outcome);
+    field("fingerprint", want.fingerprint, got.fingerprint);
+    field("created_time", want.created_ms, got.created_ms);
+    field("updated_time", want.updated_ms, got.updated_ms);
+    return o.str();
+}
+
+/// Audit rows compare on every column but `sequence`, whose values are the store's own; only its
+/// order is specified (checked separately).
+bool same_audit(const idem::audit_entry& a, const idem::audit_entry& b) {
+    return a.key == b.key && a.from == b.from && a.to == b.to && a.fence == b.fence && a.node == b.node &&
+           a.at_ms == b.at_ms && a.detail == b.detail;
+}
+
+std::string audit_text(const idem::audit_entry& a) {
+    std::ostringstream o;
+    idem::PrintTo(a, &o);
+    return o.str();
+}
+
+template <class Maker>
+class StoreConformance : public ::testing::Test {
+protected:
+    void SetUp() override {
+        try {
+            st_ = &maker_.open();
+        } catch (const std::exception& e) {
+            FAIL() << "cannot open the store: " << e.what();
+        }
+        st_->set_node(node);
+        ref_.set_node(node);
+    }
+
+    idem::store& st() { return *st_; }
+
+    void reopen() {
+        st_ = &maker_.reopen();
+        st_->set_node(node);
+    }
+
+    /// Applies one batch (sorted like the flusher's) to the store under test and to the reference.
+    void apply(std::vector<idem::store_row> rows, std::uint64_t batch_id) {
+        idem_test::sort_like_flusher(rows);
+        st().apply(rows, batch_id);
+        ref_.apply(rows, batch_id);
+    }
+    void apply(const std::vector<row_fields>& fields, std::uint64_t batch_id) {
+        std::vector<idem::store_row> rows;
+        for (const auto& f : fields) rows.push_back(row(f, ++seq_));
+        apply(std::move(rows), batch_id);
+    }
+
+    /// Everything the store answers equals what the reference answers; at most 8 differences shown.
+    ::testing::AssertionResult same_as_reference() {
+        std::vector<std::string> diffs;
+        auto diff = [&](std::string d) {
+            if (diffs.size() < 8) diffs.push_back(std::move(d));
+            else if (diffs.size() == 8) diffs.push_back("...");
+        };
+        const auto want = idem_test::load_all(ref_);
+        const auto got = idem_test::load_all(st());
+        if (want.size() != got.size())
+            diff("load(): " + std::to_string(got.size()) + " records, the reference has " + std::to_string(want.size()));
+        std::size_t record_diffs = 0;
+        for (const auto& [k, w] : want) {
+            auto it = got.find(k);
+            if (it == got.end()) {
+                diff("load(): no record for '" + idem::key::printable(k) + "'");
+                continue;
+            }
+            if (it->second != w) {
+                ++record_diffs;
+                diff("load() '" + idem::key::printable(k) + "':" + record_diff(w, it->second));
+            }
+            const auto one = st().get(k);
+            if (!one || *one != w) diff("get('" + idem::key::printable(k) + "') differs from the reference");
+            const auto wa = ref_.audit(k);
+            const auto ga = st().audit(k);
+            bool same = wa.size() == ga.size();
+            for (std::size_t i = 0; same && i < wa.size(); ++i) same = same_audit(wa[i], ga[i]);
+            for (std::size_t i = 1; i < ga.size(); ++i)
+                if (ga[i].sequence <= ga[i - 1].sequence) same = false;
+            if (!same)
+                diff("audit('" + idem::key::printable(k) + "'): " + std::to_string(ga.size()) + " rows, want " +
+                     std::to_string(wa.size()) + (ga.empty() ? "" : "; first " + audit_text(ga.front())));
+        }
+        const auto ws = idem_test::scan_all(ref_);
+        const auto gs = idem_test::scan_all(st());
+        bool same_scan = ws.size() == gs.size();
+        for (std::size_t i = 0; same_scan && i < ws.size(); ++i) same_scan = same_audit(ws[i], gs[i]);
+        if (!same_scan) diff("scan_audit(): order or content differs from the reference");
+        if (st().max_fence() != ref_.max_fence())
+            diff("max_fence(): " + std::to_string(st().max_fence()) + ", want " + std::to_string(ref_.max_fence()));
+        if (diffs.empty()) return ::testing::AssertionSuccess();
+        auto out = ::testing::AssertionFailure();
+        out << st().name() << " differs from memory_store (" << record_diffs << " record(s) differ):";
+        for (auto& d : diffs) out << "\n  " << d;
+        return out;
+    }
+
+    Maker maker_;
+    idem::store* st_ = nullptr;
+    idem::memory_store ref_;
+    std::uint64_t seq_ = 0;
+};
+
+TYPED_TEST_SUITE(StoreConformance, store_makers, maker_names);
+
+// ---- cases --------------------------------------------------------------------------------------
+
+TYPED_TEST(StoreConformance, ApplyGetAuditRoundTrip) {
+    const std::string k = "TX20230615123456_TRANSFER_v2";
+    this->apply({{.key = k, .fence = F1, .fingerprint = 0xfeedull, .at_ms = T0, .lease_until_ms = T0 + 30'000}}, 11);
+
+    const idem::stored_record want{k, "TRANSFER", record_state::processing, F1, T0 + 30'000, 0, 0xfeed, T0, T0};
+    const auto got = this->st().get(k);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, want) << record_diff(want, *got);
+    const auto all = idem_test::load_all(this->st());
+    ASSERT_EQ(all.size(), 1u);
+    EXPECT_EQ(all.begin()->second, want);
+
+    const auto trail = this->st().audit(k);
+    ASSERT_EQ(trail.size(), 1u);
+    EXPECT_EQ(trail[0].key, k);
+    EXPECT_EQ(trail[0].from, record_state::absent);
+    EXPECT_EQ(trail[0].to, record_state::processing);
+    EXPECT_EQ(trail[0].fence, F1);
+    EXPECT_EQ(trail[0].node, node);
+    EXPECT_EQ(trail[0].at_ms, T0);
+    EXPECT_EQ(trail[0].detail, "claim outcome=0");
+
+    EXPECT_FALSE(this->st().get("TX_unknown_v1").has_value());
+    EXPECT_TRUE(this->st().audit("TX_unknown_v1").empty());
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, LastRowOfAKeyWinsWithinABatch) {
+    this->apply({{.key = "A", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 1000},
+                 {.key = "A", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = F1, .outcome = 42, .at_ms = T0 + 1},
+                 {.key = "B", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 1000},
+                 {.key = "B", .from = record_state::processing, .to = record_state::released,
+                  .cause = transition_cause::release, .fence = F1, .outcome = 7, .at_ms = T0 + 1},
+                 {.key = "B", .from = record_state::released, .fence = F1 + 1, .at_ms = T0 + 2,
+                  .lease_until_ms = T0 + 2000},
+                 {.key = "B", .from = record_state::processing, .to = record_state::failed,
+                  .cause = transition_cause::fail, .fence = F1 + 1, .outcome = 9, .at_ms = T0 + 3}},
+                1);
+    const auto a = this->st().get("A");
+    const auto b = this->st().get("B");
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->state, record_state::succeeded);
+    EXPECT_EQ(a->fence, F1);
+    EXPECT_EQ(a->outcome, 42u);
+    EXPECT_EQ(a->updated_ms, T0 + 1);
+    EXPECT_EQ(b->state, record_state::failed);
+    EXPECT_EQ(b->fence, F1 + 1);
+    EXPECT_EQ(b->outcome, 9u);
+    const auto trail = this->st().audit("B");
+    ASSERT_EQ(trail.size(), 4u);
+    EXPECT_EQ(trail[1].to, record_state::released);
+    EXPECT_EQ(trail[2].from, record_state::released);
+    EXPECT_EQ(trail[3].detail, "fail outcome=9");
+    ASSERT_EQ(this->st().audit("A").size(), 2u);
+    EXPECT_EQ(this->st().audit("A")[1].detail, "succeed outcome=42");
+    // The claim's lease and creation time are checked by the next test, which isolates them.
+}
+
+// A claim's lease, fingerprint and creation time belong to the record even when its completion
+// lands in the same batch (the common case in async mode: claim and succeed are microseconds
+// apart). Losing the fingerprint makes a restarted guard replay a reused key with a different
+// payload instead of answering payload_mismatch.
+TYPED_TEST(StoreConformance, CompletionInTheClaimsBatchKeepsLeaseFingerprintAndCreatedTime) {
+    this->apply({{.key = "TX9_PAY_v1", .fence = F1, .fingerprint = 0xabcdef, .at_ms = T0, .lease_until_ms = T0 + 30'000},
+                 {.key = "TX9_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = F1, .outcome = 5, .fingerprint = 0xabcdef,
+                  .at_ms = T0 + 4}},
+                1);
+    const idem::stored_record want{"TX9_PAY_v1", "PAY", record_state::succeeded, F1, T0 + 30'000, 5, 0xabcdef, T0,
+                                   T0 + 4};
+    const auto got = this->st().get("TX9_PAY_v1");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(*got, want) << record_diff(want, *got);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, OlderFenceDoesNotOverwriteANewerRecord) {
+    const std::uint64_t newer = F1 + 5;
+    this->apply({{.key = "K", .fence = newer, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 500}}, 1);
+    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = newer, .outcome = 100, .at_ms = T0 + 1}},
+                2);
+    // A stale owner's completion (older fence), arriving later: audited, but the record keeps the newer claim.
+    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::failed,
+                  .cause = transition_cause::fail, .fence = F1, .outcome = 1, .at_ms = T0 + 2}},
+                3);
+    // And a stale claim with an older fence.
+    this->apply({{.key = "K", .from = record_state::released, .fence = F1 + 1, .fingerprint = 9, .at_ms = T0 + 3,
+                  .lease_until_ms = T0 + 9000}},
+                4);
+    const auto got = this->st().get("K");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->state, record_state::succeeded);
+    EXPECT_EQ(got->fence, newer);
+    EXPECT_EQ(got->outcome, 100u);
+    EXPECT_EQ(got->fingerprint, 3u);
+    EXPECT_EQ(got->lease_until_ms, T0 + 500);
+    EXPECT_EQ(got->updated_ms, T0 + 1);
+    EXPECT_EQ(this->st().audit("K").size(), 4u);
+    EXPECT_EQ(this->st().max_fence(), newer);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, LeaseAndFingerprintKeptWhenALaterNonProcessingRowArrives) {
+    this->apply({{.key = "S", .fence = F1, .fingerprint = 77, .at_ms = T0, .lease_until_ms = T0 + 30'000},
+                 {.key = "D", .fence = F1, .fingerprint = 88, .at_ms = T0, .lease_until_ms = T0 + 30'000}},
+                1);
+    // Completions carry no lease; the claim's lease and fingerprint stay in the record.
+    this->apply({{.key = "S", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = F1, .outcome = 1, .fingerprint = 0, .at_ms = T0 + 10}},
+                2);
+    // A doubt mark is a PROCESSING row: its (cleared) lease replaces the claim's.
+    this->apply({{.key = "D", .from = record_state::processing, .to = record_state::processing,
+                  .cause = transition_cause::doubt, .fence = F1, .fingerprint = 88, .at_ms = T0 + 10,
+                  .lease_until_ms = -5}},
+                3);
+    const auto s = this->st().get("S");
+    const auto d = this->st().get("D");
+    ASSERT_TRUE(s && d);
+    EXPECT_EQ(s->lease_until_ms, T0 + 30'000);
+    EXPECT_EQ(s->fingerprint, 77u);
+    EXPECT_EQ(s->created_ms, T0);
+    EXPECT_EQ(s->updated_ms, T0 + 10);
+    EXPECT_EQ(d->state, record_state::processing);
+    EXPECT_EQ(d->lease_until_ms, -5);
+    EXPECT_EQ(d->fingerprint, 88u);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, ReleasedRowsKeepTheirFenceAndCanBeClaimedAgain) {
+    this->apply({{.key = "R", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 10}}, 1);
+    this->apply({{.key = "R", .from = record_state::processing, .to = record_state::released,
+                  .cause = transition_cause::release, .fence = F1, .outcome = 3, .at_ms = T0 + 1}},
+                2);
+    auto r = this->st().get("R");
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->state, record_state::released);
+    EXPECT_EQ(r->fence, F1);
+    EXPECT_EQ(r->outcome, 3u);
+    this->apply({{.key = "R", .from = record_state::released, .fence = F1 + 1, .fingerprint = 4, .at_ms = T0 + 2,
+                  .lease_until_ms = T0 + 20}},
+                3);
+    r = this->st().get("R");
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->state, record_state::processing);
+    EXPECT_EQ(r->fence, F1 + 1);
+    EXPECT_EQ(r->lease_until_ms, T0 + 20);
+    EXPECT_EQ(this->st().max_fence(), F1 + 1);
+    const auto trail = this->st().audit("R");
+    ASSERT_EQ(trail.size(), 3u);
+    EXPECT_EQ(trail[1].detail, "release outcome=3");
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, CommittedAnswersForBatchIds) {
+    const std::uint64_t big = (std::uint64_t{0x7fffffff} << 32) | 12345;  // the flusher's id shape
+    this->apply({{.key = "C1", .fence = F1, .at_ms = T0}}, big);
+    this->apply(std::vector<idem::store_row>{}, 77);  // an empty batch still records its id
+    EXPECT_TRUE(this->st().committed(big));
+    EXPECT_TRUE(this->st().committed(77));
+    EXPECT_FALSE(this->st().committed(big + 1));
+    EXPECT_FALSE(this->st().committed(1));
+    this->reopen();
+    EXPECT_TRUE(this->st().committed(big));
+    EXPECT_FALSE(this->st().committed(78));
+}
+
+TYPED_TEST(StoreConformance, LoadReturnsEveryRecord) {
+    for (int b = 0; b < 10; ++b) {
+        std::vector<row_fields> rows;
+        for (int i = 0; i < 200; ++i)
+            rows.push_back({.key = "L" + std::to_string(b) + "_" + std::to_string(i), .fence = F1 + b,
+                            .at_ms = T0 + b, .lease_until_ms = T0 + 1000});
+        this->apply(rows, 100 + b);
+    }
+    this->reopen();
+    const auto all = idem_test::load_all(this->st());
+    EXPECT_EQ(all.size(), 2000u);
+    std::size_t calls = 0;
+    this->st().load([&](const idem::stored_record&) { ++calls; });
+    EXPECT_EQ(calls, 2000u) << "load() must call back once per record";
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, MaxFenceIsTheLargestStoredFence) {
+    EXPECT_EQ(this->st().max_fence(), 0u);
+    const std::uint64_t high = (std::uint64_t{9} << 32) | 3;
+    this->apply({{.key = "M1", .fence = F1, .at_ms = T0}, {.key = "M2", .fence = high, .at_ms = T0},
+                 {.key = "M3", .fence = F1 + 7, .at_ms = T0}},
+                1);
+    EXPECT_EQ(this->st().max_fence(), high);
+    this->apply({{.key = "M2", .from = record_state::processing, .to = record_state::failed,
+                  .cause = transition_cause::fail, .fence = F1, .at_ms = T0 + 1}},
+                2);  // stale: must not lower it
+    EXPECT_EQ(this->st().max_fence(), high);
+    this->reopen();
+    EXPECT_EQ(this->st().max_fence(), high);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, ScanAuditOrdersByKeyBytesThenSequence) {
+    std::vector<std::string> keys = {"b", "a", "B", "ab", "a\x7e", "\xc3\xa9t\xc3\xa9", "z", "aa", "\xe2\x82\xac"};
+    if (TypeParam::any_bytes) keys.push_back("\xff\xfe");
+    std::mt19937_64 rng(7);
+    for (int round = 0; round < 3; ++round) {
+        std::shuffle(keys.begin(), keys.end(), rng);
+        std::vector<row_fields> rows;
+        for (const auto& k : keys) {
+            const auto from = round == 0 ? record_state::absent : record_state::released;
+            rows.push_back({.key = k, .from = from, .fence = F1 + 2 * round, .at_ms = T0 + round});
+            rows.push_back({.key = k, .from = record_state::processing, .to = record_state::released,
+                            .cause = transition_cause::release, .fence = F1 + 2 * round, .at_ms = T0 + round});
+        }
+        this->apply(rows, 10 + round);
+        // The next round's fence must exceed this one's: claim fences are F1, F1+2, F1+4.
+    }
+    const auto scan = idem_test::scan_all(this->st());
+    ASSERT_EQ(scan.size(), keys.size() * 6);
+    for (std::size_t i = 1; i < scan.size(); ++i) {
+        const auto& p = scan[i - 1];
+        const auto& c = scan[i];
+        const bool ordered = p.key < c.key || (p.key == c.key && p.sequence < c.sequence);
+        EXPECT_TRUE(ordered) << "row " << i << ": " << audit_text(p) << " before " << audit_text(c)
+                             << " (want byte order of keys, 0x80-0xff after ASCII, then sequence)";
+    }
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, HostileKeysRoundTripByteForByte) {
+    std::vector<std::string> keys;
+    std::vector<std::string> refused;
+    for (auto& k : idem_test::hostile_keys())
+        (TypeParam::any_bytes || idem_test::valid_utf8(k) ? keys : refused).push_back(k);
+    std::vector<row_fields> claims, completions;
+    for (const auto& k : keys) {
+        claims.push_back({.key = k, .fence = F1, .fingerprint = 5, .at_ms = T0, .lease_until_ms = T0 + 9});
+        completions.push_back({.key = k, .from = record_state::processing, .to = record_state::succeeded,
+                               .cause = transition_cause::succeed, .fence = F1, .outcome = k.size(), .at_ms = T0 + 1});
+    }
+    this->apply(claims, 1);
+    this->apply(completions, 2);
+    this->reopen();
+    for (const auto& k : keys) {
+        const auto r = this->st().get(k);
+        ASSERT_TRUE(r.has_value()) << "get('" << idem::key::printable(k) << "')";
+        EXPECT_EQ(r->key, k) << "key bytes changed: '" << idem::key::printable(r->key) << "'";
+        EXPECT_EQ(r->state, record_state::succeeded);
+        EXPECT_EQ(r->outcome, k.size());
+        const auto trail = this->st().audit(k);
+        ASSERT_EQ(trail.size(), 2u) << idem::key::printable(k);
+        for (const auto& a : trail) EXPECT_EQ(a.key, k);
+    }
+    std::set<std::string> loaded;
+    for (auto& [k, r] : idem_test::load_all(this->st())) loaded.insert(k);
+    EXPECT_EQ(loaded, std::set<std::string>(keys.begin(), keys.end()));
+    // The tables survived: the store still takes batches.
+    this->apply({{.key = "after_hostile", .fence = F1, .at_ms = T0 + 2}}, 3);
+    EXPECT_TRUE(this->st().get("after_hostile").has_value());
+    EXPECT_TRUE(this->same_as_reference());
+
+    // A store that cannot hold some bytes refuses the batch with store_error naming the key.
+    for (const auto& k : refused) {
+        std::vector<idem::store_row> rows{row({.key = k, .fence = F1, .at_ms = T0}, ++this->seq_)};
+        try {
+            this->st().apply(rows, 1000 + this->seq_);
+            ADD_FAILURE() << "apply() accepted key '" << idem::key::printable(k) << "' it cannot store";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), idem::errc::store_error) << e.what();
+            EXPECT_NE(std::string(e.what()).find(idem::key::printable(k)), std::string::npos) << e.what();
+        }
+        EXPECT_FALSE(this->st().get(k).has_value());
+    }
+}
+
+TYPED_TEST(StoreConformance, CorruptRowsAreRefusedByLoadNamingTheKey) {
+    if constexpr (!TypeParam::raw_rows) {
+        GTEST_SKIP() << "memory_store holds typed records: there is no raw row to corrupt";
+    } else {
+        this->apply({{.key = "good_key", .fence = F1, .at_ms = T0}}, 1);
+        struct bad {
+            std::string key, status;
+            std::int64_t fence;
+            const char* rule;  // a word the message must contain
+        };
+        const std::vector<bad> cases = {
+            {"bad_status_key", "DONE", static_cast<std::int64_t>(F1), "status"},
+            {"absent_status_key", "ABSENT", static_cast<std::int64_t>(F1), "status"},
+            {"zero_fence_key", "SUCCESS", 0, "fencing_token"},
+            {"huge_fence_key", "SUCCESS", std::int64_t{1} << 53, "fencing_token"},
+            {"negative_fence_key", "FAILED", -1, "fencing_token"},
+            {std::string("ctl\x01key"), "SUCCESS", static_cast<std::int64_t>(F1), "control byte"},
+        };
+        for (const auto& c : cases) {
+            SCOPED_TRACE(idem::key::printable(c.key));
+            const std::string why = this->maker_.insert_raw(c.key, c.status, c.fence);
+            ASSERT_EQ(why, "") << "cannot write the corrupt row";
+            this->reopen();
+            try {
+                this->st().load([](const idem::stored_record&) {});
+                ADD_FAILURE() << "load() accepted a corrupt row";
+            } catch (const idem::error& e) {
+                EXPECT_EQ(e.kind(), idem::errc::corrupt_record) << e.what();
+                EXPECT_NE(std::string(e.what()).find(idem::key::printable(c.key)), std::string::npos)
+                    << "the message does not name the key: " << e.what();
+                EXPECT_NE(std::string(e.what()).find(c.rule), std::string::npos)
+                    << "the message does not name the rule (" << c.rule << "): " << e.what();
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << "load() threw something other than idem::error: " << e.what();
+            }
+            // Remove the row for the next case.
+            ASSERT_EQ(this->maker_.delete_raw(c.key), "");
+        }
+    }
+}
+
+// Seeded batches that follow the state machine, applied to the store and to memory_store; with a
+// reopen in the middle (sequences, fences and records must continue). Replay: IDEM_SEED.
+TYPED_TEST(StoreConformance, GeneratedBatchesMatchMemoryStore) {
+    const std::uint64_t seed = idem_test::test_seed();
+    std::vector<std::string> extra;
+    for (auto& k : idem_test::hostile_keys())
+        if (TypeParam::any_bytes || idem_test::valid_utf8(k)) extra.push_back(k);
+    idem_test::batch_model model(seed, extra);
+    std::vector<std::uint64_t> ids;
+    for (int b = 0; b < 40; ++b) {
+        const std::uint64_t id = model.next_batch_id();
+        this->apply(model.next(40), id);
+        ids.push_back(id);
+        if (b == 20) {
+            this->reopen();
+            ASSERT_TRUE(this->same_as_reference()) << "after reopen, seed " << seed;
+        }
+    }
+    for (auto id : ids) EXPECT_TRUE(this->st().committed(id)) << id;
+    EXPECT_FALSE(this->st().committed(model.next_batch_id()));
+    EXPECT_TRUE(this->same_as_reference()) << "seed " << seed;
+    EXPECT_TRUE(idem_test::verify_clean(this->st())) << "seed " << seed;
+}
+
+}  // namespace

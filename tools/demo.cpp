@@ -1,0 +1,791 @@
+// tools/demo.cpp: `idem demo`, a payment workload with injected duplicates.
+//
+// What it does
+// ------------
+// 1. Generates, before timing, R requests: U unique transfers (TX<n>, payer, payee, amount) and
+//    D = round(R x dup-rate) duplicate sends of them. A duplicate either races its original (it is put
+//    right after it in the stream, so the next free worker sends it at about the same moment) or
+//    comes later (put thousands of positions further on, usually after the original finished).
+// 2. T worker threads take the next send from a shared cursor, as servers behind a load balancer
+//    take requests, so a racing duplicate is picked up by another thread while its original is
+//    still executing. For each send: key = key::compose("TX<n>", "TRANSFER", 1), fingerprint = fingerprint_of(payload),
+//    then guard.begin(key, fingerprint):
+//      acquired     execute: apply the transfer to the ledger (the application), count the execution
+//                   in an array the guard never sees, then ticket.succeed(outcome)
+//      in_progress  the original is executing right now: wait for its outcome (begin_wait, up to
+//                   --wait-ms); the duplicate is blocked either way
+//      succeeded    the duplicate is blocked and gets the recorded outcome, which is checked
+// 3. After the threads are joined, checks without asking the guard: every unique request executed
+//    exactly once, money conserved, every balance equal to the opening balance plus the transfers
+//    the application recorded as applied, every replayed outcome the original's.
+//
+// --naive replaces the guard with the check-then-set of DESIGN.md section 1 (naive_guard.hpp): the
+// same checks then find the double executions that idem prevents, and the run exits 1.
+//
+// Durable stores (the default, sqlite:idem-demo.db; or postgresql://...): the guard is an
+// idem::durable_guard, async durability by default (--durability sync for group commit). Each run
+// gets a run id (random, or --run-id) that prefixes every transaction id, so a rerun on the same
+// store never meets the previous run's keys; the table is sized for the records recovered from the
+// store plus this run's requests. After the workers are joined the demo waits for the flusher to
+// drain, closes the guard, reopens the store and checks it: every request of this run has a SUCCESS
+// record carrying the outcome the application recorded, and idem::verify finds every key's audit
+// trail legal and matching its record (0 violations), else the run exits 1.
+//
+// Exit codes (command.hpp): 0 all checks held, 1 a check failed, 2 usage error, 3 could not run.
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "command.hpp"
+#include "idem/idem.hpp"
+#include "idem/verify.hpp"
+#include "ledger.hpp"
+#include "naive_guard.hpp"
+#include "progress.hpp"
+#include "report.hpp"
+#include "store.hpp"
+
+namespace idem::tool {
+namespace {
+
+// Defaults. 500k requests of 40 us each take about 10 s of CPU on 2 cores (docs/operations.md has the
+// measured figures). The guard is sized from --requests and allocates its whole table up front
+// (about 0.8 KB per request: 420 MiB at 500k), which is what bounds R rather than time.
+// A durable store adds the flusher, which needs about a core of its own at ~100k transitions/s (two
+// per request), and its table also holds every record recovered from earlier runs; so its defaults
+// are smaller. Sync durability waits for a commit per claim and per success (group commit across
+// the threads), so it runs fewer requests again.
+constexpr std::uint64_t default_requests = 500'000;
+constexpr std::uint64_t default_requests_async = 200'000;
+constexpr std::uint64_t default_requests_sync = 4'000;
+constexpr const char* default_store = "sqlite:idem-demo.db";
+constexpr auto default_offer_wait = std::chrono::seconds(5);  // a full flush queue waits, then backpressure
+constexpr std::size_t many_recovered = 1'000'000;             // above this, suggest --fresh
+constexpr double default_work_us = 40.0;
+constexpr double default_dup_rate = 0.0015;  // the seed's production duplicate rate, 0.15%
+constexpr std::uint32_t default_accounts = 1000;
+constexpr double default_race_share = 0.5;
+constexpr double default_wait_ms = 100.0;
+constexpr std::int64_t opening_balance_cents = 5'000'000;  // 50,000.00 per account
+constexpr std::int64_t max_amount_cents = 100'000;         // transfers of 0.01 .. 1,000.00
+
+struct demo_config {
+    unsigned threads = std::max(2u, std::thread::hardware_concurrency());
+    std::uint64_t requests = 0;  ///< 0: the default for the store and durability
+    double dup_rate = default_dup_rate;
+    std::uint64_t seed = 0;
+    std::string store = default_store;
+    std::string durability = "async";
+    std::string run_id;  ///< empty: random for a durable store, none for memory
+    bool fresh = false;
+    bool json = false;
+    bool naive = false;
+    double work_us = default_work_us;
+    std::uint32_t accounts = default_accounts;
+    double race_share = default_race_share;
+    double wait_ms = default_wait_ms;
+};
+
+struct transfer {
+    std::uint32_t from;
+    std::uint32_t to;
+    std::int64_t amount;  // cents
+};
+
+/// Everything a run sends, generated before timing.
+struct workload {
+    std::vector<transfer> requests;    ///< unique requests; index i is TX<i+1>
+    std::vector<std::uint32_t> stream; ///< request index of each send, in dispatch order
+    std::uint64_t concurrent = 0;      ///< duplicates placed right after their original
+    std::uint64_t later = 0;           ///< duplicates placed further on
+};
+
+workload make_workload(const demo_config& c, std::uint64_t unique, std::uint64_t duplicates) {
+    std::mt19937_64 rng(c.seed);
+    workload w;
+    w.requests.resize(unique);
+    std::uniform_int_distribution<std::uint32_t> account(0, c.accounts - 1);
+    std::uniform_int_distribution<std::int64_t> amount(1, max_amount_cents);
+    for (transfer& t : w.requests) {
+        t.from = account(rng);
+        do t.to = account(rng); while (t.to == t.from);
+        t.amount = amount(rng);
+    }
+
+    // Each duplicate is anchored to an original and sent right after the anchor. A racing duplicate
+    // is anchored to its own original, so the next free worker takes it while the original is still
+    // executing; a later one is anchored `lag` originals further on (at least 64 per thread).
+    struct dup {
+        std::uint64_t anchor;
+        std::uint32_t request;
+    };
+    std::vector<dup> dups;
+    dups.reserve(duplicates);
+    std::uniform_int_distribution<std::uint64_t> pick(0, unique - 1);
+    std::bernoulli_distribution racing(c.race_share);
+    const std::uint64_t min_lag = 64ull * c.threads;
+    std::uniform_int_distribution<std::uint64_t> lag(min_lag, std::max(min_lag, unique / 4));
+    for (std::uint64_t d = 0; d < duplicates; ++d) {
+        const std::uint64_t orig = pick(rng);
+        if (racing(rng)) {
+            dups.push_back({orig, static_cast<std::uint32_t>(orig)});
+            ++w.concurrent;
+        } else {
+            dups.push_back({std::min(unique - 1, orig + lag(rng)), static_cast<std::uint32_t>(orig)});
+            ++w.later;
+        }
+    }
+    std::sort(dups.begin(), dups.end(), [](const dup& a, const dup& b) { return a.anchor < b.anchor; });
+
+    w.stream.reserve(unique + duplicates);
+    std::size_t next = 0;
+    for (std::uint64_t i = 0; i < unique; ++i) {
+        w.stream.push_back(static_cast<std::uint32_t>(i));
+        while (next < dups.size() && dups[next].anchor == i) w.stream.push_back(dups[next++].request);
+    }
+    return w;
+}
+
+/// One worker's counts: written by that worker only, read after join (except `done`).
+struct alignas(64) tally {
+    std::atomic<std::uint64_t> done{0};  ///< sends finished; sampled by the progress bar
+    std::uint64_t executed = 0;          ///< claims acquired and executed
+    std::uint64_t blocked = 0;           ///< sends not executed because the key was taken
+    std::uint64_t replayed = 0;          ///< of those, answered with the recorded outcome
+    std::uint64_t in_flight = 0;         ///< sends that found the original still executing
+    std::uint64_t wait_timeouts = 0;     ///< of those, still executing after --wait-ms
+    std::uint64_t declined = 0;          ///< transfers refused by the ledger (insufficient funds)
+    std::uint64_t outcome_mismatches = 0;
+    std::uint64_t unexpected = 0;  ///< statuses or errors a memory-only run never gives
+    std::uint64_t backpressure_retries = 0;
+    std::string first_unexpected;
+};
+
+class demo_run {
+public:
+    /// Exactly one of `g` and `naive` is non-null. Request i is keyed "<txid_prefix><i+1>_TRANSFER_v1".
+    demo_run(const demo_config& c, const workload& w, idem::guard* g, naive_guard* naive, ledger& l,
+             std::string txid_prefix)
+        : c_(c), w_(w), g_(g), naive_(naive), ledger_(l), prefix_(std::move(txid_prefix)), tallies_(c.threads),
+          exec_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
+          applied_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
+          outcome_(std::make_unique<std::atomic<std::uint64_t>[]>(w.requests.size())),
+          work_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(c.work_us))),
+          wait_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.wait_ms))) {}
+
+    /// Runs the workload on c.threads threads; returns the wall time from start signal to last join.
+    std::chrono::duration<double> run() {
+        progress_bar bar(!c_.json, w_.stream.size(), [this] { return sent(); }, "requests");
+        std::latch go(1);
+        std::vector<std::thread> threads;
+        std::vector<std::exception_ptr> errors(c_.threads);
+        threads.reserve(c_.threads);
+        for (unsigned t = 0; t < c_.threads; ++t)
+            threads.emplace_back([&, t] {
+                go.wait();
+                try {
+                    work(t);
+                } catch (...) {
+                    errors[t] = std::current_exception();
+                }
+            });
+        bar.start();
+        const auto start = std::chrono::steady_clock::now();
+        go.count_down();
+        for (auto& th : threads) th.join();
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        bar.stop();
+        for (auto& e : errors)
+            if (e) std::rethrow_exception(e);
+        return elapsed;
+    }
+
+    [[nodiscard]] std::uint64_t sent() const noexcept {
+        std::uint64_t n = 0;
+        for (const tally& t : tallies_) n += t.done.load(std::memory_order_relaxed);  // relaxed: a progress estimate
+        return n;
+    }
+    [[nodiscard]] const std::vector<tally>& tallies() const noexcept { return tallies_; }
+    [[nodiscard]] std::uint32_t executions_of(std::size_t i) const noexcept {
+        return exec_count_[i].load(std::memory_order_relaxed);  // relaxed: read after join
+    }
+    [[nodiscard]] std::uint32_t applied_of(std::size_t i) const noexcept {
+        return applied_count_[i].load(std::memory_order_relaxed);  // relaxed: read after join
+    }
+    [[nodiscard]] std::uint64_t outcome_of(std::size_t i) const noexcept {
+        return outcome_[i].load(std::memory_order_relaxed);  // relaxed: read after join
+    }
+
+private:
+    void work(unsigned t) {
+        tally& my = tallies_[t];
+        std::uint64_t count = 0;
+        for (;;) {
+            // relaxed: the cursor only hands out distinct positions; the stream it indexes was written
+            // before the threads started (thread creation synchronizes).
+            const std::size_t p = cursor_.fetch_add(1, std::memory_order_relaxed);
+            if (p >= w_.stream.size()) break;
+            const std::uint32_t i = w_.stream[p];
+            const transfer& tr = w_.requests[i];
+            // The request as a client would send it: a transaction id and a payload.
+            char txid[64];
+            std::memcpy(txid, prefix_.data(), prefix_.size());  // at most 40 bytes (run id + "-TX")
+            const auto [txend, ec] = std::to_chars(txid + prefix_.size(), txid + sizeof txid, std::uint64_t{i} + 1);
+            (void)ec;
+            const idem::key k = idem::key::compose(std::string_view(txid, static_cast<std::size_t>(txend - txid)),
+                                                   "TRANSFER", 1);
+            char payload[96];
+            const int len = std::snprintf(payload, sizeof payload, "from=ACC%u;to=ACC%u;amount=%lld;currency=EUR",
+                                          tr.from, tr.to, static_cast<long long>(tr.amount));
+            const std::uint64_t fp = idem::fingerprint_of(std::string_view(payload, static_cast<std::size_t>(len)));
+            if (g_) {
+                handle(my, i, k, fp);
+            } else {
+                handle_naive(my, i, k);
+            }
+            my.done.store(++count, std::memory_order_relaxed);  // relaxed: a progress estimate
+        }
+    }
+
+    void handle(tally& my, std::uint32_t i, const idem::key& k, std::uint64_t fp) {
+        idem::guard& g = *g_;
+        idem::begin_result r = g.begin(k, fp);
+        while (r.status == idem::begin_status::backpressure) {  // durable stores only: nothing changed, retry
+            ++my.backpressure_retries;
+            std::this_thread::yield();
+            r = g.begin(k, fp);
+        }
+        if (r.status == idem::begin_status::in_progress) {
+            ++my.in_flight;
+            if (wait_ > std::chrono::nanoseconds::zero()) r = g.begin_wait(k, fp, wait_);
+            if (r.status == idem::begin_status::in_progress) {  // still running: the client is told "busy"
+                if (wait_ > std::chrono::nanoseconds::zero()) ++my.wait_timeouts;
+                ++my.blocked;
+                return;
+            }
+        }
+        switch (r.status) {
+            case idem::begin_status::acquired: execute(my, i, std::move(r.ticket)); return;
+            case idem::begin_status::succeeded: {
+                ++my.blocked;
+                ++my.replayed;
+                // The replayed outcome must be this request's: it names the request, and equals what the
+                // executor recorded (the guard's succeed() released it, our begin() acquired it).
+                const std::uint64_t expected = outcome_[i].load(std::memory_order_relaxed);
+                if (r.outcome >> 1 != std::uint64_t{i} + 1 || r.outcome != expected) ++my.outcome_mismatches;
+                return;
+            }
+            default:
+                ++my.unexpected;
+                if (my.first_unexpected.empty())
+                    my.first_unexpected = std::string(k.view()) + ": begin() answered " + idem::to_string(r.status);
+                return;
+        }
+    }
+
+    /// The check-then-set of DESIGN.md section 1; racing duplicates both pass the check.
+    void handle_naive(tally& my, std::uint32_t i, const idem::key& k) {
+        if (naive_->exists(k.view())) {
+            ++my.blocked;
+            return;
+        }
+        (void)apply(my, i);
+        naive_->set_done(k.view());
+        ++my.executed;
+    }
+
+    void execute(tally& my, std::uint32_t i, idem::ticket ticket) {
+        const std::uint64_t outcome = apply(my, i);
+        std::error_code ec = ticket.succeed(outcome);
+        while (ec == idem::errc::backpressure) {  // the transfer happened: its success must be recorded
+            ++my.backpressure_retries;
+            std::this_thread::yield();
+            ec = ticket.succeed(outcome);
+        }
+        ++my.executed;
+        if (ec) {
+            ++my.unexpected;
+            if (my.first_unexpected.empty())
+                my.first_unexpected = std::string(ticket.get_key().view()) + ": succeed() answered " + ec.message();
+        }
+    }
+
+    /// The application: processes the payment and applies it to the ledger. Returns the outcome.
+    std::uint64_t apply(tally& my, std::uint32_t i) {
+        exec_count_[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: counted, read after join
+        if (work_ > std::chrono::nanoseconds::zero()) {            // the payment's own processing time
+            const auto until = std::chrono::steady_clock::now() + work_;
+            while (std::chrono::steady_clock::now() < until) {
+            }
+        }
+        const transfer& tr = w_.requests[i];
+        const bool applied = ledger_.transfer(tr.from, tr.to, tr.amount);
+        if (applied) {
+            applied_count_[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: read after join
+        } else {
+            ++my.declined;
+        }
+        // Outcome: request number and whether the transfer was applied; replayed to every duplicate.
+        const std::uint64_t outcome = ((std::uint64_t{i} + 1) << 1) | (applied ? 1u : 0u);
+        outcome_[i].store(outcome, std::memory_order_relaxed);  // relaxed: published by the caller's succeed()
+        return outcome;
+    }
+
+    const demo_config& c_;
+    const workload& w_;
+    idem::guard* g_;
+    naive_guard* naive_;
+    ledger& ledger_;
+    std::string prefix_;
+    std::vector<tally> tallies_;
+    alignas(64) std::atomic<std::size_t> cursor_{0};  ///< next stream position to send
+    std::unique_ptr<std::atomic<std::uint32_t>[]> exec_count_;     ///< executions per request (the application's count)
+    std::unique_ptr<std::atomic<std::uint32_t>[]> applied_count_;  ///< transfers applied per request
+    std::unique_ptr<std::atomic<std::uint64_t>[]> outcome_;        ///< outcome the executor recorded
+    std::chrono::nanoseconds work_;
+    std::chrono::nanoseconds wait_;
+};
+
+double peak_rss_mib() {
+    rusage u{};
+    if (::getrusage(RUSAGE_SELF, &u) != 0) return 0.0;
+    return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+
+/// A fresh run id: 8 hex digits from the OS entropy source.
+std::string random_run_id() {
+    std::random_device rd;
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(rd()));
+    return buf;
+}
+
+/// Removes a SQLite database and its WAL files (--fresh). A missing file is fine.
+void remove_sqlite_files(const std::string& path) {
+    for (const std::string& f : {path, path + "-wal", path + "-shm"})
+        if (::unlink(f.c_str()) != 0 && errno != ENOENT)
+            throw idem::error(idem::errc::store_error,
+                              "--fresh: cannot remove '" + f + "': " + std::strerror(errno));
+}
+
+/// What the durable store did during the run, and what the demo found in it afterwards.
+struct durable_report {
+    std::size_t recovered = 0;             ///< records recovery loaded at start
+    std::size_t recovered_processing = 0;  ///< of those, claims in flight when an earlier process stopped
+    double recovery_ms = 0;
+    bool drained = true;    ///< the flusher committed every transition after the workers were joined
+    double drain_s = 0;     ///< how long that took
+    std::string last_store_error;
+    std::uint64_t records_ok = 0;       ///< this run's keys whose record is SUCCESS with the executed outcome
+    std::uint64_t records_wrong = 0;    ///< this run's keys whose record says something else
+    std::uint64_t records_missing = 0;  ///< this run's keys with no record at all
+    std::vector<std::string> record_problems;  ///< the first few wrong records
+    idem::verify_report verify;
+    double verify_s = 0;
+};
+
+/// Reads the store back after the guard closed: this run's records and the whole store's trails.
+void check_store(const store_spec& spec, idem::durability mode, const std::string& prefix, const demo_run& run,
+                 std::size_t unique, durable_report& dr) {
+    std::unique_ptr<idem::store> st = open_store(spec, mode, open_mode::existing);
+    std::vector<std::uint8_t> seen(unique, 0);
+    static constexpr std::string_view suffix = "_TRANSFER_v1";
+    st->load([&](const idem::stored_record& r) {
+        const std::string_view k = r.key;
+        if (!k.starts_with(prefix) || !k.ends_with(suffix)) return;
+        const std::string_view digits = k.substr(prefix.size(), k.size() - prefix.size() - suffix.size());
+        std::uint64_t n = 0;
+        const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+        if (ec != std::errc{} || p != digits.data() + digits.size() || n == 0 || n > unique) return;
+        seen[n - 1] = 1;
+        const std::uint64_t want = run.outcome_of(n - 1);
+        if (r.state == idem::record_state::succeeded && r.outcome == want) {
+            ++dr.records_ok;
+            return;
+        }
+        ++dr.records_wrong;
+        if (dr.record_problems.size() < 5)
+            dr.record_problems.push_back("key '" + r.key + "' is " + idem::to_string(r.state) + " with outcome " +
+                                         std::to_string(r.outcome) + "; the application recorded outcome " +
+                                         std::to_string(want));
+    });
+    for (std::uint8_t s : seen) dr.records_missing += s == 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    dr.verify = idem::verify(*st);
+    dr.verify_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_demo(const demo_config& given) {
+    demo_config c = given;
+    const store_spec spec = *parse_store(c.store);  // validated by the flag's check
+    const bool durable = !c.naive && spec.durable();
+    const idem::durability mode = c.durability == "sync" ? idem::durability::sync : idem::durability::async;
+    if (c.requests == 0)
+        c.requests = !durable ? default_requests
+                     : mode == idem::durability::sync ? default_requests_sync
+                                                      : default_requests_async;
+    if (durable && c.run_id.empty()) c.run_id = random_run_id();
+    if (c.fresh) {
+        if (spec.type != store_spec::kind::sqlite) {
+            std::cerr << "--fresh: only a sqlite:PATH store can be started over (the demo deletes its file); "
+                         "the store is " << display_name(spec) << '\n';
+            return exit_usage;
+        }
+        if (!c.naive) remove_sqlite_files(spec.path);
+    }
+    // Request n of this run is "<run id>-TX<n>_TRANSFER_v1" (or "TX<n>_TRANSFER_v1" without a run id).
+    const std::string prefix = c.run_id.empty() ? std::string("TX") : c.run_id + "-TX";
+    const auto setup_start = std::chrono::steady_clock::now();
+
+    std::uint64_t duplicates = static_cast<std::uint64_t>(std::llround(static_cast<double>(c.requests) * c.dup_rate));
+    if (duplicates >= c.requests) duplicates = c.requests - 1;  // at least one unique request
+    const std::uint64_t unique = c.requests - duplicates;
+    const workload w = make_workload(c, unique, duplicates);
+
+    const bool tty = !c.json && ::isatty(STDERR_FILENO) == 1;
+    std::unique_ptr<guarded_store> store;
+    std::unique_ptr<naive_guard> naive;
+    durable_report dr;
+    if (c.naive) {
+        naive = std::make_unique<naive_guard>();
+    } else {
+        if (durable && tty) std::cerr << "idem demo: opening " << display_name(spec) << " and recovering its records\n";
+        idem::options opts;
+        opts.capacity = c.requests;  // every key of the run stays live (make_guard adds the recovered records)
+        idem::store_options so;
+        so.mode = mode;
+        so.offer_wait = default_offer_wait;  // a full queue makes the worker wait, not fail
+        store = make_guard(spec, std::move(opts), std::move(so));
+        if (idem::durable_guard* d = store->durable()) {
+            const idem::recovery_report& rec = d->recovery();
+            dr.recovered = rec.records;
+            dr.recovered_processing = rec.processing;
+            dr.recovery_ms = std::chrono::duration<double, std::milli>(rec.elapsed).count();
+            const idem::key first = idem::key::compose(prefix + "1", "TRANSFER", 1);
+            if (store->guard().query(first).state != idem::record_state::absent) {
+                std::cerr << "--run-id: '" << c.run_id << "' was already used in " << display_name(spec) << " (key '"
+                          << first.view() << "' exists); choose another run id, or leave --run-id out for a random one\n";
+                return exit_usage;
+            }
+            if (dr.recovered > many_recovered && !c.json)
+                std::cerr << "idem demo: the store holds " << grouped(dr.recovered)
+                          << " records from earlier runs; recovery loads them all into memory. "
+                             "--fresh starts from an empty database.\n";
+        }
+    }
+    ledger accounts(c.accounts, opening_balance_cents);
+    demo_run run(c, w, store ? &store->guard() : nullptr, naive.get(), accounts, prefix);
+    const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+
+    if (tty)
+        std::cerr << "idem demo: " << grouped(c.requests) << " requests on " << c.threads << " threads, store "
+                  << display_name(spec) << (durable ? std::string(" (") + c.durability + ", run id " + c.run_id + ")" : "")
+                  << ", seed " << c.seed << '\n';
+    const double elapsed_s = run.run().count();
+    idem::stats gs = store ? store->snapshot() : idem::stats{};
+
+    // ---- Durable store: drain, close, reopen and read back ----
+    if (idem::durable_guard* d = store ? store->durable() : nullptr) {
+        const auto t0 = std::chrono::steady_clock::now();
+        dr.drained = d->flush(std::chrono::seconds(120));
+        dr.drain_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        gs = store->snapshot();
+        dr.last_store_error = d->last_store_error();
+        store.reset();  // stops maintenance and the flusher, closes the store
+        if (tty) std::cerr << "idem demo: reading the store back and verifying every audit trail\n";
+        check_store(spec, mode, prefix, run, unique, dr);
+    }
+    const char* mode_name = c.naive ? "naive" : "idem";
+
+    // ---- Checks, from the application's own records (never from the guard) ----
+    std::uint64_t executed = 0, replayed = 0, blocked = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
+                  mismatches = 0, unexpected = 0, retries = 0, tallied_executions = 0;
+    std::vector<std::string> problems;
+    for (const tally& t : run.tallies()) {
+        tallied_executions += t.executed;
+        blocked += t.blocked;
+        replayed += t.replayed;
+        in_flight += t.in_flight;
+        wait_timeouts += t.wait_timeouts;
+        declined += t.declined;
+        mismatches += t.outcome_mismatches;
+        unexpected += t.unexpected;
+        retries += t.backpressure_retries;
+        if (!t.first_unexpected.empty() && problems.size() < 5) problems.push_back(t.first_unexpected);
+    }
+    std::uint64_t double_executions = 0, lost = 0;
+    std::vector<std::int64_t> expected(c.accounts, opening_balance_cents);
+    for (std::size_t i = 0; i < w.requests.size(); ++i) {
+        const std::uint32_t n = run.executions_of(i);
+        executed += n;
+        if (n > 1) ++double_executions;
+        if (n == 0) ++lost;
+        const std::int64_t moved = static_cast<std::int64_t>(run.applied_of(i)) * w.requests[i].amount;
+        expected[w.requests[i].from] -= moved;
+        expected[w.requests[i].to] += moved;
+    }
+    std::uint64_t wrong_balances = 0;
+    for (std::size_t a = 0; a < c.accounts; ++a)
+        if (accounts.balance(a) != expected[a]) ++wrong_balances;
+    const std::int64_t total = accounts.total();
+    const bool conserved = total == accounts.opening_total();
+
+    auto requests_n = [](std::uint64_t n) { return grouped(n) + (n == 1 ? " request" : " requests"); };
+    std::vector<std::string> failures;
+    if (double_executions) failures.push_back(requests_n(double_executions) + " executed more than once");
+    if (lost) failures.push_back(requests_n(lost) + " never executed");
+    if (!conserved)
+        failures.push_back("money not conserved: total " + grouped_signed(total) + " cents, opened with " +
+                           grouped_signed(accounts.opening_total()));
+    if (wrong_balances)
+        failures.push_back(grouped(wrong_balances) + " account balance(s) differ from the applied transfers");
+    if (blocked != duplicates)
+        failures.push_back("duplicates blocked " + grouped(blocked) + " != duplicates injected " + grouped(duplicates));
+    if (mismatches) failures.push_back(grouped(mismatches) + " duplicate(s) replayed a wrong outcome");
+    if (unexpected) failures.push_back(grouped(unexpected) + " unexpected answer(s) from the guard");
+    if (tallied_executions != executed) failures.push_back("execution counts disagree between workers and ledger");
+    if (durable) {
+        if (!dr.drained)
+            failures.push_back("the flusher did not commit every transition within 120 s (" +
+                               grouped(gs.queue_depth) + " still queued; last store error: " +
+                               (dr.last_store_error.empty() ? std::string("none") : dr.last_store_error) + ")");
+        if (dr.records_missing) failures.push_back(requests_n(dr.records_missing) + " of this run have no record in the store");
+        if (dr.records_wrong)
+            failures.push_back(grouped(dr.records_wrong) +
+                               " record(s) of this run are not SUCCESS with the outcome the application recorded");
+        if (!dr.verify.violations.empty())
+            failures.push_back("idem::verify found " + grouped(dr.verify.violations.size()) +
+                               " violation(s) in the store's audit trails");
+    }
+    const bool ok = failures.empty();
+    const double ops = elapsed_s > 0 ? static_cast<double>(c.requests) / elapsed_s : 0.0;
+    const double records_per_ms = dr.recovery_ms > 0 ? static_cast<double>(dr.recovered) / dr.recovery_ms : 0.0;
+
+    if (c.json) {
+        json_object guard_stats;
+        guard_stats.add("acquired", gs.acquired)
+            .add("duplicates", gs.duplicates)
+            .add("in_progress_hits", gs.in_progress_hits)
+            .add("succeeded", gs.succeeded)
+            .add("payload_mismatches", gs.payload_mismatches)
+            .add("capacity_exhausted", gs.capacity_exhausted)
+            .add("max_probe", gs.max_probe);
+        if (durable) guard_stats.add("backpressure", gs.backpressure).add("in_doubt", gs.in_doubt);
+        json_object j;
+        j.add("command", "demo")
+            .add("ok", ok)
+            .add("store", display_name(spec))
+            .add("mode", mode_name)
+            .add("threads", c.threads)
+            .add("seed", c.seed)
+            .add("requests", c.requests)
+            .add("unique_keys", unique)
+            .add("executions", executed)
+            .add("duplicates_injected", duplicates)
+            .add("duplicates_concurrent", w.concurrent)
+            .add("duplicates_later", w.later)
+            .add("duplicates_blocked", blocked)
+            .add("duplicates_replayed", replayed)
+            .add("in_flight_hits", in_flight)
+            .add("wait_timeouts", wait_timeouts)
+            .add("double_executions", double_executions)
+            .add("lost_requests", lost)
+            .add("outcome_mismatches", mismatches)
+            .add("unexpected_answers", unexpected)
+            .add("declined", declined)
+            .add("money_conserved", conserved)
+            .add("balances_match", wrong_balances == 0)
+            .add("accounts", c.accounts)
+            .add("total_money_cents", total)
+            .add("ops_per_sec", ops)
+            .add("elapsed_s", elapsed_s)
+            .add("setup_s", setup_s)
+            .add("dup_rate", c.dup_rate)
+            .add("race_share", c.race_share)
+            .add("work_us", c.work_us)
+            .add("wait_ms", c.wait_ms)
+            .add("peak_rss_mib", peak_rss_mib());
+        if (durable) {
+            std::vector<std::string> first_violations;
+            for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i)
+                first_violations.push_back(dr.verify.violations[i]);
+            j.add("durability", c.durability)
+                .add("run_id", c.run_id)
+                .add("recovered_records", std::uint64_t{dr.recovered})
+                .add("recovered_processing", std::uint64_t{dr.recovered_processing})
+                .add("recovery_ms", dr.recovery_ms)
+                .add("recovery_records_per_ms", records_per_ms)
+                .add("flush_batches", gs.flush_batches)
+                .add("flushed_transitions", gs.flushed_transitions)
+                .add("store_errors", gs.store_errors)
+                .add("backpressure_retries", retries)
+                .add("drained", dr.drained)
+                .add("drain_s", dr.drain_s)
+                .add("store_records_ok", dr.records_ok)
+                .add("store_records_missing", dr.records_missing)
+                .add("store_records_wrong", dr.records_wrong)
+                .add("verify_keys", dr.verify.keys)
+                .add("verify_transitions", dr.verify.transitions)
+                .add("violations", std::uint64_t{dr.verify.violations.size()})
+                .add("violation_list", first_violations)
+                .add("verify_s", dr.verify_s);
+        }
+        j.add("guard", guard_stats).add("failures", failures);
+        std::cout << j.str() << std::endl;
+    } else {
+        std::cout << "idem demo: payment transfers, "
+                  << (c.naive ? "NAIVE check-then-set guard (--naive), no idem" : "store " + display_name(spec))
+                  << (durable ? " (" + c.durability + " durability, run id " + c.run_id + ")" : std::string()) << ", "
+                  << c.threads << " threads, seed " << c.seed << ", " << fixed(c.work_us, 1) << " us per transfer\n\n";
+        table t;
+        t.row("requests", grouped(c.requests));
+        t.row("unique keys", grouped(unique));
+        t.row("executed", grouped(executed),
+              declined ? "(" + grouped(declined) + " declined for insufficient funds, still executed once)" : "");
+        t.row("duplicates injected", grouped(duplicates),
+              "(" + grouped(w.concurrent) + " racing their original, " + grouped(w.later) + " later)");
+        t.row("duplicates blocked", grouped(blocked),
+              c.naive ? std::string("(found DONE by the check)") : "(" + grouped(in_flight) + " caught in flight, " + grouped(replayed) + " answered with the recorded outcome" +
+                  (wait_timeouts ? ", " + grouped(wait_timeouts) + " told busy after the wait" : "") + ")");
+        t.row("double executions", grouped(double_executions));
+        t.row("money conserved", conserved ? "yes" : "NO",
+              "(" + grouped(c.accounts) + " accounts, " + grouped_signed(total / 100) + "." +
+                  (total % 100 < 10 ? "0" : "") + std::to_string(total % 100) + " in total)");
+        t.row("balances match", wrong_balances == 0 ? "yes" : "NO",
+              wrong_balances ? "(" + grouped(wrong_balances) + " accounts differ)" : "(each = opening + applied transfers)");
+        t.row("throughput", grouped(static_cast<std::uint64_t>(ops)) + " ops/s");
+        t.row("elapsed", fixed(elapsed_s, 2) + " s", "(setup " + fixed(setup_s, 2) + " s, peak memory " +
+                                                         grouped(static_cast<std::uint64_t>(peak_rss_mib())) + " MiB)");
+        if (!c.naive)
+            t.row("guard", "", "acquired " + grouped(gs.acquired) + ", duplicates " + grouped(gs.duplicates) +
+                               ", in-progress hits " + grouped(gs.in_progress_hits) + ", longest probe " +
+                               grouped(gs.max_probe));
+        if (durable) {
+            t.row("recovery", grouped(dr.recovered) + " records",
+                  "(" + fixed(dr.recovery_ms, 1) + " ms, " + grouped(static_cast<std::uint64_t>(records_per_ms)) +
+                      " records/ms" +
+                      (dr.recovered_processing ? ", " + grouped(dr.recovered_processing) + " claims in flight" : "") + ")");
+            const double per_batch =
+                gs.flush_batches ? static_cast<double>(gs.flushed_transitions) / static_cast<double>(gs.flush_batches) : 0;
+            t.row("flushed", grouped(gs.flushed_transitions) + " transitions",
+                  "(" + grouped(gs.flush_batches) + " batches, " + fixed(per_batch, 0) + " per batch; drained " +
+                      fixed(dr.drain_s, 2) + " s after the last request; " + grouped(gs.store_errors) +
+                      " store errors" + (retries ? ", " + grouped(retries) + " backpressure retries" : "") + ")");
+            t.row("records in store", grouped(dr.records_ok) + " / " + grouped(unique),
+                  "(SUCCESS with the executed outcome" +
+                      (dr.records_missing ? ", " + grouped(dr.records_missing) + " missing" : std::string()) +
+                      (dr.records_wrong ? ", " + grouped(dr.records_wrong) + " wrong" : std::string()) + ")");
+            t.row("verify", grouped(dr.verify.violations.size()) + " violations",
+                  "(" + grouped(dr.verify.keys) + " keys, " + grouped(dr.verify.transitions) +
+                      " audit rows in the whole store, " + fixed(dr.verify_s, 2) + " s)");
+        }
+        t.print(std::cout);
+        std::cout << '\n'
+                  << (ok ? durable ? "PASS: every request executed exactly once; every duplicate blocked; every "
+                                     "transition durable and its audit trail legal."
+                                   : "PASS: every request executed exactly once; every duplicate blocked."
+                         : c.naive ? "FAIL, as expected with --naive: check-then-set let racing duplicates execute twice."
+                                   : "FAIL: an invariant was broken (see below).")
+                  << '\n';
+    }
+    for (const std::string& f : failures) std::cerr << "idem demo: FAIL: " << f << '\n';
+    for (const std::string& p : problems) std::cerr << "idem demo: first unexpected answer: " << p << '\n';
+    for (const std::string& p : dr.record_problems) std::cerr << "idem demo: wrong record: " << p << '\n';
+    for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i)
+        std::cerr << "idem demo: violation: " << dr.verify.violations[i] << '\n';
+    if (!ok) std::cerr << "idem demo: replay the workload with --seed " << c.seed << '\n';
+    return ok ? exit_ok : exit_violation;
+}
+
+}  // namespace
+
+command add_demo(CLI::App& root) {
+    auto c = std::make_shared<demo_config>();
+    std::random_device rd;
+    c->seed = (std::uint64_t{rd()} << 32) | rd();
+
+    CLI::App* app = root.add_subcommand(
+        "demo",
+        "Payment workload with injected duplicates; checks exactly-once execution without asking the guard");
+    app->footer(
+        "Sends --requests transfers on an in-memory ledger, --dup-rate of them duplicates (some racing their "
+        "original, some later), and checks from the application's own records that every request executed "
+        "exactly once, money is conserved and every duplicate was blocked. With a durable store it then "
+        "reads the store back: every request has a SUCCESS record and idem::verify finds 0 violations.\n"
+        "Exit codes: 0 all checks held, 1 a check failed, 2 bad command line, 3 could not run.");
+    app->add_option("--threads", c->threads, "Worker threads (default: hardware threads, at least 2)")
+        ->check(in_range(1u, 4096u, "worker threads"))
+        ->capture_default_str();
+    app->add_option("--requests", c->requests,
+                    "Requests sent, duplicates included; the guard is sized for this many keys (default: " +
+                        show_number(default_requests) + " with memory, " + show_number(default_requests_async) +
+                        " with a durable store in async mode, " + show_number(default_requests_sync) + " in sync mode)")
+        ->check(in_range(std::uint64_t{1}, std::uint64_t{1} << 30, "requests per run"));
+    app->add_option("--dup-rate", c->dup_rate,
+                    "Fraction of the requests that are duplicates (0.0015 = the seed's production 0.15%)")
+        ->check(in_range(0.0, 0.9, "fraction of the requests that are duplicates"))
+        ->capture_default_str();
+    app->add_option("--seed", c->seed, "Seed of the workload generator (default: random; printed for replay)");
+    app->add_option("--store", c->store, std::string("Store URI; accepted: ") + accepted_stores)
+        ->check(store_check())
+        ->capture_default_str();
+    app->add_option("--durability", c->durability,
+                    "Durable stores: async (acknowledge at once, flush behind) or sync (acknowledge after the "
+                    "commit, group commit)")
+        ->check(CLI::IsMember({"async", "sync"}))
+        ->capture_default_str();
+    app->add_option("--run-id", c->run_id,
+                    "Prefix of this run's transaction ids, so reruns on a durable store use new keys "
+                    "(default: random with a durable store, none with memory)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                if (v.empty() || v.size() > 32) return "'" + v + "' is not 1 to 32 letters, digits or '-'";
+                for (char ch : v)
+                    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-')
+                        return "'" + v + "' holds '" + std::string(1, ch) + "'; a run id is letters, digits and '-'";
+                return {};
+            },
+            "ID"));
+    app->add_flag("--fresh", c->fresh, "sqlite stores: delete the database file first, so nothing is recovered");
+    app->add_flag("--json", c->json, "Print the summary as one JSON object on stdout (no progress bar)");
+    app->add_option("--work-us", c->work_us, "Simulated processing time of one transfer, in microseconds (busy CPU)")
+        ->check(in_range(0.0, 1e6, "microseconds of simulated work per transfer"))
+        ->capture_default_str();
+    app->add_option("--accounts", c->accounts, "Accounts in the ledger")
+        ->check(in_range(std::uint32_t{2}, std::uint32_t{10'000'000}, "accounts in the ledger"))
+        ->capture_default_str();
+    app->add_option("--race-share", c->race_share,
+                    "Share of the duplicates sent at the same moment as their original (the rest come later)")
+        ->check(in_range(0.0, 1.0, "share of duplicates racing their original"))
+        ->capture_default_str();
+    app->add_flag("--naive", c->naive,
+                  "Use the naive check-then-set guard instead of idem, to see the double executions idem "
+                  "prevents (exits 1; the store is not used)");
+    app->add_option("--wait-ms", c->wait_ms,
+                    "How long a duplicate that finds its original executing waits for the outcome, in ms (0: no wait)")
+        ->check(in_range(0.0, 60'000.0, "milliseconds"))
+        ->capture_default_str();
+
+    return {app, [c] { return run_demo(*c); }};
+}
+
+}  // namespace idem::tool

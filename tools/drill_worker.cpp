@@ -1,0 +1,239 @@
+// tools/drill_worker.cpp: `idem drill-worker`, the process `idem drill` starts and kills (hidden).
+//
+// One run of a payment service over a durable store in SYNC mode:
+//
+// 1. Reads the independent ledger (effects executed by earlier incarnations of the worker) and opens
+//    an idem::durable_guard: recovery loads every record. The resolver (options.resolve) answers an
+//    expired claim of this drill from the ledger: effect present -> succeeded with its outcome,
+//    absent -> not_executed (the key becomes claimable again). A key this process is executing
+//    right now is "unknown" (still running: never release a live claim), and keys of other
+//    applications in the same store are "unknown" too (not ours to decide).
+// 2. Waits until the recovered claims' leases (lease_until as stored by the killed worker) have
+//    passed, then calls compensate() until none of this drill's claims is left PROCESSING.
+//    Reports "ready ..." on stdout (recovery time, records, claims compensated).
+// 3. Sends every request of the list from --threads threads. A claim that is acquired executes the
+//    effect, which is appending "E key outcome" to the ledger with fdatasync, BEFORE
+//    ticket.succeed(); once succeed() returns OK (sync mode: the commit holding the success is
+//    durable), appends "A key outcome" to the acks file with fdatasync. That is the acknowledgement
+//    the drill later holds the store to.
+// 4. Reports "done ..." and exits 0; exit 1 on an answer a sync store must never give; 3 on setup
+//    failure. The drill usually SIGKILLs it somewhere in steps 1-3.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "command.hpp"
+#include "drill.hpp"
+#include "idem/idem.hpp"
+#include "store.hpp"
+
+namespace idem::tool {
+namespace {
+
+struct worker_config {
+    std::string store;
+    std::string ledger;
+    std::string acks;
+    std::string requests;
+    std::string prefix;  ///< keys of this drill start with it; the resolver answers only for them
+    unsigned threads = 4;
+    double lease_ms = 200;
+};
+
+/// What the application knows: the effects in the ledger, and the keys it is executing now.
+class application_state {
+public:
+    void effect_recorded(const std::string& k, std::uint64_t outcome) {
+        std::lock_guard lock(m_);
+        effects_.emplace(k, outcome);
+    }
+    void enter(const std::string& k) {
+        std::lock_guard lock(m_);
+        ++in_flight_[k];
+    }
+    void leave(const std::string& k) {
+        std::lock_guard lock(m_);
+        if (--in_flight_[k] == 0) in_flight_.erase(k);
+    }
+    std::optional<std::uint64_t> effect(const std::string& k) {
+        std::lock_guard lock(m_);
+        const auto it = effects_.find(k);
+        return it == effects_.end() ? std::nullopt : std::optional<std::uint64_t>(it->second);
+    }
+    /// The resolver: what really happened to an expired claim (the seed's checkTxStatus).
+    idem::resolver_answer resolve(std::string_view key, const std::string& prefix) {
+        if (!key.starts_with(prefix)) return {idem::resolution::unknown, 0};
+        const std::string k(key);
+        std::lock_guard lock(m_);
+        if (in_flight_.contains(k)) return {idem::resolution::unknown, 0};  // still executing here
+        const auto it = effects_.find(k);
+        if (it != effects_.end()) return {idem::resolution::succeeded, it->second};
+        return {idem::resolution::not_executed, 0};
+    }
+
+private:
+    std::mutex m_;
+    std::unordered_map<std::string, std::uint64_t> effects_;
+    std::unordered_map<std::string, int> in_flight_;
+};
+
+struct counts {
+    std::atomic<std::uint64_t> executed{0}, acked{0}, replayed{0}, busy{0}, in_doubt{0}, unavailable{0}, unacked{0},
+        unexpected{0}, replay_mismatches{0};
+};
+
+int run_worker(const worker_config& c) {
+    const store_spec spec = *parse_store(c.store);
+    const std::vector<drill::request> reqs = drill::read_requests(c.requests);
+    for (const drill::request& r : reqs)
+        if (r.key.size() > drill::max_key || !r.key.starts_with(c.prefix))
+            throw idem::error(idem::errc::invalid_argument, "request key '" + r.key + "' is not a key of this drill");
+
+    auto app = std::make_shared<application_state>();
+    for (const drill::entry& e : drill::read_lines(c.ledger).entries)
+        if (e.tag == 'E') app->effect_recorded(e.key, e.outcome);
+    drill::durable_appender ledger(c.ledger);
+    drill::durable_appender acks(c.acks);
+
+    idem::options opts;
+    opts.capacity = reqs.size() + 64;  // make_guard adds the records the store already holds
+    opts.lease = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.lease_ms));
+    opts.maintenance_interval = std::chrono::milliseconds(50);
+    opts.resolve = [app, prefix = c.prefix](const idem::expired_claim& e) { return app->resolve(e.key, prefix); };
+    idem::store_options so;
+    so.mode = idem::durability::sync;
+    so.offer_wait = std::chrono::seconds(2);
+    std::unique_ptr<guarded_store> gs = make_guard(spec, std::move(opts), std::move(so));
+    idem::durable_guard& d = *gs->durable();
+    idem::guard& g = d.guard();
+    const idem::recovery_report rec = d.recovery();
+
+    // Recovered claims keep the lease_until the killed worker stored: wait for it, then compensate.
+    const auto wait_start = std::chrono::steady_clock::now();
+    const auto give_up = wait_start + std::chrono::seconds(10);
+    std::size_t compensated = 0, pending = 0;
+    for (;;) {
+        pending = 0;
+        std::chrono::nanoseconds latest{0};
+        g.for_each([&](const std::string& k, const idem::record_view& v) {
+            if (v.state != idem::record_state::processing || !k.starts_with(c.prefix)) return;
+            ++pending;
+            latest = std::max(latest, v.lease_until);
+        });
+        if (pending == 0 || std::chrono::steady_clock::now() > give_up) break;
+        const auto now = g.now();
+        if (latest > now) std::this_thread::sleep_for(latest - now + std::chrono::milliseconds(2));
+        compensated += g.compensate();
+    }
+    const auto waited_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - wait_start).count();
+    std::printf("ready recovery_ns=%lld records=%zu processing=%zu compensated_at_open=%zu compensated_after_wait=%zu "
+                "waited_ms=%lld pending=%zu\n",
+                static_cast<long long>(rec.elapsed.count()), rec.records, rec.processing, rec.compensated, compensated,
+                static_cast<long long>(waited_ms), pending);
+    std::fflush(stdout);
+
+    counts n;
+    std::atomic<std::size_t> cursor{0};
+    std::mutex err_m;
+    std::string first_error;
+    auto note = [&](const std::string& what) {
+        std::lock_guard lock(err_m);
+        if (first_error.empty()) first_error = what;
+    };
+    auto work = [&] {
+        for (;;) {
+            const std::size_t i = cursor.fetch_add(1, std::memory_order_relaxed);  // relaxed: distinct positions only
+            if (i >= reqs.size()) return;
+            const drill::request& rq = reqs[i];
+            const idem::key k(rq.key);
+            const std::uint64_t fp = idem::fingerprint_of("amount=" + std::to_string(rq.amount));
+            const std::uint64_t outcome = rq.amount;
+            app->enter(rq.key);
+            idem::begin_result r = g.begin(k, fp);
+            while (r.status == idem::begin_status::backpressure) {
+                std::this_thread::yield();
+                r = g.begin(k, fp);
+            }
+            switch (r.status) {
+                case idem::begin_status::acquired: {
+                    // The effect, durable before the success is recorded: if we die between the two,
+                    // the resolver finds it and answers succeeded.
+                    ledger.append(drill::make_line('E', rq.key, outcome));
+                    app->effect_recorded(rq.key, outcome);
+                    ++n.executed;
+                    std::error_code ec = r.ticket.succeed(outcome);
+                    while (ec == idem::errc::backpressure || ec == idem::errc::busy) {
+                        std::this_thread::yield();
+                        ec = r.ticket.succeed(outcome);
+                    }
+                    if (!ec) {
+                        acks.append(drill::make_line('A', rq.key, outcome));  // committed: acknowledge
+                        ++n.acked;
+                    } else {
+                        ++n.unacked;  // e.g. store_unavailable: not known durable, so not acknowledged
+                        note(rq.key + ": succeed() answered " + ec.message());
+                    }
+                    break;
+                }
+                case idem::begin_status::succeeded:
+                    ++n.replayed;
+                    if (r.outcome != outcome) {
+                        ++n.replay_mismatches;
+                        note(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " +
+                             std::to_string(outcome));
+                    }
+                    break;
+                case idem::begin_status::in_progress: ++n.busy; break;
+                case idem::begin_status::in_doubt: ++n.in_doubt; break;
+                case idem::begin_status::store_unavailable: ++n.unavailable; break;
+                default:
+                    ++n.unexpected;
+                    note(rq.key + ": begin() answered " + idem::to_string(r.status));
+            }
+            app->leave(rq.key);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < c.threads; ++t) threads.emplace_back(work);
+    for (auto& t : threads) t.join();
+
+    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
+                "unacked=%llu unexpected=%llu replay_mismatches=%llu\n",
+                reqs.size(), static_cast<unsigned long long>(n.executed.load()),
+                static_cast<unsigned long long>(n.acked.load()), static_cast<unsigned long long>(n.replayed.load()),
+                static_cast<unsigned long long>(n.busy.load()), static_cast<unsigned long long>(n.in_doubt.load()),
+                static_cast<unsigned long long>(n.unavailable.load()), static_cast<unsigned long long>(n.unacked.load()),
+                static_cast<unsigned long long>(n.unexpected.load()),
+                static_cast<unsigned long long>(n.replay_mismatches.load()));
+    std::fflush(stdout);
+    if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
+    gs.reset();  // drains the flusher and closes the store
+    return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
+}
+
+}  // namespace
+
+command add_drill_worker(CLI::App& root) {
+    auto c = std::make_shared<worker_config>();
+    CLI::App* app = root.add_subcommand("drill-worker", "Worker process of `idem drill` (started by the drill)");
+    app->group("");  // hidden from --help: only the drill runs it
+    app->add_option("--store", c->store)->required()->check(store_check(/*durable_only=*/true));
+    app->add_option("--ledger", c->ledger, "Independent ledger of executed effects")->required();
+    app->add_option("--acks", c->acks, "Acknowledgement file")->required();
+    app->add_option("--requests", c->requests, "Request list, one 'KEY AMOUNT' per line")->required();
+    app->add_option("--prefix", c->prefix, "Key prefix of this drill")->required();
+    app->add_option("--threads", c->threads)->check(in_range(1u, 256u, "worker threads"));
+    app->add_option("--lease-ms", c->lease_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
+    return {app, [c] { return run_worker(*c); }};
+}
+
+}  // namespace idem::tool

@@ -1,0 +1,48 @@
+// tools/main.cpp: the `idem` command-line tool. Parses the command line and runs one subcommand.
+// Subcommands live one per file (demo.cpp, ...) and register themselves through command.hpp.
+#include <exception>
+#include <iostream>
+#include <new>
+#include <vector>
+
+#include "command.hpp"
+#include "idem/error.hpp"
+
+int main(int argc, char** argv) {
+    using namespace idem::tool;
+    CLI::App app{"idem: at-most-once execution per idempotency key. Subcommands exercise and inspect the guard.",
+                 "idem"};
+    app.set_version_flag("--version", "idem 0.1.0");
+    app.require_subcommand(1);
+    app.fallthrough(false);
+
+    std::vector<command> commands;
+    commands.push_back(add_demo(app));
+    commands.push_back(add_drill(app));
+    commands.push_back(add_audit(app));
+    commands.push_back(add_verify(app));
+    commands.push_back(add_stats(app));
+    commands.push_back(add_drill_worker(app));
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        const int code = app.exit(e);  // prints help/version to stdout, errors to stderr
+        return code == 0 ? exit_ok : exit_usage;
+    }
+
+    try {
+        for (const command& c : commands)
+            if (c.app->parsed()) return c.run();
+    } catch (const idem::error& e) {
+        std::cerr << "idem: " << e.what() << '\n';
+        return exit_runtime;
+    } catch (const std::bad_alloc&) {
+        std::cerr << "idem: out of memory (the guard allocates its whole table up front; try fewer --requests)\n";
+        return exit_runtime;
+    } catch (const std::exception& e) {
+        std::cerr << "idem: " << e.what() << '\n';
+        return exit_runtime;
+    }
+    return exit_usage;  // unreachable: require_subcommand(1)
+}

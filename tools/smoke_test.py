@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Smoke check of the `idem` command-line tool against a SQLite store (about 15-30 s).
+
+Usage: smoke_test.py [PATH_TO_IDEM]   (default: $IDEM, else build/release/tools/idem)
+
+Runs, in a fresh temporary directory:
+  1. idem demo twice on the same sqlite store: both pass, and the second run recovers the first
+     run's records without taking any of them for a duplicate of its own requests;
+  2. idem verify on that store: 0 violations;  idem stats: the record and audit counts add up;
+  3. idem audit on a key of the first run: found, SUCCESS, a claim and a success in its trail;
+  4. idem drill --cycles 5: workers SIGKILLed and recovered, no double execution, no lost
+     acknowledgement, 0 violations;
+  5. the negative control: idem demo --naive must find double executions and exit 1;
+  6. usage and runtime errors give exit codes 2 and 3.
+With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
+demo, a 3-cycle drill and verify against that database.
+Exits 0 when every check holds, 1 otherwise (each failed check is printed).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what, flush=True)
+    return cond
+
+
+def run(idem, *args, expect=0, timeout=120):
+    """Runs idem with args; returns (exit code, parsed JSON of stdout or None, stdout, stderr)."""
+    t0 = time.monotonic()
+    p = subprocess.run([idem, *args], capture_output=True, text=True, timeout=timeout)
+    dt = time.monotonic() - t0
+    print(f"  idem {' '.join(args)}  -> exit {p.returncode} in {dt:.1f} s", flush=True)
+    doc = None
+    if "--json" in args:
+        try:
+            doc = json.loads(p.stdout)
+        except ValueError:
+            check(False, f"idem {' '.join(args)}: stdout is not one JSON object: {p.stdout[:300]!r}")
+    if expect is not None and not check(p.returncode == expect,
+                                        f"idem {' '.join(args)}: exit {p.returncode}, expected {expect}"):
+        sys.stdout.write(p.stderr[-2000:])
+    return p.returncode, doc, p.stdout, p.stderr
+
+
+def main():
+    idem = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
+        "IDEM", os.path.join(HERE, "..", "build", "release", "tools", "idem"))
+    if not os.access(idem, os.X_OK):
+        print(f"smoke_test: no idem executable at {idem}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="idem-smoke-") as tmp:
+        store = f"sqlite:{tmp}/d.db"
+        demo = ["demo", "--requests", "20000", "--threads", "4", "--dup-rate", "0.05", "--json", "--store", store]
+
+        print("1. demo twice on one sqlite store", flush=True)
+        _, first, _, _ = run(idem, *demo)
+        _, second, _, _ = run(idem, *demo)
+        for name, d in (("first", first), ("second", second)):
+            if not d:
+                continue
+            check(d["ok"], f"{name} demo run failed: {d.get('failures')}")
+            check(d["double_executions"] == 0, f"{name} run: double executions {d['double_executions']}")
+            check(d["executions"] == d["unique_keys"], f"{name} run: executions {d['executions']} != unique keys")
+            check(d["duplicates_blocked"] == d["duplicates_injected"],
+                  f"{name} run: blocked {d['duplicates_blocked']} != injected {d['duplicates_injected']}")
+            check(d["violations"] == 0, f"{name} run: {d['violations']} violations")
+            check(d["store_records_ok"] == d["unique_keys"], f"{name} run: store records ok {d['store_records_ok']}")
+            check(d["flushed_transitions"] >= 2 * d["unique_keys"],
+                  f"{name} run: flushed {d['flushed_transitions']} < 2 x unique keys")
+        if first and second:
+            check(first["run_id"] != second["run_id"], "both runs got the same run id")
+            check(first["recovered_records"] == 0, f"first run recovered {first['recovered_records']} records")
+            check(second["recovered_records"] == first["unique_keys"],
+                  f"second run recovered {second['recovered_records']}, expected {first['unique_keys']}")
+            # A first-run key taken for a duplicate would show as a request never executed and as
+            # more duplicates than injected (a duplicate still executing after --wait-ms is
+            # blocked without being counted, hence <=).
+            check(second["guard"]["duplicates"] <= second["duplicates_injected"] and second["lost_requests"] == 0,
+                  f"second run saw {second['guard']['duplicates']} duplicates (injected "
+                  f"{second['duplicates_injected']}), {second['lost_requests']} requests not executed: "
+                  f"it took first-run keys for duplicates")
+
+        print("2. verify and stats", flush=True)
+        _, v, _, _ = run(idem, "verify", "--store", store, "--json")
+        if v:
+            check(v["violations"] == 0, f"verify: {v['violations']} violations: {v['violation_list'][:3]}")
+            if first and second:
+                check(v["keys"] == first["unique_keys"] + second["unique_keys"], f"verify: {v['keys']} keys")
+                check(v["transitions"] == 2 * v["keys"], f"verify: {v['transitions']} transitions")
+        _, s, _, _ = run(idem, "stats", "--store", store, "--json")
+        if s and v:
+            check(s["records"] == v["keys"], f"stats: {s['records']} records, verify saw {v['keys']} keys")
+            check(s["by_status"]["SUCCESS"] == s["records"], f"stats: by_status {s['by_status']}")
+            check(s["audit_rows"] == v["transitions"], f"stats: {s['audit_rows']} audit rows")
+        rc, _, text, _ = run(idem, "stats", "--store", store, "--prometheus")
+        check("idem_store_records{status=\"SUCCESS\"}" in text, "stats --prometheus: no records gauge")
+
+        print("3. audit", flush=True)
+        if first:
+            key = f"{first['run_id']}-TX1_TRANSFER_v1"
+            _, a, _, _ = run(idem, "audit", key, "--store", store, "--json")
+            if a:
+                check(a["found"] and a["record"] and a["record"]["status"] == "SUCCESS", f"audit {key}: {a}")
+                steps = [(r["from"], r["to"]) for r in a["trail"]]
+                check(("ABSENT", "PROCESSING") in steps and ("PROCESSING", "SUCCESS") in steps,
+                      f"audit {key}: trail {steps}")
+                check(a["violations"] == 0, f"audit {key}: violations {a['violation_list']}")
+            rc, _, text, _ = run(idem, "audit", key, "--store", store)
+            check("PROCESSING -> SUCCESS" in text, "audit (text): no PROCESSING -> SUCCESS row")
+        run(idem, "audit", "NO_SUCH_v1", "--store", store, expect=1)
+
+        print("4. crash drill", flush=True)
+        _, d, _, _ = run(idem, "drill", "--cycles", "5", "--json", "--store", f"sqlite:{tmp}/drill.db", timeout=180)
+        if d:
+            check(d["ok"], f"drill failed: {d.get('failures')}")
+            check(d["double_executions"] == 0, f"drill: {d['double_executions']} double executions")
+            check(d["lost_acknowledged"] == 0, f"drill: {d['lost_acknowledged']} lost acknowledgements")
+            check(d["violations"] == 0, f"drill: {d['violations']} violations")
+            check(d["kills"] + d["clean_exits"] == 5, f"drill: {d['kills']} kills, {d['clean_exits']} clean exits")
+            check(d["acknowledged"] > 0, "drill: nothing was acknowledged")
+            for k in ("cycles", "acknowledged", "double_executions", "lost_acknowledged", "in_doubt_resolved",
+                      "recovery_ms_p50", "recovery_ms_max", "violations"):
+                check(k in d, f"drill JSON lacks '{k}'")
+
+        print("5. negative control: --naive", flush=True)
+        _, n, _, _ = run(idem, "demo", "--naive", "--requests", "20000", "--threads", "4", "--dup-rate", "0.05",
+                         "--race-share", "1", "--json", "--store", "memory", expect=1)
+        if n:
+            check(n["double_executions"] > 0, "--naive found no double execution: the checks see nothing")
+            check(not n["ok"], "--naive run reported ok")
+
+        pg = os.environ.get("IDEM_SMOKE_PG_URI")
+        if pg:
+            print("5b. PostgreSQL store (IDEM_SMOKE_PG_URI)", flush=True)
+            _, p, _, _ = run(idem, "demo", "--requests", "5000", "--threads", "4", "--dup-rate", "0.05", "--json",
+                             "--store", pg)
+            check(p is not None and p["ok"] and p["violations"] == 0, f"postgres demo: {p and p.get('failures')}")
+            _, p, _, _ = run(idem, "drill", "--cycles", "3", "--json", "--store", pg, timeout=180)
+            check(p is not None and p["ok"], f"postgres drill: {p and p.get('failures')}")
+            _, p, _, _ = run(idem, "verify", "--store", pg, "--json")
+            check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
+
+        print("6. exit codes", flush=True)
+        run(idem, "verify", "--store", "memory", expect=2)
+        run(idem, "demo", "--store", "redis://x", expect=2)
+        run(idem, "demo", "--durability", "eventually", expect=2)
+        run(idem, "verify", "--store", f"sqlite:{tmp}/missing.db", expect=3)
+        check(not os.path.exists(f"{tmp}/missing.db"), "verify created the missing database file")
+
+    elapsed = time.monotonic() - started
+    print(f"smoke_test: {'FAIL' if failures else 'PASS'} in {elapsed:.1f} s ({len(failures)} failed checks)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

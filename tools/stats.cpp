@@ -1,0 +1,186 @@
+// tools/stats.cpp: `idem stats --store URI`: what a durable store holds.
+//
+// Records by status (and by biz_type), claims whose lease has expired (in doubt until compensation
+// resolves them), audit rows by cause, the largest fence. This is the store's view: a live guard's
+// counters (acquired, duplicates, flush lag, ...) live in its process and are exported there with
+// idem::to_prometheus(guard.snapshot()). --prometheus prints the store view as gauges instead, since
+// its numbers are states of the store, not events counted since a process started.
+// Exit codes: 0 read, 2 bad command line, 3 the store could not be read.
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "command.hpp"
+#include "idem/store.hpp"
+#include "report.hpp"
+#include "store.hpp"
+
+namespace idem::tool {
+namespace {
+
+struct stats_config {
+    std::string store;
+    bool json = false;
+    bool prometheus = false;
+};
+
+constexpr idem::record_state statuses[] = {idem::record_state::processing, idem::record_state::succeeded,
+                                           idem::record_state::failed, idem::record_state::released};
+
+struct store_view {
+    std::uint64_t records = 0;
+    std::map<std::string, std::uint64_t> by_status;                               // status -> records
+    std::map<std::string, std::map<std::string, std::uint64_t>> by_biz;           // biz_type -> status -> records
+    std::uint64_t expired = 0;                                                    // PROCESSING, lease passed
+    std::int64_t oldest_processing_ms = 0;                                        // 0: none
+    std::uint64_t max_fence = 0;
+    std::uint64_t audit_rows = 0;
+    std::map<std::string, std::uint64_t> audit_by_cause;                          // claim, succeed, ...
+};
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(std::string_view v) {
+    std::string out;
+    for (char ch : v) {
+        if (ch == '\\') out += "\\\\";
+        else if (ch == '"') out += "\\\"";
+        else if (ch == '\n') out += "\\n";
+        else out += ch;
+    }
+    return out;
+}
+
+/// "# HELP" and "# TYPE" lines once per metric name, then the sample.
+class exposition {
+public:
+    void gauge(const std::string& name, const std::string& help, const std::string& labels, std::uint64_t v) {
+        if (name != last_) {
+            out_ += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
+            last_ = name;
+        }
+        out_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
+    }
+    [[nodiscard]] const std::string& str() const noexcept { return out_; }
+
+private:
+    std::string out_, last_;
+};
+
+int run_stats(const stats_config& c) {
+    const store_spec spec = *parse_store(c.store);
+    std::unique_ptr<idem::store> st = open_store(spec, idem::durability::async, open_mode::existing);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    store_view v;
+    for (idem::record_state s : statuses) v.by_status[idem::to_string(s)] = 0;
+    st->load([&](const idem::stored_record& r) {
+        ++v.records;
+        ++v.by_status[idem::to_string(r.state)];
+        ++v.by_biz[r.biz_type][idem::to_string(r.state)];
+        v.max_fence = std::max(v.max_fence, r.fence);
+        if (r.state == idem::record_state::processing) {
+            if (r.lease_until_ms <= now_ms) ++v.expired;
+            if (v.oldest_processing_ms == 0 || r.updated_ms < v.oldest_processing_ms) v.oldest_processing_ms = r.updated_ms;
+        }
+    });
+    st->scan_audit([&](const idem::audit_entry& a) {
+        ++v.audit_rows;
+        ++v.audit_by_cause[a.detail.substr(0, a.detail.find(' '))];
+    });
+    const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    if (c.prometheus) {
+        exposition e;
+        for (const auto& [status, n] : v.by_status)
+            e.gauge("idem_store_records", "Records in idempotent_record by status.", "status=\"" + status + "\"", n);
+        for (const auto& [biz, counts] : v.by_biz)
+            for (const auto& [status, n] : counts)
+                e.gauge("idem_store_records_by_biz_type", "Records by biz_type and status.",
+                        "biz_type=\"" + label_value(biz) + "\",status=\"" + status + "\"",
+                        n);
+        e.gauge("idem_store_expired_claims", "PROCESSING records whose lease has passed (in doubt until compensated).",
+                "", v.expired);
+        e.gauge("idem_store_audit_rows", "Rows in idempotent_audit.", "", v.audit_rows);
+        for (const auto& [cause, n] : v.audit_by_cause)
+            e.gauge("idem_store_audit_rows_by_cause", "Audit rows by cause (detail column).", "cause=\"" + cause + "\"", n);
+        e.gauge("idem_store_max_fence", "Largest fencing_token in idempotent_record.", "", v.max_fence);
+        std::cout << e.str();
+    } else if (c.json) {
+        json_object status, biz, causes;
+        for (const auto& [s, n] : v.by_status) status.add(s, n);
+        for (const auto& [b, counts] : v.by_biz) {
+            json_object o;
+            for (const auto& [s, n] : counts) o.add(s, n);
+            biz.add(b, o);
+        }
+        for (const auto& [cause, n] : v.audit_by_cause) causes.add(cause, n);
+        json_object j;
+        j.add("command", "stats")
+            .add("store", display_name(spec))
+            .add("records", v.records)
+            .add("by_status", status)
+            .add("by_biz_type", biz)
+            .add("processing_expired", v.expired);
+        if (v.oldest_processing_ms)
+            j.add("oldest_processing", iso8601_ms(v.oldest_processing_ms));
+        else
+            j.add_null("oldest_processing");
+        j.add("audit_rows", v.audit_rows).add("audit_by_cause", causes).add("max_fence", v.max_fence).add("elapsed_s",
+                                                                                                          elapsed_s);
+        std::cout << j.str() << std::endl;
+    } else {
+        std::cout << "idem stats: " << display_name(spec) << "\n\n";
+        table t;
+        t.row("records", grouped(v.records));
+        for (idem::record_state s : statuses) {
+            const std::string name = idem::to_string(s);
+            std::string note;
+            if (s == idem::record_state::processing && v.by_status[name])
+                note = "(" + grouped(v.expired) + " with an expired lease; oldest claimed " +
+                       iso8601_ms(v.oldest_processing_ms) + ")";
+            if (s == idem::record_state::released) note = "(claims given back: claimable again)";
+            t.row("  " + name, grouped(v.by_status[name]), note);
+        }
+        t.row("audit rows", grouped(v.audit_rows));
+        for (const auto& [cause, n] : v.audit_by_cause) t.row("  " + cause, grouped(n));
+        t.row("max fence", std::to_string(v.max_fence));
+        t.row("read in", fixed(elapsed_s, 2) + " s");
+        t.print(std::cout);
+        if (v.by_biz.size() > 1) {
+            std::cout << "\nby biz_type\n";
+            table b;
+            for (const auto& [biz, counts] : v.by_biz) {
+                std::string parts;
+                std::uint64_t total = 0;
+                for (const auto& [s, n] : counts) {
+                    parts += (parts.empty() ? "" : ", ") + s + " " + grouped(n);
+                    total += n;
+                }
+                b.row("  " + biz, grouped(total), "(" + parts + ")");
+            }
+            b.print(std::cout);
+        }
+    }
+    return exit_ok;
+}
+
+}  // namespace
+
+command add_stats(CLI::App& root) {
+    auto c = std::make_shared<stats_config>();
+    CLI::App* app = root.add_subcommand("stats", "Records by status, expired claims and audit rows of a durable store");
+    app->footer("Exit codes: 0 read, 2 bad command line, 3 the store could not be read.");
+    app->add_option("--store", c->store, std::string("Store URI: ") + durable_stores)
+        ->required()
+        ->check(store_check(/*durable_only=*/true));
+    auto* json = app->add_flag("--json", c->json, "Print one JSON object on stdout");
+    app->add_flag("--prometheus", c->prometheus, "Print the store view in Prometheus text format (gauges)")
+        ->excludes(json);
+    return {app, [c] { return run_stats(*c); }};
+}
+
+}  // namespace idem::tool
