@@ -11,6 +11,7 @@
 // maintenance thread starts.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -98,10 +99,12 @@ private:
 
     void recover() {
         const auto started = std::chrono::steady_clock::now();
-        guard_.set_fence_floor(store_->max_fence());
+        std::uint64_t max_fence = 0;
         store_->load([&](const stored_record& r) {
+            // The store validated the key (corrupt_record otherwise); parse() cannot fail here.
             const auto k = key::parse(r.key);
-            if (!k) return;  // the store validated it; unreachable
+            if (!k) return;
+            max_fence = std::max(max_fence, r.fence);
             const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
                                                    from_wall_ms(r.lease_until_ms), from_wall_ms(r.updated_ms));
             if (st == begin_status::capacity_exhausted) {
@@ -113,6 +116,8 @@ private:
             ++report_.records;
             if (r.state == record_state::processing) ++report_.processing;
         });
+        // Restored records keep their fences; only claims made from now on need the floor.
+        guard_.set_fence_floor(max_fence);
         report_.elapsed = std::chrono::steady_clock::now() - started;
     }
 

@@ -90,6 +90,9 @@ public:
                 sqlite3_bind_int64(u, 10, rows[first_of_key].at_ms);
                 step_done(u, "upsert record");
             }
+            sqlite3_reset(sequence_stmt_);
+            sqlite3_bind_int64(sequence_stmt_, 1, sequence);
+            step_done(sequence_stmt_, "advance audit sequence");
             exec("COMMIT", "commit batch");
             next_sequence_ = sequence;
         } catch (...) {
@@ -194,7 +197,7 @@ private:
             exec("PRAGMA cache_size=-65536", "set cache size");
             exec("BEGIN IMMEDIATE", "begin schema");
             exec(R"SQL(
-CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS idempotent_record (
   idempotent_key      VARCHAR(128) PRIMARY KEY,
   biz_type            VARCHAR(32)  NOT NULL,
@@ -233,10 +236,13 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             audit_stmt_ = prepare(
                 "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, "
                 "detail, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-            sqlite3_stmt* m = prepare("SELECT COALESCE(MAX(sequence), 0) FROM idempotent_audit");
+            // The audit table is keyed by (key, sequence), so MAX(sequence) would scan it: the next
+            // sequence is kept in idem_schema and advanced in each batch's transaction.
+            sqlite3_stmt* m = prepare("SELECT next_sequence FROM idem_schema");
             rc2 = sqlite3_step(m);
-            next_sequence_ = (rc2 == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 0) + 1;
+            next_sequence_ = rc2 == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 1;
             sqlite3_finalize(m);
+            sequence_stmt_ = prepare("UPDATE idem_schema SET next_sequence = ?1");
             upsert_stmt_ = prepare(
                 "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
                 "request_fingerprint, created_time, updated_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8) "
@@ -255,7 +261,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     }
 
     void close() noexcept {
-        for (sqlite3_stmt** s : {&audit_stmt_, &upsert_stmt_, &batch_stmt_}) {
+        for (sqlite3_stmt** s : {&audit_stmt_, &upsert_stmt_, &batch_stmt_, &sequence_stmt_}) {
             sqlite3_finalize(*s);
             *s = nullptr;
         }
@@ -363,6 +369,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     sqlite3_stmt* audit_stmt_ = nullptr;
     sqlite3_stmt* upsert_stmt_ = nullptr;
     sqlite3_stmt* batch_stmt_ = nullptr;
+    sqlite3_stmt* sequence_stmt_ = nullptr;
     std::int64_t next_sequence_ = 1;  // audit sequence: this store is the file's only writer
 };
 
