@@ -1,0 +1,282 @@
+// bench/guards.hpp: idem::guard and its peers behind one small compile-time interface.
+//
+// Every guard keeps the same record per key (state, fence, lease deadline, last update, outcome,
+// request fingerprint), reads steady_clock once to set the lease on a claim and once to stamp the
+// completion, and answers begin() with one of four verdicts. The interface is a concept, not a
+// virtual base, so each benchmark loop is compiled for one guard and pays no indirect call.
+//
+//   G::key_type                      idem::key for idem, std::string for the peers
+//   G::name                          the name in the benchmark's name ("idem", "mutex_map", ...)
+//   G g(capacity)                    sized for `capacity` live keys up front
+//   auto c = g.begin(key, fp)        c.status() is a verdict, c.outcome() the replayed outcome
+//   g.succeed(c, outcome)            completes an acquired claim; true on success
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <tbb/concurrent_hash_map.h>
+
+#include "idem/guard.hpp"
+
+#if IDEM_BENCH_HAVE_LIBCUCKOO
+#include <libcuckoo/cuckoohash_map.hh>
+#endif
+
+namespace idem_bench {
+
+enum class verdict : std::uint8_t { acquired, duplicate, busy, rejected };
+
+template <class G>
+concept bench_guard = requires(G& g, const typename G::key_type& k, typename G::claim& c, std::uint64_t v) {
+    { G::name } -> std::convertible_to<std::string_view>;
+    { g.begin(k, v) } -> std::same_as<typename G::claim>;
+    { c.status() } -> std::same_as<verdict>;
+    { c.outcome() } -> std::same_as<std::uint64_t>;
+    { g.succeed(c, v) } -> std::same_as<bool>;
+};
+
+inline constexpr std::chrono::nanoseconds lease = std::chrono::seconds(30);
+
+inline std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// ---------------------------------------------------------------------------------------------
+// idem::guard, no background thread. Two configurations: the default options (the table's pages
+// are faulted in on first touch, so early claims pay page faults) and options.prefault = true
+// (every page faulted in at construction, MAP_POPULATE).
+
+template <bool Prefault>
+class basic_idem_guard {
+public:
+    using key_type = idem::key;
+    static constexpr std::string_view name = Prefault ? "idem_prefault" : "idem";
+
+    struct claim {
+        idem::begin_result r;
+        [[nodiscard]] verdict status() const noexcept {
+            switch (r.status) {
+                case idem::begin_status::acquired: return verdict::acquired;
+                case idem::begin_status::succeeded:
+                case idem::begin_status::failed: return verdict::duplicate;
+                case idem::begin_status::in_progress:
+                case idem::begin_status::in_doubt: return verdict::busy;
+                default: return verdict::rejected;
+            }
+        }
+        [[nodiscard]] std::uint64_t outcome() const noexcept { return r.outcome; }
+    };
+
+    explicit basic_idem_guard(std::size_t capacity) : g_(make_options(capacity)) {}
+
+    claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_.begin(k, fingerprint)}; }
+    bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
+
+    [[nodiscard]] idem::stats snapshot() const noexcept { return g_.snapshot(); }
+
+private:
+    static idem::options make_options(std::size_t capacity) {
+        idem::options o;
+        o.capacity = capacity;
+        o.prefault = Prefault;
+        o.lease = lease;
+        o.maintenance_interval = {};  // no background thread: nothing runs beside the benchmark
+        return o;
+    }
+    idem::guard g_;
+};
+
+using idem_guard = basic_idem_guard<false>;
+using idem_prefault_guard = basic_idem_guard<true>;
+
+// ---------------------------------------------------------------------------------------------
+// The record the peers keep, and the decision they share.
+
+enum class record_state : std::uint8_t { processing, succeeded, failed };
+
+struct record {
+    record_state state = record_state::processing;
+    std::uint64_t fence = 1;
+    std::int64_t lease_until = 0;
+    std::int64_t updated = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fingerprint = 0;
+};
+
+struct peer_claim_base {
+    verdict v = verdict::rejected;
+    std::uint64_t out = 0;
+    [[nodiscard]] verdict status() const noexcept { return v; }
+    [[nodiscard]] std::uint64_t outcome() const noexcept { return out; }
+};
+
+/// What begin() answers for a key that already has a record.
+inline peer_claim_base judge(const record& r, std::uint64_t fingerprint) noexcept {
+    if (fingerprint != 0 && r.fingerprint != 0 && fingerprint != r.fingerprint) return {verdict::rejected, 0};
+    if (r.state == record_state::processing) return {verdict::busy, 0};
+    return {verdict::duplicate, r.outcome};
+}
+
+// ---------------------------------------------------------------------------------------------
+// std::mutex + std::unordered_map<std::string, record>, reserve()d up front. The claim keeps a
+// pointer to its record (node-based map: stable), so succeed() locks but does not hash again.
+
+class mutex_guard {
+public:
+    using key_type = std::string;
+    static constexpr std::string_view name = "mutex_map";
+
+    struct claim : peer_claim_base {
+        record* rec = nullptr;
+    };
+
+    explicit mutex_guard(std::size_t capacity) { map_.reserve(capacity); }
+
+    claim begin(const std::string& k, std::uint64_t fingerprint) {
+        const std::int64_t now = now_ns();
+        std::lock_guard lock(mutex_);
+        auto [it, inserted] = map_.try_emplace(k);
+        record& r = it->second;
+        if (inserted) {
+            r.lease_until = now + lease.count();
+            r.updated = now;
+            r.fingerprint = fingerprint;
+            claim c;
+            c.v = verdict::acquired;
+            c.rec = &r;
+            return c;
+        }
+        claim c;
+        static_cast<peer_claim_base&>(c) = judge(r, fingerprint);
+        return c;
+    }
+
+    bool succeed(claim& c, std::uint64_t outcome) {
+        const std::int64_t now = now_ns();
+        std::lock_guard lock(mutex_);
+        c.rec->state = record_state::succeeded;
+        c.rec->outcome = outcome;
+        c.rec->updated = now;
+        return true;
+    }
+
+private:
+    std::mutex mutex_;
+    std::unordered_map<std::string, record> map_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// tbb::concurrent_hash_map<std::string, record>. Each operation holds an accessor (the element's
+// write lock) only inside its own scope, as TBB's documentation recommends; succeed() finds the
+// key again under a fresh accessor, because a record may only be written under one.
+
+class tbb_guard {
+public:
+    using key_type = std::string;
+    static constexpr std::string_view name = "tbb_chm";
+    using map_type = tbb::concurrent_hash_map<std::string, record>;
+
+    struct claim : peer_claim_base {
+        const std::string* key = nullptr;
+    };
+
+    explicit tbb_guard(std::size_t capacity) : map_(capacity) {}
+
+    claim begin(const std::string& k, std::uint64_t fingerprint) {
+        const std::int64_t now = now_ns();
+        claim c;
+        map_type::accessor a;
+        if (map_.insert(a, k)) {
+            a->second.lease_until = now + lease.count();
+            a->second.updated = now;
+            a->second.fingerprint = fingerprint;
+            c.v = verdict::acquired;
+            c.key = &k;
+        } else {
+            static_cast<peer_claim_base&>(c) = judge(a->second, fingerprint);
+        }
+        return c;  // the accessor is released here
+    }
+
+    bool succeed(claim& c, std::uint64_t outcome) {
+        const std::int64_t now = now_ns();
+        map_type::accessor a;
+        if (!map_.find(a, *c.key)) return false;
+        a->second.state = record_state::succeeded;
+        a->second.outcome = outcome;
+        a->second.updated = now;
+        return true;
+    }
+
+private:
+    map_type map_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// libcuckoo::cuckoohash_map<std::string, record>, reserved up front. The claim is one uprase_fn
+// (insert, or inspect the existing record under the bucket lock); succeed() is one update_fn.
+
+#if IDEM_BENCH_HAVE_LIBCUCKOO
+class cuckoo_guard {
+public:
+    using key_type = std::string;
+    static constexpr std::string_view name = "libcuckoo";
+    using map_type = libcuckoo::cuckoohash_map<std::string, record>;
+
+    struct claim : peer_claim_base {
+        const std::string* key = nullptr;
+    };
+
+    explicit cuckoo_guard(std::size_t capacity) : map_(capacity) {}
+
+    claim begin(const std::string& k, std::uint64_t fingerprint) {
+        const std::int64_t now = now_ns();
+        claim c;
+        record fresh;
+        fresh.lease_until = now + lease.count();
+        fresh.updated = now;
+        fresh.fingerprint = fingerprint;
+        const bool inserted = map_.uprase_fn(
+            k,
+            [&](record& r) {
+                static_cast<peer_claim_base&>(c) = judge(r, fingerprint);
+                return false;  // never erase
+            },
+            fresh);
+        if (inserted) {
+            c.v = verdict::acquired;
+            c.key = &k;
+        }
+        return c;
+    }
+
+    bool succeed(claim& c, std::uint64_t outcome) {
+        const std::int64_t now = now_ns();
+        return map_.update_fn(*c.key, [&](record& r) {
+            r.state = record_state::succeeded;
+            r.outcome = outcome;
+            r.updated = now;
+        });
+    }
+
+private:
+    map_type map_;
+};
+#endif
+
+static_assert(bench_guard<idem_guard>);
+static_assert(bench_guard<idem_prefault_guard>);
+static_assert(bench_guard<mutex_guard>);
+static_assert(bench_guard<tbb_guard>);
+#if IDEM_BENCH_HAVE_LIBCUCKOO
+static_assert(bench_guard<cuckoo_guard>);
+#endif
+
+}  // namespace idem_bench
