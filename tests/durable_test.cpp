@@ -684,7 +684,16 @@ TEST(DurableBackpressure, FullQueueRefusesWithoutChangingMemory) {
     f->down = true;
 
     std::vector<idem::ticket> held;
-    std::size_t i = 0;
+    // The first claim goes to the flusher, which takes it as its one-row batch and keeps retrying
+    // it. Only once it holds that row is the queue's room fixed: before, a late pop by the
+    // flusher could open one more place after the first refusal.
+    {
+        auto r = g->guard().begin(pay_key(0));
+        ASSERT_EQ(r.status, begin_status::acquired);
+        held.push_back(std::move(r.ticket));
+    }
+    ASSERT_TRUE(wait_for([&] { return g->snapshot().store_errors > 0; })) << "the flusher never tried the store";
+    std::size_t i = 1;
     begin_status last = begin_status::acquired;
     for (; i < 100; ++i) {
         auto r = g->guard().begin(pay_key(i));
