@@ -1,6 +1,7 @@
 // key_test: the idempotency key's rules (1..128 bytes, no NUL/control bytes, UTF-8 byte for byte),
 // key::compose's injectivity, and the error category.
 #include <idem/idem.hpp>
+#include <idem/store.hpp>
 
 #include <gtest/gtest.h>
 
@@ -230,6 +231,17 @@ TEST(ErrorCategory, ErrorIsASystemError) {
     const std::string what = e.what();
     EXPECT_NE(what.find("key 'K' reused"), std::string::npos) << what;
     EXPECT_NE(what.find("different request payload"), std::string::npos) << what;
+}
+
+// The store's biz_type column: the operation of a composed key, "default" for anything else
+// (never empty: the column is NOT NULL and a reader groups by it).
+TEST(BizType, IsTheOperationOfAComposedKeyAndDefaultOtherwise) {
+    EXPECT_EQ(idem::biz_type_of(idem::key::compose("TX1", "TRANSFER", 3).view()), "TRANSFER");
+    EXPECT_EQ(idem::biz_type_of("plain-key"), "default");
+    EXPECT_EQ(idem::biz_type_of("A__v1"), "default") << "an empty operation part";
+    EXPECT_EQ(idem::biz_type_of("A_B_x"), "default") << "no version suffix";
+    const std::string op(40, 'P');
+    EXPECT_EQ(idem::biz_type_of(idem::key::compose("TX1", op, 1).view()), std::string(32, 'P')) << "cut to the column";
 }
 
 }  // namespace

@@ -19,10 +19,12 @@
 
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
 
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <cstdio>
 
@@ -257,6 +259,62 @@ TEST(SqliteFault, StoreErrorsNameTheFileAndTheFaultAfterAFailedReconnect) {
     EXPECT_TRUE(st.get("fourth").has_value());
     EXPECT_TRUE(st.committed(4));
     EXPECT_FALSE(st.committed(2));
+}
+
+// A damaged file (findings F1 and F4 of docs/testing.md, found by fuzz_recovery): values no real
+// history produces must be refused as corrupt_record naming the field, not overflow 64-bit
+// arithmetic (undefined behaviour) during recovery or the next batch.
+TEST(SqliteFault, DamagedTimesAndSequenceCounterAreRefusedAsCorruptRecords) {
+    idem_test::temp_dir dir("idem-damaged");
+    const std::string db = dir.file("idem.db");
+    const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+    {
+        idem::sqlite_store st(db, true);
+        st.apply(std::vector<idem::store_row>{idem_test::row({.key = "TX1_PAY_v1", .fence = 1, .at_ms = now_ms,
+                                                              .lease_until_ms = now_ms + 30000}, 1)}, 1);
+    }
+    auto set = [&](const std::string& sql) {
+        sqlite3* h = nullptr;
+        ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+        char* err = nullptr;
+        EXPECT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+        sqlite3_free(err);
+        sqlite3_close(h);
+    };
+    auto open_guard = [&] {
+        idem::options o;
+        o.capacity = 1024;
+        o.maintenance_interval = {};
+        return std::make_unique<idem::durable_guard>(std::make_unique<idem::sqlite_store>(db, true), o);
+    };
+    auto expect_corrupt = [&](const char* what, std::initializer_list<const char*> words, auto&& call) {
+        try {
+            call();
+            ADD_FAILURE() << what << ": accepted";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), errc::corrupt_record) << what << ": " << e.what();
+            for (const char* w : words)
+                EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << what << ": no '" << w << "' in " << e.what();
+        }
+    };
+    { auto g = open_guard(); }  // the healthy file recovers
+
+    for (const char* column : {"lease_until", "updated_time"}) {
+        for (const std::int64_t bad : {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
+                                       std::int64_t{now_ms + 200LL * 366 * 86400 * 1000}}) {
+            SCOPED_TRACE(std::string(column) + " = " + std::to_string(bad));
+            set("UPDATE idempotent_record SET " + std::string(column) + " = " + std::to_string(bad));
+            expect_corrupt("recovery", {"TX1_PAY_v1", column}, [&] { auto g = open_guard(); });
+            set("UPDATE idempotent_record SET lease_until = " + std::to_string(now_ms + 30000) +
+                ", updated_time = " + std::to_string(now_ms));
+        }
+    }
+    { auto g = open_guard(); }  // repaired: recovers again
+
+    set("UPDATE idem_schema SET next_sequence = " + std::to_string(std::numeric_limits<std::int64_t>::max()));
+    expect_corrupt("open with a damaged sequence counter", {"next_sequence", db.c_str()},
+                   [&] { idem::sqlite_store st(db, true); });
 }
 
 }  // namespace

@@ -93,7 +93,15 @@ private:
     [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const noexcept {
         return wall_base_ms_ + std::chrono::duration_cast<std::chrono::milliseconds>(t - clock_base_).count();
     }
-    [[nodiscard]] std::chrono::nanoseconds from_wall_ms(std::int64_t ms) const noexcept {
+    /// A stored Unix time (ms) on the guard's clock. The store's times are data read from disk: one
+    /// more than 100 years from now (either way) is a damaged row, and would overflow the
+    /// nanosecond arithmetic, so it is refused as corrupt_record naming the key and the column.
+    [[nodiscard]] std::chrono::nanoseconds from_wall_ms(std::int64_t ms, std::string_view k, const char* column) const {
+        constexpr std::int64_t century_ms = 100LL * 366 * 24 * 3600 * 1000;
+        if (ms < wall_base_ms_ - century_ms || ms > wall_base_ms_ + century_ms)
+            throw error(errc::corrupt_record, store_->name() + ": record '" + key::printable(k) + "' has " + column +
+                                                  " = " + std::to_string(ms) +
+                                                  " ms, more than 100 years from now: a damaged row");
         return clock_base_ + std::chrono::milliseconds(ms - wall_base_ms_);
     }
 
@@ -106,7 +114,8 @@ private:
             if (!k) return;
             max_fence = std::max(max_fence, r.fence);
             const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
-                                                   from_wall_ms(r.lease_until_ms), from_wall_ms(r.updated_ms));
+                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"),
+                                                   from_wall_ms(r.updated_ms, r.key, "updated_time"));
             if (st == begin_status::capacity_exhausted) {
                 ++report_.refused;
                 throw error(errc::capacity_exhausted, store_->name() + ": recovery found more records than "

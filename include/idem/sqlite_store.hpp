@@ -242,6 +242,12 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             rc2 = sqlite3_step(m);
             next_sequence_ = rc2 == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 1;
             sqlite3_finalize(m);
+            // Each batch numbers its audit rows from here with ++: a counter no real history reaches
+            // (2^62 transitions) can only come from a damaged file, and would overflow.
+            if (next_sequence_ < 1 || next_sequence_ > (std::int64_t{1} << 62))
+                throw error(errc::corrupt_record, "sqlite:" + path_ + ": idem_schema.next_sequence is " +
+                                                      std::to_string(next_sequence_) +
+                                                      "; it must be between 1 and 2^62 (damaged file?)");
             sequence_stmt_ = prepare("UPDATE idem_schema SET next_sequence = ?1");
             upsert_stmt_ = prepare(
                 "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "

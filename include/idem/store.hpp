@@ -89,6 +89,7 @@ public:
     if (last == std::string_view::npos || last + 2 > key.size() || key[last + 1] != 'v') return "default";
     const auto first = key.rfind('_', last - 1);
     if (first == std::string_view::npos || last == 0) return "default";
+    if (last - first == 1) return "default";  // an empty operation part: "A__v1"
     return std::string(key.substr(first + 1, std::min<std::size_t>(last - first - 1, 32)));
 }
 

@@ -1,0 +1,444 @@
+// fuzz/fuzz_ops.cpp: operation sequences against a single-threaded reference model.
+//
+// A guard on a manual clock (no background thread) runs a fuzzed sequence of begin / succeed /
+// fail / extend / drop / advance clock / set the resolver's answer / compensate / collect on eight
+// keys, and a plain model (std::map per generation, written from DESIGN.md section 3 and
+// docs/design.md, not from the engine) predicts every answer: the begin status, outcome and fence
+// (fences are exact: (epoch << 32) | 1 for a key's first claim in a generation, +1 after a release
+// or a reclaim), every ticket result, compensation's count and the resolver's arguments, whether
+// collect() rotates, query() of every key after every step, and the counters of snapshot().
+//
+// The first byte picks the failure policy and whether reclaim_expired is on. The table holds
+// capacity 4 (8 slots per generation, probe bound 64), so eight keys never exhaust it and the model
+// needs no hash, while two new keys in a generation already make it due for rotation, so records are
+// evicted often: every difference is a finding.
+#include <idem/guard.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using idem::begin_status;
+using idem::errc;
+using idem::record_state;
+using idem::resolution;
+using guard_t = idem::basic_guard<std::atomic, idem::manual_clock>;
+using ticket_t = idem::basic_ticket<std::atomic, idem::manual_clock>;
+
+constexpr std::size_t keys = 8;
+constexpr std::size_t capacity = 4;
+constexpr auto lease = 1000ms;
+constexpr auto retention = 2000ms;
+
+enum class mst { processing, succeeded, failed, released };
+
+struct mrec {
+    mst state = mst::processing;
+    std::uint64_t fence = 0, outcome = 0, fingerprint = 0;
+    bool doubt = false;
+    std::int64_t lease_until = 0, updated = 0;
+};
+
+struct counters {
+    std::uint64_t acquired = 0, duplicates = 0, in_progress = 0, mismatch = 0, succeeded = 0, failed = 0,
+                  released = 0, stale = 0, in_doubt = 0, compensated = 0, reclaimed = 0, evicted = 0, rotations = 0;
+};
+
+struct mticket {
+    ticket_t t;
+    std::size_t k;
+    std::uint64_t fence;
+    unsigned gen;  // parity of the generation whose slot holds the claim
+};
+
+struct reader {
+    const std::uint8_t* p;
+    std::size_t n;
+    std::uint8_t byte() { return n ? (--n, *p++) : 0; }
+};
+
+[[noreturn]] void finding(const std::string& what) {
+    std::fprintf(stderr, "fuzz_ops: model and guard disagree: %s\n", what.c_str());
+    std::abort();
+}
+#define EXPECT(cond, what)                                                              \
+    do {                                                                                \
+        if (!(cond)) finding(std::string(what) + " [" #cond "] at step " + std::to_string(steps_)); \
+    } while (0)
+
+class model_run {
+public:
+    model_run(bool terminal, bool reclaim) : terminal_(terminal), reclaim_(reclaim) {
+        idem::options o;
+        o.capacity = capacity;
+        o.max_probe = 64;
+        o.lease = lease;
+        o.retention = retention;
+        o.maintenance_interval = {};
+        o.on_failure = terminal ? idem::failure_policy::terminal : idem::failure_policy::retryable;
+        o.reclaim_expired = reclaim;
+        o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
+        g_.emplace(std::move(o), clock_);
+        for (std::size_t i = 0; i < keys; ++i) names_.push_back(idem::key("TX" + std::to_string(i) + "_PAY_v1"));
+    }
+    ~model_run() {
+        static const bool verbose = std::getenv("IDEM_FUZZ_VERBOSE") != nullptr;
+        if (verbose)
+            std::fprintf(stderr,
+                         "steps %zu acquired %llu reclaimed %llu succeeded %llu failed %llu released %llu stale %llu "
+                         "doubt %llu compensated %llu rotations %llu evicted %llu mismatch %llu\n",
+                         steps_, (unsigned long long)c_.acquired, (unsigned long long)c_.reclaimed,
+                         (unsigned long long)c_.succeeded, (unsigned long long)c_.failed,
+                         (unsigned long long)c_.released, (unsigned long long)c_.stale,
+                         (unsigned long long)c_.in_doubt, (unsigned long long)c_.compensated,
+                         (unsigned long long)c_.rotations, (unsigned long long)c_.evicted,
+                         (unsigned long long)c_.mismatch);
+        tickets_.clear();  // destructors release through the guard, which must still exist
+        g_.reset();
+    }
+
+    void step(reader& r) {
+        ++steps_;
+        const std::uint8_t op = r.byte() % 10;
+        switch (op) {
+            case 0: begin(r.byte() % keys, r.byte()); break;
+            case 1: with_ticket(r, [&](std::size_t i) { complete(i, mst::succeeded, r.byte(), false); }); break;
+            case 2: with_ticket(r, [&](std::size_t i) {
+                    const std::uint8_t b = r.byte();
+                    complete(i, b & 1 ? mst::failed : mst::released, b >> 1, !(b & 2));
+                });
+                break;
+            case 3: with_ticket(r, [&](std::size_t i) { extend(i, std::chrono::milliseconds(250 * (r.byte() % 8))); }); break;
+            case 4: with_ticket(r, [&](std::size_t i) { drop(i); }); break;
+            case 5: advance(std::chrono::milliseconds(250 * (r.byte() % 8))); break;
+            case 6: {
+                const std::size_t k = r.byte() % keys;
+                verdict_[k] = static_cast<resolution>(r.byte() % 4);
+                verdict_outcome_[k] = r.byte();
+                break;
+            }
+            case 7: compensate(); break;
+            case 8: collect(); break;
+            default: break;  // query only
+        }
+        check_all();
+    }
+
+private:
+    // ---- model helpers --------------------------------------------------------------------------
+    std::map<std::size_t, mrec>& cur() { return gen_[epoch_ & 1]; }
+    std::map<std::size_t, mrec>& prev() { return gen_[(epoch_ + 1) & 1]; }
+    std::int64_t now() const { return clock_.now().count(); }
+    bool expired(const mrec& m) const { return m.lease_until <= now(); }
+
+    /// What begin() answers for an existing record (engine::existing).
+    begin_status existing(const mrec& m, std::uint64_t fp, std::uint64_t& outcome) {
+        outcome = 0;
+        if (fp != 0 && m.fingerprint != 0 && fp != m.fingerprint) {
+            ++c_.mismatch;
+            return begin_status::payload_mismatch;
+        }
+        if (m.state == mst::succeeded || m.state == mst::failed) {
+            ++c_.duplicates;
+            outcome = m.outcome;
+            return m.state == mst::succeeded ? begin_status::succeeded : begin_status::failed;
+        }
+        ++c_.in_progress;
+        return m.doubt ? begin_status::in_doubt : begin_status::in_progress;
+    }
+
+    void claim(mrec& m, std::uint64_t fence, std::uint64_t fp) {
+        m.state = mst::processing;
+        m.fence = fence;
+        m.fingerprint = fp;
+        m.doubt = false;
+        m.lease_until = now() + std::chrono::nanoseconds(lease).count();
+        m.updated = now();
+        // the outcome field keeps its old value: a claim does not write it
+    }
+
+    // ---- operations ---------------------------------------------------------------------------
+    void begin(std::size_t k, std::uint8_t b) {
+        const std::uint64_t fp = b % 3 == 0 ? 0 : 1000 + b % 3;
+        auto r = g_->begin(names_[k], fp);
+        begin_status want;
+        std::uint64_t outcome = 0, fence = 0;
+        unsigned where = epoch_ & 1;
+        auto c = cur().find(k);
+        if (c != cur().end() && c->second.state == mst::released) {
+            fence = c->second.fence + 1;
+            claim(c->second, fence, fp);
+            want = begin_status::acquired;
+            ++c_.acquired;
+        } else if (c != cur().end() && c->second.state == mst::processing && reclaim_ && expired(c->second)) {
+            fence = c->second.fence + 1;
+            claim(c->second, fence, fp);
+            want = begin_status::acquired;
+            ++c_.reclaimed;
+        } else if (c != cur().end()) {
+            fence = c->second.fence;
+            want = existing(c->second, fp, outcome);
+        } else {
+            fence = (epoch_ << 32) | 1;
+            auto p = prev().find(k);
+            bool claimable = true;
+            if (p != prev().end()) {
+                if (p->second.state == mst::released) {
+                    fence = p->second.fence + 1;
+                } else {
+                    claimable = false;
+                    fence = p->second.fence;
+                    want = existing(p->second, fp, outcome);
+                }
+            }
+            if (claimable) {
+                mrec m;
+                claim(m, fence, fp);
+                cur()[k] = m;
+                ++fill_[epoch_ & 1];
+                want = begin_status::acquired;
+                ++c_.acquired;
+            } else {
+                where = (epoch_ + 1) & 1;
+            }
+        }
+        EXPECT(r.status == want, "begin status: guard " + std::string(idem::to_string(r.status)) + ", model " +
+                                     idem::to_string(want) + " for key " + std::to_string(k));
+        EXPECT(r.fence == fence, "begin fence");
+        if (want == begin_status::acquired) {
+            EXPECT(r.ticket.valid() && r.ticket.fence() == fence, "ticket of an acquired begin");
+            EXPECT(fence > max_fence_[k], "fences strictly increase per key");
+            max_fence_[k] = fence;
+            if (tickets_.size() == 4) drop(0);
+            tickets_.push_back(mticket{std::move(r.ticket), k, fence, where});
+        } else {
+            EXPECT(!r.ticket.valid(), "a ticket without a claim");
+            EXPECT(r.outcome == outcome, "replayed outcome");
+        }
+    }
+
+    template <class Fn>
+    void with_ticket(reader& r, Fn&& fn) {
+        const std::uint8_t b = r.byte();
+        if (tickets_.empty()) return;
+        fn(b % tickets_.size());
+    }
+
+    /// The record the ticket's slot holds, if the claim is still that ticket's.
+    mrec* owned(const mticket& t) {
+        auto& gen = gen_[t.gen];
+        auto it = gen.find(t.k);
+        if (it == gen.end() || it->second.state != mst::processing || it->second.fence != t.fence) return nullptr;
+        return &it->second;
+    }
+
+    void finish_model(mrec& m, mst to, std::uint64_t outcome) {
+        m.state = to;
+        m.outcome = outcome;
+        m.updated = now();
+        m.doubt = false;
+        (to == mst::succeeded ? c_.succeeded : to == mst::failed ? c_.failed : c_.released)++;
+    }
+
+    void complete(std::size_t i, mst to, std::uint64_t outcome, bool default_policy) {
+        mticket& t = tickets_[i];
+        if (!t.t.valid()) {
+            EXPECT(t.t.succeed(1) == errc::empty_ticket, "an empty ticket says so");
+            return;
+        }
+        if (default_policy && to != mst::succeeded) to = terminal_ ? mst::failed : mst::released;
+        mrec* m = owned(t);
+        std::error_code ec;
+        if (to == mst::succeeded)
+            ec = t.t.succeed(outcome);
+        else if (default_policy)
+            ec = t.t.fail(outcome);
+        else
+            ec = t.t.fail(outcome, to == mst::failed ? idem::failure_policy::terminal : idem::failure_policy::retryable);
+        if (m) {
+            EXPECT(!ec, "completion of a current ticket: " + ec.message());
+            finish_model(*m, to, outcome);
+        } else {
+            EXPECT(ec == errc::stale_ticket, "completion of a stale ticket: " + ec.message());
+            ++c_.stale;
+        }
+        EXPECT(!t.t.valid(), "a completed ticket is empty");
+        EXPECT(t.t.succeed(1) == errc::empty_ticket && t.t.extend(lease) == errc::empty_ticket,
+               "a completed ticket says it is empty");
+        tickets_.erase(tickets_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+
+    void extend(std::size_t i, std::chrono::nanoseconds by) {
+        mticket& t = tickets_[i];
+        if (!t.t.valid()) {
+            EXPECT(t.t.extend(by) == errc::empty_ticket, "extend on an empty ticket");
+            return;
+        }
+        mrec* m = owned(t);
+        const std::error_code ec = t.t.extend(by);
+        if (m) {
+            EXPECT(!ec, "extend of a current ticket");
+            m->lease_until = now() + by.count();
+            m->doubt = false;
+            EXPECT(t.t.valid(), "an extended ticket stays valid");
+        } else {
+            EXPECT(ec == errc::stale_ticket, "extend of a stale ticket");
+            ++c_.stale;
+            EXPECT(!t.t.valid(), "a stale ticket becomes empty");
+        }
+    }
+
+    void drop(std::size_t i) {
+        mticket& t = tickets_[i];
+        if (t.t.valid()) {
+            if (mrec* m = owned(t)) {
+                finish_model(*m, terminal_ ? mst::failed : mst::released, 0);
+            } else {
+                ++c_.stale;
+            }
+        }
+        tickets_.erase(tickets_.begin() + static_cast<std::ptrdiff_t>(i));  // the destructor releases
+    }
+
+    void advance(std::chrono::nanoseconds d) { clock_.advance(d); }
+
+    idem::resolver_answer resolve(const idem::expired_claim& c) {
+        // The resolver is asked only about expired processing claims, with their fence and fingerprint.
+        std::size_t k = keys;
+        for (std::size_t i = 0; i < keys; ++i)
+            if (names_[i].view() == c.key) k = i;
+        EXPECT(k < keys, "resolver asked about an unknown key");
+        const mrec* m = nullptr;
+        for (auto& gen : gen_)
+            if (auto it = gen.find(k); it != gen.end() && it->second.state == mst::processing) m = &it->second;
+        EXPECT(m != nullptr && expired(*m), "resolver asked about a claim that is not an expired one");
+        EXPECT(c.fence == m->fence && c.fingerprint == m->fingerprint, "resolver told the claim's fence and fingerprint");
+        asked_.push_back(k);
+        return {verdict_[k], verdict_outcome_[k]};
+    }
+
+    void compensate() {
+        asked_.clear();
+        const std::size_t resolved = g_->compensate();
+        std::size_t want = 0;
+        std::vector<std::size_t> want_asked;
+        for (auto& gen : gen_) {
+            for (auto& [k, m] : gen) {
+                if (m.state != mst::processing || !expired(m)) continue;
+                want_asked.push_back(k);
+                const resolution v = verdict_[k];
+                if (v == resolution::unknown) {
+                    if (!m.doubt) {
+                        m.doubt = true;
+                        ++c_.in_doubt;
+                    }
+                    continue;
+                }
+                finish_model(m, v == resolution::succeeded ? mst::succeeded
+                                : v == resolution::failed  ? mst::failed
+                                                           : mst::released,
+                             verdict_outcome_[k]);
+                ++c_.compensated;
+                ++want;
+            }
+        }
+        std::sort(asked_.begin(), asked_.end());
+        std::sort(want_asked.begin(), want_asked.end());
+        EXPECT(asked_ == want_asked, "compensation asked the resolver about exactly the expired claims");
+        EXPECT(resolved == want, "compensate() count");
+    }
+
+    void collect() {
+        const bool rotated = g_->collect();
+        bool want = fill_[epoch_ & 1] >= std::max<std::uint64_t>(1, capacity / 2);
+        const std::int64_t horizon = now() - std::chrono::nanoseconds(retention).count();
+        for (auto& [k, m] : prev()) {
+            const bool evictable = m.state == mst::released ||
+                                   ((m.state == mst::succeeded || m.state == mst::failed) && m.updated <= horizon);
+            if (!evictable) want = false;
+        }
+        EXPECT(rotated == want, "collect() rotates exactly when the previous generation is evictable");
+        if (!rotated) return;
+        for (auto& [k, m] : prev())
+            if (m.state == mst::succeeded || m.state == mst::failed) ++c_.evicted;
+        prev().clear();
+        fill_[(epoch_ + 1) & 1] = 0;
+        ++epoch_;
+        ++c_.rotations;
+    }
+
+    // ---- the comparison after every step -----------------------------------------------------------
+    void check_all() {
+        for (std::size_t k = 0; k < keys; ++k) {
+            const idem::record_view v = g_->query(names_[k]);
+            const mrec* m = nullptr;
+            if (auto it = cur().find(k); it != cur().end())
+                m = &it->second;
+            else if (auto p = prev().find(k); p != prev().end())
+                m = &p->second;
+            const std::string who = " of key " + std::to_string(k);
+            if (!m) {
+                EXPECT(v.state == record_state::absent && v.fence == 0, "query of an unknown key" + who);
+                continue;
+            }
+            const record_state want = m->state == mst::processing  ? record_state::processing
+                                      : m->state == mst::succeeded ? record_state::succeeded
+                                      : m->state == mst::failed    ? record_state::failed
+                                                                   : record_state::absent;
+            EXPECT(v.state == want, "query state" + who);
+            EXPECT(v.fence == m->fence, "query fence" + who);
+            EXPECT(v.outcome == m->outcome, "query outcome" + who);
+            EXPECT(v.fingerprint == m->fingerprint, "query fingerprint" + who);
+            EXPECT(v.in_doubt == (m->doubt && m->state == mst::processing), "query doubt" + who);
+            EXPECT(v.lease_until.count() == m->lease_until, "query lease" + who);
+        }
+        const idem::stats s = g_->snapshot();
+        EXPECT(s.acquired == c_.acquired, "stats.acquired");
+        EXPECT(s.duplicates == c_.duplicates, "stats.duplicates");
+        EXPECT(s.in_progress_hits == c_.in_progress, "stats.in_progress_hits");
+        EXPECT(s.payload_mismatches == c_.mismatch, "stats.payload_mismatches");
+        EXPECT(s.succeeded == c_.succeeded, "stats.succeeded");
+        EXPECT(s.failed == c_.failed, "stats.failed");
+        EXPECT(s.released == c_.released, "stats.released");
+        EXPECT(s.stale_tickets == c_.stale, "stats.stale_tickets");
+        EXPECT(s.in_doubt == c_.in_doubt, "stats.in_doubt");
+        EXPECT(s.compensated == c_.compensated, "stats.compensated");
+        EXPECT(s.reclaimed == c_.reclaimed, "stats.reclaimed");
+        EXPECT(s.evicted == c_.evicted, "stats.evicted");
+        EXPECT(s.rotations == c_.rotations, "stats.rotations");
+    }
+
+    bool terminal_, reclaim_;
+    idem::manual_clock clock_;
+    std::optional<guard_t> g_;
+    std::vector<idem::key> names_;
+    std::map<std::size_t, mrec> gen_[2];
+    std::uint64_t epoch_ = 0;
+    std::uint64_t fill_[2] = {0, 0};
+    std::array<std::uint64_t, keys> max_fence_{};
+    std::array<resolution, keys> verdict_{};
+    std::array<std::uint64_t, keys> verdict_outcome_{};
+    std::vector<std::size_t> asked_;
+    std::vector<mticket> tickets_;
+    counters c_;
+    std::size_t steps_ = 0;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    reader r{data, size};
+    const std::uint8_t flags = r.byte();
+    model_run run(flags & 1, flags & 2);
+    for (int steps = 0; r.n > 0 && steps < 256; ++steps) run.step(r);
+    return 0;
+}

@@ -1,0 +1,1151 @@
+// sim_test: deterministic simulation of idem under store faults and crashes (FoundationDB style).
+//
+// Layer A (the seeds): one thread runs everything, so a seed replays exactly.
+//   * The real guard (engine, tickets, compensation, rotation) on a manual clock.
+//   * `sim_pipeline`: the logic of detail::flush_pipeline (bounded queue with sequence numbers and
+//     abandoned seqs, batches of up to max_batch rows sorted by (key, seq), one store transaction per
+//     batch with a batch id, commit_unknown resolved by store::committed() with at most three
+//     attempts, exponential backoff, a contiguous watermark, sync await with a deadline) run as
+//     explicit steps instead of a thread. It mirrors flush_pipeline.hpp line for line where it can;
+//     flush_pipeline has no way to be stepped from outside (see docs/testing.md, "Simulation").
+//   * `fault_store`: an idem::store over a memory_store "disk" that survives crashes, injecting
+//     seeded write failures, in-doubt commits that did or did not commit, failures of the
+//     committed() question, read failures during recovery, and latency in simulated time.
+//   * Clients (state machines) that claim keys, execute an effect in a downstream ledger that
+//     survives crashes and honours fences, pause, renew, complete, fail, drop tickets.
+//   * A truthful resolver answering from the ledger (or "unknown" at a seeded rate).
+//   * Crashes: memory and queue lost; recovery as durable_guard::recover does it (fence floor from
+//     the store's max fence, every record restored, then compensation).
+//   The checker, for every seed: exactly-once effects (sync mode; async tolerates only re-executions
+//   of claims a crash lost, and counts them), no lost acknowledgement (sync: every transition
+//   acknowledged to a client is in the store at every crash and at the end; async: at the end,
+//   nothing acknowledged since the last crash was dropped), a complete audit trail (idem::verify:
+//   every key's trail is a legal path that ends at its record, no record without a trail) and
+//   memory agreeing with the store after the final flush.
+//
+// Layer B (test real_pipeline): the real durable_guard and flush_pipeline threads over the same
+// fault_store; the store answers deterministically per call index but batch contents depend on
+// thread timing, so the checker is tolerant of timing and a seed replays its fault schedule, not its
+// interleaving.
+//
+// Flags (or environment): --seeds=N (IDEM_SIM_SEEDS, default 1000), --first=S (IDEM_SIM_FIRST),
+// --seed=S to replay one seed with a full trace (IDEM_SIM_SEED), --real-seeds=N (IDEM_SIM_REAL_SEEDS),
+// --no-committed-faults (IDEM_SIM_COMMITTED_FAULTS=0) to keep store::committed() healthy.
+#include <idem/idem.hpp>
+#include <idem/durable.hpp>
+#include <idem/store.hpp>
+#include <idem/verify.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using idem::begin_status;
+using idem::errc;
+using idem::record_state;
+using idem::resolution;
+using sim_guard = idem::basic_guard<std::atomic, idem::manual_clock>;
+using sim_ticket = idem::basic_ticket<std::atomic, idem::manual_clock>;
+
+// ---- determinism of the hash secret ------------------------------------------------------------------
+// The engine draws its hash secret from std::random_device, so two runs of a seed would place keys in
+// different slots, and compensation (which scans slots in order) would ask about expired claims in a
+// different order, queue their rows in a different order and so meet the store's faults differently.
+// This binary replaces libstdc++'s random_device::_M_getval with a generator reset from the seed at
+// each simulation, so a seed replays exactly. (A library hook, a secret or seed in options, would make
+// this unnecessary: docs/testing.md.)
+std::uint64_t g_entropy = 1;
+}  // namespace
+#if defined(__GLIBCXX__)
+std::random_device::result_type std::random_device::_M_getval() {
+    g_entropy ^= g_entropy << 13;  // xorshift64
+    g_entropy ^= g_entropy >> 7;
+    g_entropy ^= g_entropy << 17;
+    return static_cast<result_type>(g_entropy >> 32);
+}
+#endif
+namespace {
+
+// ---- configuration ---------------------------------------------------------------------------------
+struct flags {
+    std::uint64_t seeds = 1000, first = 1, real_seeds = 8;
+    std::optional<std::uint64_t> one;
+    /// Let store::committed() fail too (the question about an in-doubt commit). On by default;
+    /// --no-committed-faults turns it off.
+    bool committed_faults = true;
+};
+flags g_flags;
+
+/// Deliberate bugs, to show that the checker catches what it claims to (test checker_has_teeth).
+enum class mutation { none, lying_resolver, dropped_row };
+mutation g_mutation = mutation::none;
+
+std::uint64_t env_or(const char* name, std::uint64_t v) {
+    const char* s = std::getenv(name);
+    return s ? std::strtoull(s, nullptr, 10) : v;
+}
+
+// ---- deterministic randomness ----------------------------------------------------------------------
+struct rng {
+    std::uint64_t s;
+    explicit rng(std::uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull) {}
+    std::uint64_t next() {  // splitmix64
+        std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    std::uint64_t below(std::uint64_t n) { return n ? next() % n : 0; }
+    bool chance(double p) { return static_cast<double>(next() >> 11) * 0x1.0p-53 < p; }
+};
+
+/// A pure function of its inputs (for decisions whose call order may depend on hash placement).
+std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
+    rng r(a ^ (b * 0xff51afd7ed558ccdull) ^ (c * 0xc4ceb9fe1a85ec53ull));
+    return r.next();
+}
+
+/// The run's trace: every action, in order. Printed for --seed; its hash proves a replay is exact.
+struct trace {
+    bool print = false;
+    std::uint64_t hash = 1469598103934665603ull;
+    void operator()(const std::string& line) {
+        for (unsigned char c : line) hash = (hash ^ c) * 1099511628211ull;
+        hash = (hash ^ '\n') * 1099511628211ull;
+        if (print) std::printf("  %s\n", line.c_str());
+    }
+};
+
+// ---- the fault-injecting store ------------------------------------------------------------------
+struct fault_rates {
+    double fail_before = 0;      ///< apply throws store_unavailable; nothing written
+    double unknown_done = 0;     ///< apply commits, then throws commit_unknown
+    double unknown_lost = 0;     ///< apply throws commit_unknown; nothing written
+    double committed_fail = 0;   ///< committed() throws (the question cannot be asked)
+    double read_fail = 0;        ///< load() / max_fence() throw during recovery
+    std::chrono::milliseconds latency{0};  ///< simulated time one apply takes
+};
+
+/// An idem::store over a memory_store disk that survives crashes. Used by one thread at a time.
+class fault_store final : public idem::store {
+public:
+    fault_store(idem::memory_store& disk, fault_rates rates, std::uint64_t seed, trace* log,
+                std::function<void(std::chrono::nanoseconds)> spend = {})
+        : disk_(disk), rates_(rates), rng_(seed), log_(log), spend_(std::move(spend)) {}
+
+    void set_healthy(bool h) { healthy_ = h; }
+    /// Every call fails until the clock passes `until` (an outage of the database).
+    void set_outage(std::function<bool()> down) { down_ = std::move(down); }
+    void set_dead(bool d) { dead_ = d; }  ///< refuse everything (layer B's crash)
+    [[nodiscard]] std::uint64_t calls() const { return calls_; }
+
+    void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override {
+        ++calls_;
+        if (spend_) spend_(rates_.latency);
+        if (dead_) throw idem::error(errc::store_unavailable, "fault store: dead");
+        if (down_ && down_()) {
+            note("apply#" + std::to_string(calls_) + " fails: outage");
+            throw idem::error(errc::store_unavailable, "fault store: outage");
+        }
+        if (!healthy_) {
+            const double r = static_cast<double>(rng_.next() >> 11) * 0x1.0p-53;
+            if (r < rates_.fail_before) {
+                note("apply#" + std::to_string(calls_) + " fails (nothing written)");
+                throw idem::error(errc::store_unavailable, "fault store: injected failure");
+            }
+            if (r < rates_.fail_before + rates_.unknown_lost) {
+                note("apply#" + std::to_string(calls_) + " in doubt, not committed");
+                throw idem::commit_unknown("fault store: connection lost during COMMIT (not committed)");
+            }
+            if (r < rates_.fail_before + rates_.unknown_lost + rates_.unknown_done) {
+                disk_.apply(rows, batch_id);
+                note("apply#" + std::to_string(calls_) + " in doubt, committed " + std::to_string(rows.size()) + " rows");
+                throw idem::commit_unknown("fault store: connection lost during COMMIT (committed)");
+            }
+        }
+        disk_.apply(rows, batch_id);
+        note("apply#" + std::to_string(calls_) + " commits " + std::to_string(rows.size()) + " rows");
+    }
+    bool committed(std::uint64_t batch_id) override {
+        ++calls_;
+        if (dead_ || (down_ && down_()) || (!healthy_ && rng_.chance(rates_.committed_fail))) {
+            note("committed? fails");
+            throw idem::error(errc::store_unavailable, "fault store: cannot ask");
+        }
+        const bool c = disk_.committed(batch_id);
+        note(std::string("committed? ") + (c ? "yes" : "no"));
+        return c;
+    }
+    void load(const std::function<void(const idem::stored_record&)>& fn) override {
+        ++calls_;
+        if (dead_ || (down_ && down_()) || (!healthy_ && rng_.chance(rates_.read_fail))) {
+            note("load fails");
+            throw idem::error(errc::store_unavailable, "fault store: read failure");
+        }
+        disk_.load(fn);
+    }
+    std::optional<idem::stored_record> get(std::string_view key) override { return disk_.get(key); }
+    std::vector<idem::audit_entry> audit(std::string_view key) override { return disk_.audit(key); }
+    void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { disk_.scan_audit(fn); }
+    std::string name() const override { return "fault"; }
+    std::uint64_t max_fence() override {
+        ++calls_;
+        if (dead_ || (down_ && down_()) || (!healthy_ && rng_.chance(rates_.read_fail))) {
+            note("max_fence fails");
+            throw idem::error(errc::store_unavailable, "fault store: read failure");
+        }
+        return disk_.max_fence();
+    }
+
+private:
+    void note(const std::string& s) {
+        if (log_) (*log_)("store: " + s);
+    }
+    idem::memory_store& disk_;
+    fault_rates rates_;
+    rng rng_;
+    trace* log_;
+    std::function<void(std::chrono::nanoseconds)> spend_;
+    std::function<bool()> down_;
+    bool healthy_ = false;
+    bool dead_ = false;
+    std::uint64_t calls_ = 0;
+};
+
+// ---- flush_pipeline's logic, stepped ------------------------------------------------------------
+struct pipeline_options {
+    bool sync = false;
+    std::size_t queue_capacity = 64;
+    std::size_t max_batch = 16;
+    std::chrono::nanoseconds sync_timeout = 3s;
+    std::chrono::nanoseconds max_backoff = 200ms;
+};
+
+class sim_pipeline final : public idem::transition_sink {
+public:
+    sim_pipeline(idem::store& st, pipeline_options o, idem::manual_clock clock, std::uint64_t prefix, trace& log)
+        : store_(st), o_(o), clock_(clock), prefix_(prefix), log_(log) {}
+
+    // transition_sink -------------------------------------------------------------------------
+    std::uint64_t offer(const idem::transition& t) noexcept override {
+        if (dead_) return 0;  // the process is gone: nothing reaches the queue
+        idem::store_row row;
+        row.t = t;
+        row.at_ms = to_wall_ms(t.at);
+        row.lease_until_ms = t.to == record_state::processing ? to_wall_ms(t.lease_until) : 0;
+        row.seq = ++next_seq_;
+        if (queue_.size() < o_.queue_capacity) {
+            if (g_mutation == mutation::dropped_row && row.seq % 7 == 0) return row.seq;  // silently lost
+            queue_.push_back(row);
+            if (on_offer) on_offer(t);
+            return row.seq;
+        }
+        abandon(row.seq);  // flush_pipeline::offer: the seq is burnt, the watermark may pass it
+        return 0;
+    }
+    bool await(std::uint64_t seq) noexcept override {
+        // The caller blocks; here the flusher runs in its place until the watermark passes seq or
+        // sync_timeout of simulated time has gone by.
+        const auto deadline = clock_.now() + o_.sync_timeout;
+        while (watermark_ < seq) {
+            if (clock_.now() >= deadline) return false;
+            if (!step()) clock_.advance(1ms);  // idle_poll
+        }
+        return true;
+    }
+    bool synchronous() const noexcept override { return o_.sync; }
+
+    /// Called with every transition the queue took, in offer order (the simulation's observer).
+    std::function<void(const idem::transition&)> on_offer;
+
+    // the flusher ----------------------------------------------------------------------------
+    /// One turn of flush_pipeline::run: fill the batch (not while its commit is unknown), write it,
+    /// back off on failure. True when something was attempted.
+    bool step() {
+        while (unknown_batch_ == 0 && batch_.size() < o_.max_batch && !queue_.empty()) {
+            batch_.push_back(queue_.front());
+            queue_.pop_front();
+        }
+        if (batch_.empty()) return false;
+        if (write_batch()) {
+            backoff_ = 1ms;
+        } else {
+            clock_.advance(backoff_);
+            backoff_ = std::min<std::chrono::nanoseconds>(backoff_ * 2, o_.max_backoff);
+            store_.reconnect();
+        }
+        return true;
+    }
+    [[nodiscard]] bool drained() const { return watermark_ >= next_seq_; }
+    [[nodiscard]] std::size_t queued() const { return queue_.size() + batch_.size(); }
+    [[nodiscard]] std::uint64_t in_doubt() const { return in_doubt_; }
+    [[nodiscard]] std::uint64_t unanswered() const { return unanswered_; }
+    void crash() {
+        dead_ = true;
+        queue_.clear();
+        batch_.clear();
+        unknown_batch_ = 0;
+    }
+    [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
+    }
+
+private:
+    /// flush_pipeline::write_batch: after a commit_unknown the batch keeps its id and later turns
+    /// only ask store::committed(id); it is applied again, under a new id, only when the store
+    /// answered that it did not commit.
+    bool write_batch() {
+        bool ok = false;
+        if (unknown_batch_ != 0) {
+            try {
+                store_.reconnect();
+                ok = store_.committed(unknown_batch_);
+                unknown_batch_ = 0;
+            } catch (const std::exception&) {
+                ++unanswered_;
+                return false;  // still unknown: back off, ask again
+            }
+        }
+        if (!ok) {
+            std::sort(batch_.begin(), batch_.end(), [](const idem::store_row& a, const idem::store_row& b) {
+                const auto ka = a.t.k.view(), kb = b.t.k.view();
+                return ka != kb ? ka < kb : a.seq < b.seq;
+            });
+            const std::uint64_t id = prefix_ | ++counter_;
+            try {
+                store_.apply(batch_, id);
+                ok = true;
+            } catch (const idem::commit_unknown&) {
+                unknown_batch_ = id;
+                ++in_doubt_;
+                return false;
+            } catch (const std::exception&) {
+                return false;
+            }
+        }
+        for (const auto& r : batch_) done_.insert(r.seq);
+        advance_watermark();
+        batch_.clear();
+        return true;
+    }
+    void abandon(std::uint64_t seq) {
+        done_.insert(seq);
+        advance_watermark();
+    }
+    void advance_watermark() {
+        while (!done_.empty() && *done_.begin() == watermark_ + 1) {
+            ++watermark_;
+            done_.erase(done_.begin());
+        }
+    }
+
+    idem::store& store_;
+    pipeline_options o_;
+    idem::manual_clock clock_;
+    std::uint64_t prefix_;
+    trace& log_;
+    std::deque<idem::store_row> queue_;
+    std::vector<idem::store_row> batch_;
+    std::uint64_t next_seq_ = 0, watermark_ = 0, counter_ = 0, unknown_batch_ = 0, in_doubt_ = 0, unanswered_ = 0;
+    std::set<std::uint64_t> done_;
+    std::chrono::nanoseconds backoff_ = 1ms;
+    bool dead_ = false;
+};
+
+// ---- the downstream system the effects happen in ------------------------------------------------
+constexpr std::size_t key_count = 12;
+constexpr auto retention = 3s;
+std::uint64_t outcome_of(std::size_t k) { return 1000 + k; }
+
+struct execution {
+    std::uint64_t fence;
+    bool orphan = false;  ///< async: a crash lost the claim it ran under (the store never heard of it)
+};
+
+/// The downstream's view of one key. A key evicted from memory and claimed again starts a new life
+/// (DESIGN.md section 3, "retention elapsed ... evicted"; idem::verify counts it as reopened), in
+/// which its operation may run once more. Lives are delimited by the claims offered to the pipeline
+/// from ABSENT while the key's last transition left it terminal or released; the simulation checks
+/// that each such reopening was allowed (the record could have been evicted), so that a wrong
+/// ABSENT claim cannot hide a double execution.
+struct key_ledger {
+    std::vector<std::uint64_t> life_starts{0};  ///< the fence that opened each life
+    std::vector<execution> executed;            ///< the effects that happened, by fence
+    std::uint64_t floor = 0;                    ///< the downstream refuses fences below
+    // the simulation's view of the key's last transition
+    record_state last = record_state::absent;
+    std::chrono::nanoseconds last_at{0};
+    std::uint64_t rotations_at = 0;
+    [[nodiscard]] std::size_t life_of(std::uint64_t fence) const {
+        return static_cast<std::size_t>(std::upper_bound(life_starts.begin(), life_starts.end(), fence) -
+                                        life_starts.begin()) - 1;
+    }
+    [[nodiscard]] bool ran_in_life_of(std::uint64_t fence) const {
+        const std::size_t l = life_of(fence);
+        return std::any_of(executed.begin(), executed.end(), [&](const execution& e) { return life_of(e.fence) == l; });
+    }
+};
+
+// ---- one seed -------------------------------------------------------------------------------------
+struct outcome {
+    bool ok = true;
+    std::vector<std::string> problems;
+    std::uint64_t trace_hash = 0;
+    std::uint64_t steps = 0, crashes = 0, executions = 0, async_losses = 0, store_calls = 0, faults = 0;
+    std::uint64_t in_doubt_batches = 0, unanswered = 0, orphans = 0, store_unavailable = 0, reopened = 0, outages = 0;
+    idem::stats guard;  ///< the guards' counters, summed over the seed's process lives
+};
+
+void add(idem::stats& a, const idem::stats& b) {
+    a.acquired += b.acquired;
+    a.duplicates += b.duplicates;
+    a.in_progress_hits += b.in_progress_hits;
+    a.succeeded += b.succeeded;
+    a.released += b.released;
+    a.stale_tickets += b.stale_tickets;
+    a.in_doubt += b.in_doubt;
+    a.compensated += b.compensated;
+    a.backpressure += b.backpressure;
+    a.evicted += b.evicted;
+    a.rotations += b.rotations;
+}
+
+class simulation {
+public:
+    simulation(std::uint64_t seed, bool print) : seed_(seed), r_(seed) {
+        g_entropy = seed * 0x9e3779b97f4a7c15ull | 1;  // every guard of this seed hashes the same way
+        log_.print = print;
+        sync_ = r_.chance(0.5);
+        // Fault mix: some seeds are calm, some stormy.
+        const auto pick = [&](std::initializer_list<double> v) { return *(v.begin() + r_.below(v.size())); };
+        rates_.fail_before = pick({0.0, 0.05, 0.3});
+        rates_.unknown_done = pick({0.0, 0.05, 0.2});
+        rates_.unknown_lost = pick({0.0, 0.05, 0.2});
+        rates_.committed_fail = pick({0.0, 0.3, 0.9});
+        if (!g_flags.committed_faults) rates_.committed_fail = 0;
+        rates_.read_fail = pick({0.0, 0.3});
+        rates_.latency = std::chrono::milliseconds(static_cast<std::int64_t>(pick({0, 5, 50})));
+        po_.sync = sync_;
+        po_.queue_capacity = r_.chance(0.2) ? 4 : 64;
+        po_.max_batch = 1 + r_.below(16);
+        po_.sync_timeout = r_.chance(0.3) ? 300ms : 3s;
+        unknown_rate_ = pick({0.0, 0.2, 0.6});
+        clients_ = 2 + r_.below(3);
+        steps_ = 200 + r_.below(400);
+        crashes_left_ = r_.below(3);
+        log_("seed " + std::to_string(seed) + (sync_ ? " sync" : " async") + " clients " + std::to_string(clients_) +
+             " steps " + std::to_string(steps_) + " crashes<=" + std::to_string(crashes_left_) +
+             " queue " + std::to_string(po_.queue_capacity) + " batch " + std::to_string(po_.max_batch));
+        store_ = std::make_unique<fault_store>(disk_, rates_, mix(seed, 7), &log_,
+                                               [this](std::chrono::nanoseconds d) { clock_.advance(d); });
+        store_->set_outage([this] { return clock_.now() < outage_until_; });
+        start();
+    }
+
+    outcome run() {
+        for (std::uint64_t s = 0; s < steps_; ++s) {
+            ++out_.steps;
+            const std::uint64_t a = r_.below(100);
+            if (a < 55) {
+                client_step(r_.below(clients_));
+            } else if (a < 65) {
+                const auto d = std::chrono::milliseconds(r_.below(600));
+                clock_.advance(d);
+                log_("clock +" + std::to_string(d.count()) + "ms");
+            } else if (a < 73) {
+                maintain();
+            } else if (a < 90) {
+                pipe_->step();
+            } else if (a < 96) {
+                store_->set_healthy(!r_.chance(0.6));
+            } else if (a < 97) {
+                const auto d = std::chrono::milliseconds(r_.below(5000));
+                outage_until_ = clock_.now() + d;
+                ++out_.outages;
+                log_("store outage for " + std::to_string(d.count()) + "ms");
+            } else if (crashes_left_ > 0 && a < 99) {
+                --crashes_left_;
+                crash();
+            }
+        }
+        finish();
+        out_.trace_hash = log_.hash;
+        out_.store_calls = store_->calls();
+        return out_;
+    }
+
+private:
+    struct client {
+        enum { idle, holding, executed } st = idle;
+        std::optional<sim_ticket> t;
+        std::size_t k = 0;
+        std::uint64_t fence = 0;
+    };
+
+    void problem(const std::string& p) {
+        out_.ok = false;
+        out_.problems.push_back(p);
+        log_("PROBLEM: " + p);
+    }
+    void dump_trail(std::size_t k) {
+        for (const auto& a : disk_.audit(key(k).view()))
+            log_("  audit " + std::to_string(a.sequence) + ": " + idem::to_string(a.from) + " -> " + idem::to_string(a.to) +
+                 " fence " + std::to_string(a.fence) + " (" + a.detail + ")");
+    }
+
+    idem::key key(std::size_t k) const { return idem::key("TX" + std::to_string(k) + "_PAY_v1"); }
+
+    idem::options guard_options() {
+        idem::options o;
+        o.capacity = 8;  // 16 slots a generation for 12 keys; 4 new keys make it due for rotation
+        o.lease = 1s;
+        o.retention = retention;
+        o.maintenance_interval = {};
+        o.on_failure = idem::failure_policy::retryable;
+        o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
+        return o;
+    }
+
+    /// A process start: pipeline, guard, recovery (durable_guard::recover), compensation.
+    void start() {
+        for (int attempt = 0;; ++attempt) {
+            // flush_pipeline: batch ids are a random 31-bit prefix per process | a counter
+            pipe_ = std::make_unique<sim_pipeline>(*store_, po_, clock_,
+                                                   (mix(seed_, 11, incarnation_ * 64 + attempt) << 32) & 0x7fffffff00000000ull,
+                                                   log_);
+            pipe_->on_offer = [this](const idem::transition& t) { observe(t); };
+            g_.emplace(guard_options(), clock_, pipe_.get(), /*defer_maintenance=*/true);
+            try {
+                // durable_guard::recover: restore every record, then new fences start above the
+                // largest fence loaded.
+                std::uint64_t max_fence = 0;
+                store_->load([&](const idem::stored_record& rec) {
+                    const auto k = idem::key::parse(rec.key);
+                    if (!k) return;
+                    max_fence = std::max(max_fence, rec.fence);
+                    const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
+                                                std::chrono::milliseconds(rec.lease_until_ms),
+                                                std::chrono::milliseconds(rec.updated_ms));
+                    if (st != begin_status::acquired) problem("restore refused " + rec.key);
+                });
+                g_->set_fence_floor(max_fence);
+                break;
+            } catch (const idem::error& e) {
+                log_(std::string("recovery failed: ") + e.what() + "; restarting");
+                g_.reset();
+                clock_.advance(100ms);
+                if (attempt > 50) store_->set_healthy(true);
+            }
+        }
+        g_->set_all_flushed([this] { return pipe_->drained(); });
+        // The simulation's view of every key restarts from the store, as the new table does.
+        for (std::size_t k = 0; k < key_count; ++k) {
+            const auto rec = disk_.get(key(k).view());
+            key_ledger& kl = ledger_[k];
+            kl.last = rec ? rec->state : record_state::absent;
+            kl.last_at = rec ? std::chrono::milliseconds(rec->updated_ms) : clock_.now();
+            kl.rotations_at = rotations_;
+        }
+        ++incarnation_;
+        log_("start #" + std::to_string(incarnation_) + ", compensated " + std::to_string(g_->compensate()));
+    }
+
+    std::size_t index_of(const idem::key& k) const {
+        for (std::size_t i = 0; i < key_count; ++i)
+            if (key(i) == k) return i;
+        return key_count;
+    }
+
+    /// Every transition the queue took. A claim from ABSENT on a key whose last transition left it
+    /// terminal or released opens a new life, and is allowed only when memory could have evicted the
+    /// record: a rotation since, and for a terminal record the retention elapsed.
+    void observe(const idem::transition& t) {
+        const std::size_t k = index_of(t.k);
+        if (k == key_count) return problem("a transition for an unknown key");
+        key_ledger& kl = ledger_[k];
+        if (t.to == record_state::processing && t.from == record_state::absent && kl.last != record_state::absent) {
+            const bool terminal = kl.last == record_state::succeeded || kl.last == record_state::failed;
+            const bool evictable = (kl.last == record_state::released || (terminal && t.at - kl.last_at >= retention)) &&
+                                   rotations_ > kl.rotations_at;
+            if (!evictable)
+                problem("key " + std::to_string(k) + " claimed from ABSENT (fence " + std::to_string(t.fence) +
+                        ") while its " + idem::to_string(kl.last) + " record could not have been evicted");
+            kl.life_starts.push_back(t.fence);
+            ++out_.reopened;
+            log_("key " + std::to_string(k) + " reopened after eviction, fence " + std::to_string(t.fence));
+        }
+        if (t.from != t.to) {  // a doubt mark (PROCESSING -> PROCESSING) changes nothing here
+            kl.last = t.to;
+            kl.last_at = t.at;
+            kl.rotations_at = rotations_;
+        }
+    }
+
+    idem::resolver_answer resolve(const idem::expired_claim& c) {
+        std::size_t k = key_count;
+        for (std::size_t i = 0; i < key_count; ++i)
+            if (key(i).view() == c.key) k = i;
+        if (k == key_count) {
+            problem("resolver asked about an unknown key");
+            return {};
+        }
+        // "Unknown" is decided by a pure function of the claim, not a sequential draw: compensation
+        // visits slots in hash order, which differs between runs (per-instance hash secret).
+        if (static_cast<double>(mix(seed_, c.fence, ++asked_[{k, c.fence}]) >> 11) * 0x1.0p-53 < unknown_rate_) {
+            log_("resolver: key " + std::to_string(k) + " fence " + std::to_string(c.fence) + " unknown");
+            return {resolution::unknown, 0};
+        }
+        if (ledger_[k].ran_in_life_of(c.fence) && g_mutation != mutation::lying_resolver) {
+            log_("resolver: key " + std::to_string(k) + " fence " + std::to_string(c.fence) + " succeeded");
+            return {resolution::succeeded, outcome_of(k)};
+        }
+        // Not executed: the answer is binding, the downstream now refuses this fence and older ones.
+        ledger_[k].floor = std::max(ledger_[k].floor, c.fence + 1);
+        log_("resolver: key " + std::to_string(k) + " fence " + std::to_string(c.fence) + " not executed");
+        return {resolution::not_executed, 0};
+    }
+
+    void ack(std::size_t k, record_state st, std::uint64_t fence) {
+        acked_.push_back({k, st, fence});
+    }
+
+    void client_step(std::size_t i) {
+        client& c = cl_[i];
+        switch (c.st) {
+            case client::idle: {
+                c.k = r_.below(key_count);
+                auto r = g_->begin(key(c.k), 77 + c.k);
+                log_("client " + std::to_string(i) + " begin key " + std::to_string(c.k) + ": " + idem::to_string(r.status) +
+                     " fence " + std::to_string(r.fence));
+                if (r.status == begin_status::acquired) {
+                    c.t.emplace(std::move(r.ticket));
+                    c.fence = r.fence;
+                    c.st = client::holding;
+                    ack(c.k, record_state::processing, r.fence);
+                } else if (r.status == begin_status::succeeded && r.outcome != outcome_of(c.k)) {
+                    problem("key " + std::to_string(c.k) + " replayed outcome " + std::to_string(r.outcome));
+                } else if (r.status == begin_status::store_unavailable) {
+                    ++out_.store_unavailable;
+                }
+                break;
+            }
+            case client::holding: {
+                const std::uint64_t a = r_.below(10);
+                if (a < 6) {  // execute the effect in the downstream
+                    if (c.fence >= ledger_[c.k].floor) {
+                        ledger_[c.k].executed.push_back({c.fence});
+                        ++out_.executions;
+                        log_("client " + std::to_string(i) + " EXECUTES key " + std::to_string(c.k) + " fence " +
+                             std::to_string(c.fence));
+                        c.st = client::executed;
+                    } else {
+                        log_("client " + std::to_string(i) + " refused by the downstream (fence closed)");
+                        (void)c.t->fail(0);
+                        c.t.reset();
+                        c.st = client::idle;
+                    }
+                } else if (a < 8) {
+                    const auto ec = c.t->extend(1s);
+                    log_("client " + std::to_string(i) + " extend: " + (ec ? ec.message() : "ok"));
+                    if (ec == errc::stale_ticket) {
+                        c.t.reset();
+                        c.st = client::idle;
+                    }
+                } else if (a < 9) {
+                    log_("client " + std::to_string(i) + " drops its ticket");
+                    c.t.reset();
+                    c.st = client::idle;
+                }  // else: paused, time passes
+                break;
+            }
+            case client::executed: {
+                const auto ec = c.t->succeed(outcome_of(c.k));
+                log_("client " + std::to_string(i) + " succeed key " + std::to_string(c.k) + ": " + (ec ? ec.message() : "ok"));
+                if (ec == errc::backpressure || ec == errc::busy) break;  // the ticket stays valid: retry
+                if (!ec) ack(c.k, record_state::succeeded, c.fence);
+                c.t.reset();
+                c.st = client::idle;
+                break;
+            }
+        }
+    }
+
+    void maintain() {
+        const std::size_t n = g_->compensate();
+        const bool rotated = g_->collect();
+        rotations_ += rotated;
+        log_("maintain: compensated " + std::to_string(n) + (rotated ? ", rotated" : ""));
+    }
+
+    /// Is the acknowledged transition (or a later one of the key) in the store?
+    bool durable(const idem::audit_entry& want_like, std::size_t k) {
+        for (const auto& a : disk_.audit(key(k).view()))
+            if (a.to == want_like.to && a.fence == want_like.fence) return true;
+        return false;
+    }
+
+    /// Sync mode: every acknowledged transition is in the store, at every crash and at the end.
+    /// Async mode: a crash may lose what was still queued (counted); at the end nothing may be missing.
+    void check_acks(bool at_crash) {
+        for (const auto& a : acked_) {
+            idem::audit_entry e;
+            e.to = a.st;
+            e.fence = a.fence;
+            if (durable(e, a.k)) continue;
+            if (sync_ || !at_crash)
+                problem(std::string("acknowledged transition lost (") + (at_crash ? "at a crash" : "at the end") +
+                        "): key " + std::to_string(a.k) + " " + idem::to_string(a.st) + " fence " +
+                        std::to_string(a.fence));
+            else
+                ++out_.async_losses;
+        }
+        if (!at_crash) return;
+        // Effects whose claim the store never heard of are orphans of the crash: async's contract
+        // allows the key to run again. In sync mode a claim is durable before anyone executes.
+        for (auto& [k, kl] : ledger_)
+            for (auto& ex : kl.executed) {
+                if (ex.orphan) continue;
+                idem::audit_entry e;
+                e.to = record_state::processing;
+                e.fence = ex.fence;
+                if (durable(e, k)) continue;
+                if (sync_)
+                    problem("key " + std::to_string(k) + " executed under fence " + std::to_string(ex.fence) +
+                            " whose claim is not in the store");
+                ex.orphan = true;
+            }
+    }
+
+    void crash() {
+        ++out_.crashes;
+        log_("CRASH");
+        check_acks(true);
+        acked_.clear();
+        pipe_->crash();
+        out_.in_doubt_batches += pipe_->in_doubt();
+        out_.unanswered += pipe_->unanswered();
+        add(out_.guard, g_->snapshot());
+        for (auto& c : cl_) {  // the process dies: tickets vanish (their release reaches no queue)
+            c.t.reset();
+            c.st = client::idle;
+        }
+        g_.reset();
+        clock_.advance(std::chrono::milliseconds(r_.below(3000)));
+        start();
+    }
+
+    void finish() {
+        // Heal the store, let every claim run out, resolve everything, flush everything.
+        store_->set_healthy(true);
+        outage_until_ = std::chrono::nanoseconds(0);
+        for (auto& c : cl_)
+            if (c.st == client::executed) {
+                for (int n = 0; n < 100 && c.t && c.t->valid(); ++n) {
+                    const auto ec = c.t->succeed(outcome_of(c.k));
+                    if (!ec) ack(c.k, record_state::succeeded, c.fence);
+                    if (ec != errc::backpressure && ec != errc::busy) break;
+                    pipe_->step();
+                }
+            }
+        for (auto& c : cl_) {
+            if (c.t) {
+                // Park the ticket: an abandoned owner (its claim runs out and is compensated).
+                parked_.push_back(std::move(*c.t));
+                c.t.reset();
+            }
+            c.st = client::idle;
+        }
+        unknown_rate_ = 0;
+        for (int round = 0; round < 20; ++round) {
+            clock_.advance(2s);
+            g_->compensate();
+            for (int n = 0; n < 1000 && !pipe_->drained(); ++n) pipe_->step();
+        }
+        if (!pipe_->drained()) problem("the pipeline did not drain after the store healed");
+        check_acks(false);
+        out_.in_doubt_batches += pipe_->in_doubt();
+        out_.unanswered += pipe_->unanswered();
+
+        // Exactly once: every key ran at most once, apart from orphans of an async crash, and a key
+        // that ran (not as an orphan) is recorded SUCCESS with its outcome.
+        for (std::size_t k = 0; k < key_count; ++k) {
+            const auto rec = disk_.get(key(k).view());
+            const key_ledger& kl = ledger_[k];
+            std::vector<std::size_t> per_life(kl.life_starts.size(), 0);
+            for (const auto& e : kl.executed)
+                if (e.orphan)
+                    ++out_.orphans;
+                else
+                    ++per_life[kl.life_of(e.fence)];
+            for (std::size_t l = 0; l < per_life.size(); ++l)
+                if (per_life[l] > 1) {
+                    problem("key " + std::to_string(k) + " executed " + std::to_string(per_life[l]) + " times in life " +
+                            std::to_string(l));
+                    dump_trail(k);
+                }
+            if (per_life.back() == 1 && (!rec || rec->state != record_state::succeeded)) {
+                problem("key " + std::to_string(k) + " executed but its record is " +
+                        (rec ? idem::to_string(rec->state) : "missing"));
+                dump_trail(k);
+            }
+            if (rec && rec->state == record_state::succeeded && !kl.ran_in_life_of(rec->fence))
+                problem("key " + std::to_string(k) + " is SUCCESS but never executed in that life");
+            if (rec && rec->state == record_state::succeeded && rec->outcome != outcome_of(k))
+                problem("key " + std::to_string(k) + " recorded outcome " + std::to_string(rec->outcome));
+            // Memory agrees with the store.
+            const idem::record_view v = g_->query(key(k));
+            if (rec && v.state != record_state::absent && (v.state != rec->state || v.fence != rec->fence))
+                problem("key " + std::to_string(k) + ": memory says " + idem::to_string(v.state) + " fence " +
+                        std::to_string(v.fence) + ", the store " + idem::to_string(rec->state) + " fence " +
+                        std::to_string(rec->fence));
+        }
+        // The audit trail is complete and legal.
+        const idem::verify_report rep = idem::verify(disk_);
+        for (const auto& v : rep.violations) problem("audit: " + v);
+        parked_.clear();  // their releases are refused as stale: the claims were compensated
+        add(out_.guard, g_->snapshot());
+        g_.reset();
+    }
+
+    struct acked_transition {
+        std::size_t k;
+        record_state st;
+        std::uint64_t fence;
+    };
+
+    std::uint64_t seed_;
+    rng r_;
+    trace log_;
+    bool sync_ = false;
+    fault_rates rates_;
+    pipeline_options po_;
+    double unknown_rate_ = 0;
+    std::uint64_t clients_ = 2, steps_ = 0, crashes_left_ = 0, incarnation_ = 0;
+    std::chrono::nanoseconds outage_until_{0};
+    std::uint64_t rotations_ = 0;  ///< rotations so far, over every process life
+    idem::manual_clock clock_;
+    idem::memory_store disk_;
+    std::unique_ptr<fault_store> store_;
+    std::unique_ptr<sim_pipeline> pipe_;
+    std::optional<sim_guard> g_;
+    client cl_[4];
+    std::vector<sim_ticket> parked_;
+    std::map<std::size_t, key_ledger> ledger_;
+    std::vector<acked_transition> acked_;
+    std::map<std::pair<std::size_t, std::uint64_t>, std::uint64_t> asked_;
+    outcome out_;
+};
+
+outcome run_seed(std::uint64_t seed, bool print) { return simulation(seed, print).run(); }
+
+// ---- layer A ---------------------------------------------------------------------------------------
+TEST(sim, seeds) {
+    if (g_flags.one) {
+        std::printf("replaying seed %llu\n", static_cast<unsigned long long>(*g_flags.one));
+        const outcome o = run_seed(*g_flags.one, true);
+        for (const auto& p : o.problems) ADD_FAILURE() << p;
+        return;
+    }
+    std::uint64_t failed = 0, steps = 0, crashes = 0, executions = 0, losses = 0, calls = 0, doubt = 0, unanswered = 0,
+                  orphans = 0;
+    std::uint64_t unavailable = 0, reopened = 0, outages = 0;
+    idem::stats gs;
+    std::uint64_t first_failure = 0;
+    for (std::uint64_t s = g_flags.first; s < g_flags.first + g_flags.seeds; ++s) {
+        const outcome o = run_seed(s, false);
+        steps += o.steps;
+        crashes += o.crashes;
+        executions += o.executions;
+        losses += o.async_losses;
+        calls += o.store_calls;
+        doubt += o.in_doubt_batches;
+        unanswered += o.unanswered;
+        orphans += o.orphans;
+        unavailable += o.store_unavailable;
+        reopened += o.reopened;
+        outages += o.outages;
+        add(gs, o.guard);
+        if (!o.ok) {
+            if (failed++ == 0) first_failure = s;
+            if (failed <= 5)
+                ADD_FAILURE() << "seed " << s << ": " << o.problems.front() << " (" << o.problems.size()
+                              << " problems; replay: sim_test --seed=" << s << ")";
+        }
+    }
+    std::printf("[ sim     ] %llu seeds from %llu: %llu steps, %llu crashes, %llu effects, %llu store calls, "
+                "%llu acknowledged async transitions lost in crashes and %llu effects orphaned by them (allowed), "
+                "%llu in-doubt commits (%llu committed() questions unanswered and asked again), "
+                "%llu seeds with violations%s\n",
+                static_cast<unsigned long long>(g_flags.seeds), static_cast<unsigned long long>(g_flags.first),
+                static_cast<unsigned long long>(steps), static_cast<unsigned long long>(crashes),
+                static_cast<unsigned long long>(executions), static_cast<unsigned long long>(calls),
+                static_cast<unsigned long long>(losses), static_cast<unsigned long long>(orphans),
+                static_cast<unsigned long long>(doubt), static_cast<unsigned long long>(unanswered),
+                static_cast<unsigned long long>(failed),
+                failed ? (" (first: seed " + std::to_string(first_failure) + ")").c_str() : "");
+    std::printf("[ sim     ] guard: %llu claims, %llu duplicates replayed, %llu in-progress answers, %llu completions, "
+                "%llu stale tickets refused, %llu doubt marks, %llu compensated, %llu backpressure, "
+                "%llu sync claims refused as not durable, %llu rotations, %llu evictions, %llu keys reopened, "
+                "%llu store outages\n",
+                static_cast<unsigned long long>(gs.acquired), static_cast<unsigned long long>(gs.duplicates),
+                static_cast<unsigned long long>(gs.in_progress_hits),
+                static_cast<unsigned long long>(gs.succeeded + gs.released),
+                static_cast<unsigned long long>(gs.stale_tickets), static_cast<unsigned long long>(gs.in_doubt),
+                static_cast<unsigned long long>(gs.compensated), static_cast<unsigned long long>(gs.backpressure),
+                static_cast<unsigned long long>(unavailable), static_cast<unsigned long long>(gs.rotations),
+                static_cast<unsigned long long>(gs.evicted), static_cast<unsigned long long>(reopened),
+                static_cast<unsigned long long>(outages));
+}
+
+TEST(sim, a_seed_replays_exactly) {
+    for (std::uint64_t s : {3ull, 42ull, 977ull}) {
+        const outcome a = run_seed(s, false), b = run_seed(s, false);
+        EXPECT_EQ(a.trace_hash, b.trace_hash) << "seed " << s << " did not replay exactly";
+        EXPECT_EQ(a.steps, b.steps);
+        EXPECT_EQ(a.store_calls, b.store_calls);
+    }
+}
+
+TEST(sim, checker_has_teeth) {
+    // A resolver that says "not executed" after the effect ran, and a pipeline that silently loses
+    // one row in seven: the checker must fail seeds in both cases.
+    for (mutation m : {mutation::lying_resolver, mutation::dropped_row}) {
+        g_mutation = m;
+        std::uint64_t failed = 0;
+        for (std::uint64_t s = 1; s <= 200; ++s) failed += !run_seed(s, false).ok;
+        g_mutation = mutation::none;
+        EXPECT_GT(failed, 0u) << "the checker did not notice mutation " << static_cast<int>(m);
+        std::printf("[ sim     ] mutation %d: %llu of 200 seeds fail, as they should\n", static_cast<int>(m),
+                    static_cast<unsigned long long>(failed));
+    }
+}
+
+// ---- the real pipeline under a scripted store; reproducers of findings (docs/testing.md) ----------
+// Findings are DISABLED_ until the library is fixed. Run them with:
+//   sim_test --gtest_also_run_disabled_tests --gtest_filter='*finding*'
+
+/// An idem::store over a memory_store whose answers follow a script: apply #n may commit and then
+/// throw commit_unknown, committed() may fail.
+class scripted_store final : public idem::store {
+public:
+    explicit scripted_store(idem::memory_store& disk) : disk_(disk) {}
+    std::function<int(std::uint64_t)> apply_script;  ///< 0 commit, 1 commit then commit_unknown
+    int committed_failures = 0;                      ///< committed() throws this many times
+    void apply(std::span<const idem::store_row> rows, std::uint64_t id) override {
+        const int what = apply_script ? apply_script(++applies_) : 0;
+        disk_.apply(rows, id);
+        if (what == 1) throw idem::commit_unknown("scripted: connection lost during COMMIT (committed)");
+    }
+    bool committed(std::uint64_t id) override {
+        if (committed_failures > 0) {
+            --committed_failures;
+            throw idem::error(errc::store_unavailable, "scripted: cannot ask");
+        }
+        return disk_.committed(id);
+    }
+    void load(const std::function<void(const idem::stored_record&)>& fn) override { disk_.load(fn); }
+    std::optional<idem::stored_record> get(std::string_view k) override { return disk_.get(k); }
+    std::vector<idem::audit_entry> audit(std::string_view k) override { return disk_.audit(k); }
+    void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { disk_.scan_audit(fn); }
+    std::string name() const override { return "scripted"; }
+    std::uint64_t max_fence() override { return disk_.max_fence(); }
+
+private:
+    idem::memory_store& disk_;
+    std::uint64_t applies_ = 0;
+};
+
+// An in-doubt commit whose committed() question fails three times in a row must not be applied
+// again blindly (an earlier flush_pipeline did that, and the store held every row twice).
+TEST(sim, in_doubt_batch_is_never_applied_twice) {
+    idem::memory_store disk;
+    auto st = std::make_unique<scripted_store>(disk);
+    st->apply_script = [](std::uint64_t n) { return n == 1 ? 1 : 0; };
+    st->committed_failures = 3;
+    idem::store_options so;
+    so.max_backoff = 5ms;
+    idem::durable_guard g(std::move(st), [] {
+        idem::options o;
+        o.capacity = 16;
+        o.maintenance_interval = {};
+        return o;
+    }(), so);
+    auto r = g->begin(idem::key("TX1_PAY_v1"));
+    ASSERT_EQ(r.status, begin_status::acquired);
+    ASSERT_FALSE(r.ticket.succeed(1));
+    ASSERT_TRUE(g.flush(10s));
+    const idem::verify_report rep = idem::verify(disk);
+    for (const auto& v : rep.violations) ADD_FAILURE() << "audit: " << v;
+    EXPECT_EQ(disk.audit("TX1_PAY_v1").size(), 2u) << "the claim and its success, once each";
+}
+
+// Finding F3 (fixed): a RELEASED record evicted by a rotation and claimed again is offered as
+// ABSENT -> PROCESSING; idem::verify used to report it. It is a legal reopening, like one after a
+// terminal record, as long as the fence rises.
+TEST(sim, released_record_evicted_by_rotation_and_claimed_again_is_a_legal_reopening) {
+    idem::memory_store disk;
+    idem::manual_clock clock;
+    idem::options o;
+    o.capacity = 2;
+    o.retention = 0s;
+    o.maintenance_interval = {};
+    idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::make_unique<scripted_store>(disk), o, {}, clock);
+    const idem::key k1("TX1_PAY_v1"), k2("TX2_PAY_v1");
+    {
+        auto r = g->begin(k1);
+        ASSERT_EQ(r.status, begin_status::acquired);
+        ASSERT_FALSE(r.ticket.fail(0, idem::failure_policy::retryable));  // RELEASED, in generation 0
+    }
+    ASSERT_TRUE(g.flush(10s));
+    ASSERT_TRUE(g->collect());  // generation 1 becomes current; k1 stays RELEASED in generation 0
+    {
+        auto r = g->begin(k2);
+        ASSERT_FALSE(r.ticket.succeed(2));
+    }
+    clock.advance(1s);
+    ASSERT_TRUE(g.flush(10s));
+    ASSERT_TRUE(g->collect());  // generation 0 is recycled: k1's RELEASED record is evicted
+    {
+        auto r = g->begin(k1);
+        ASSERT_EQ(r.status, begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(1));
+    }
+    ASSERT_TRUE(g.flush(10s));
+    const idem::verify_report rep = idem::verify(disk);
+    for (const auto& v : rep.violations) ADD_FAILURE() << "audit: " << v;
+    EXPECT_EQ(rep.reopened, 1u) << "k1's second claim starts from ABSENT after its evicted RELEASED record";
+    const auto trail = disk.audit("TX1_PAY_v1");
+    ASSERT_EQ(trail.size(), 4u) << "claim, release, claim, success";
+    EXPECT_EQ(trail[2].from, record_state::absent);
+    EXPECT_GT(trail[2].fence, trail[0].fence) << "the reopening claim's fence rises";
+}
+
+// ---- layer B: the real pipeline ----------------------------------------------------------------
+// The real durable_guard (flush_pipeline thread, recovery, compensation at start) over fault_store.
+// Several threads claim, execute (ledger), and complete; then the store "dies" (the flusher gives up
+// at stop: the queue is lost, a crash), and a new durable_guard recovers from the disk. Checked: no
+// double execution in sync mode, no acknowledged transition lost (sync), a legal audit trail.
+TEST(sim, real_pipeline) {
+    for (std::uint64_t seed = 1; seed <= g_flags.real_seeds; ++seed) {
+        SCOPED_TRACE("real pipeline seed " + std::to_string(seed));
+        rng r(seed);
+        const bool sync = seed % 2 == 1;
+        fault_rates rates;
+        rates.fail_before = 0.1;
+        rates.unknown_done = 0.05;
+        rates.unknown_lost = 0.05;
+        rates.committed_fail = 0.3;
+        trace log;
+        idem::memory_store disk;
+        idem::manual_clock clock;
+        std::mutex ledger_mutex;
+        std::map<std::size_t, int> executed;
+        std::vector<std::pair<std::string, std::uint64_t>> acked_success;
+        idem::store_options so;
+        so.mode = sync ? idem::durability::sync : idem::durability::async;
+        so.sync_timeout = 300ms;
+        so.idle_poll = 100us;
+        so.max_backoff = 5ms;
+        so.queue_capacity = 256;
+        auto opts = [&] {
+            idem::options o;
+            o.capacity = 256;
+            o.lease = 1h;  // no expiry during the run: the threads are never paused that long
+            o.maintenance_interval = {};
+            o.resolve = [&](const idem::expired_claim& c) {
+                std::lock_guard lock(ledger_mutex);
+                const std::size_t k = std::strtoull(std::string(c.key.substr(2)).c_str(), nullptr, 10);
+                return executed[k] ? idem::resolver_answer{resolution::succeeded, outcome_of(k)}
+                                   : idem::resolver_answer{resolution::not_executed, 0};
+            };
+            return o;
+        };
+        for (int life = 0; life < 2; ++life) {
+            auto st = std::make_unique<fault_store>(disk, rates, mix(seed, life), nullptr);
+            fault_store* fs = st.get();
+            fs->set_healthy(life == 1 ? true : false);
+            idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::move(st), opts(), so, clock);
+            std::vector<std::thread> threads;
+            for (int t = 0; t < 3; ++t)
+                threads.emplace_back([&, t] {
+                    rng tr(mix(seed, life, t));
+                    for (int n = 0; n < 40; ++n) {
+                        const std::size_t k = tr.below(12);
+                        const idem::key key("TX" + std::to_string(k) + "_PAY_v1");
+                        auto res = g->begin(key);
+                        if (res.status != begin_status::acquired) continue;
+                        {
+                            std::lock_guard lock(ledger_mutex);
+                            ++executed[k];
+                        }
+                        std::error_code ec;
+                        while ((ec = res.ticket.succeed(outcome_of(k))) == errc::backpressure || ec == errc::busy)
+                            std::this_thread::yield();
+                        if (!ec) {
+                            std::lock_guard lock(ledger_mutex);
+                            acked_success.emplace_back(key.str(), res.fence);
+                        }
+                    }
+                });
+            for (auto& th : threads) th.join();
+            if (life == 0) {
+                // Crash: the store stops answering; the flusher gives up at stop (the queue is lost).
+                if (sync) (void)g.flush(2s);
+                fs->set_dead(true);
+            } else {
+                ASSERT_TRUE(g.flush(10s));
+            }
+            // Every expired claim from the first life was compensated at the second start.
+        }
+        if (sync) {
+            for (auto& [k, n] : executed) EXPECT_LE(n, 1) << "key " << k << " executed " << n << " times in sync mode";
+            for (auto& [k, fence] : acked_success) {
+                bool found = false;
+                for (const auto& a : disk.audit(k)) found |= a.to == record_state::succeeded && a.fence == fence;
+                EXPECT_TRUE(found) << "acknowledged success of " << k << " fence " << fence << " is not in the store";
+            }
+        }
+        const idem::verify_report rep = idem::verify(disk);
+        for (const auto& v : rep.violations) ADD_FAILURE() << "audit: " << v;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    ::testing::InitGoogleTest(&argc, argv);
+    g_flags.seeds = env_or("IDEM_SIM_SEEDS", g_flags.seeds);
+    g_flags.first = env_or("IDEM_SIM_FIRST", g_flags.first);
+    g_flags.real_seeds = env_or("IDEM_SIM_REAL_SEEDS", g_flags.real_seeds);
+    if (const char* s = std::getenv("IDEM_SIM_SEED")) g_flags.one = std::strtoull(s, nullptr, 10);
+    g_flags.committed_faults = env_or("IDEM_SIM_COMMITTED_FAULTS", 1) != 0;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto val = [&](const char* p) { return std::strtoull(a.c_str() + std::strlen(p), nullptr, 10); };
+        if (a.rfind("--seeds=", 0) == 0) g_flags.seeds = val("--seeds=");
+        else if (a.rfind("--first=", 0) == 0) g_flags.first = val("--first=");
+        else if (a.rfind("--seed=", 0) == 0) g_flags.one = val("--seed=");
+        else if (a.rfind("--real-seeds=", 0) == 0) g_flags.real_seeds = val("--real-seeds=");
+        else if (a == "--no-committed-faults") g_flags.committed_faults = false;
+    }
+    return RUN_ALL_TESTS();
+}

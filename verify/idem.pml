@@ -1,0 +1,363 @@
+/*
+ * verify/idem.pml: a SPIN model of idem's protocol for one key.
+ *
+ * What is modelled (docs/testing.md maps every step to the function that implements it):
+ *   - the slot's state word: state, fence, doubt mark, with the transient states `claiming` and
+ *     `completing` that only the thread whose CAS entered them may leave (include/idem/detail/slot.hpp);
+ *   - workers that claim (begin), execute the effect, renew (extend) and complete (succeed / fail),
+ *     or pause forever at any point (a paused owner is a process that takes no more steps);
+ *   - the lease, as an abstract clock that may expire a processing claim at any moment;
+ *   - compensation with a resolver (engine::compensate / resolve_claim), including the lease
+ *     re-check under `completing`;
+ *   - the flush queue (bounded; a full queue undoes the transition: backpressure), the flusher and
+ *     the store, whose record keeps the highest fence (store::apply);
+ *   - sync mode (group commit: a transition is acknowledged when its row has committed, else the
+ *     caller is told store_unavailable) and async mode (acknowledged at once);
+ *   - a crash that loses memory, the queue and every thread's progress, then a restart that
+ *     recovers the record from the store (durable_guard::recover) and lets one caller retry the key;
+ *   - the downstream system where the effect happens. It survives crashes. With FENCED it honours
+ *     the fencing token the way the seed's checkTxStatus + fenced write does: a resolver that answers
+ *     "not executed" for fence f closes the downstream to fences <= f.
+ *
+ * The resolver is truthful: it answers from the downstream's state at the moment it is asked
+ * (effect happened -> succeeded; not happened -> not_executed), or "unknown" (it may always say it
+ * cannot tell).
+ *
+ * Configuration (spin -D...):
+ *   SYNC=1      sync durability (default); SYNC=0 async
+ *   CRASHES=n   crashes allowed (default 1)
+ *   RECLAIM=1   blind reclaim: a new caller takes an expired claim over with a new fence, without
+ *               asking the resolver (options.reclaim_expired). Must break at_most_once.
+ *   FENCED=0    the downstream ignores fences (documented limitation, docs/design.md section 5)
+ *   TRIES, QN   begin attempts per worker (1), queue rows (3); two workers at first, one after
+ *               a restart (the caller who retries the key)
+ *
+ * Properties (ltl blocks at the end): at_most_once, no_stale_completion, acked_durable.
+ */
+
+#ifndef SYNC
+#define SYNC 1
+#endif
+#ifndef CRASHES
+#define CRASHES 1
+#endif
+#ifndef RECLAIM
+#define RECLAIM 0
+#endif
+#ifndef FENCED
+#define FENCED 1
+#endif
+#ifndef TRIES
+#define TRIES 1
+#endif
+#ifndef QN
+#define QN 3
+#endif
+
+/* slot states (slot_state in slot.hpp; VACANT doubles as "no record" in the store). The transient
+   states claiming / completing are not separate here: each atomic step below is one CAS on the
+   slot word plus what its winner does while it holds the transient state that only it may leave
+   (offer the row, write the fields, release-store the new state). Other threads that meet a
+   transient state answer in_progress or busy and retry, which the model covers by letting them act
+   before or after the step. (Relacy checks the transient states themselves: tests/relacy_test.cpp.) */
+#define VACANT     0
+#define PROCESSING 2
+#define SUCCEEDED  4
+#define FAILED     5
+#define RELEASED   6
+#define DOUBT_ROW  7   /* a row PROCESSING -> PROCESSING (doubt mark); the record stays PROCESSING */
+
+/* worker program counters */
+#define W_IDLE      0   /* may call begin() while tries remain */
+#define W_CLAIMED   1   /* sync: claim published and queued, waiting for its commit */
+#define W_ACKED     2   /* begin() answered acquired */
+#define W_RAN       3   /* executed the effect, or decided not to */
+#define W_COMPLETED 4   /* sync: completion recorded and queued, waiting for its commit */
+
+/* resolver verdicts */
+#define R_SUCCEEDED    0
+#define R_NOT_EXECUTED 1
+#define R_UNKNOWN      2
+
+/* the slot can be claimed; the slot holds worker i's claim; compensation's claim is still there,
+   still expired (the lease re-check under `completing`) */
+#define CLAIMABLE (st == VACANT || st == RELEASED || (RECLAIM && st == PROCESSING && expired))
+#define MINE(i) (st == PROCESSING && fence == wf[i])
+#define EXPIRED_CLAIM (st == PROCESSING && fence == cf && expired)
+
+/* rank of a transition for a fence: the claim (1) comes before its completion (2) */
+#define RANK(s) ((s) == VACANT -> 0 : ((s) == PROCESSING -> 1 : 2))
+
+/* ---- memory: the slot of the one key --------------------------------------------------------- */
+byte st = VACANT;
+byte fence = 0;
+bool doubt = false;
+bool expired = false;     /* the current claim's lease has run out */
+
+/* ---- threads' progress (global, so that a crash can wipe it in one step) --------------------- */
+byte wpc[2];              /* worker program counters */
+byte wf[2];               /* the fence of the worker's ticket */
+byte wpend[2];            /* rows in the queue up to and including the worker's last row; 0: committed */
+byte wtries[2];           /* begin() calls left */
+bool wexec[2];            /* the worker executed the effect */
+byte cpc = 0;             /* compensation: 0 scanning, 1 holding a resolver's answer */
+byte cf = 0;              /* compensation: the fence of the claim it asked about */
+bool cd = false;          /* compensation: the claim was already marked in doubt */
+byte verdict = 0;         /* compensation: the resolver's answer */
+
+/* ---- flush pipeline and store -------------------------------------------------------------- */
+chan q = [QN] of { byte, byte };   /* rows: (to state, fence) */
+/* The watermark of flush_pipeline (await returns when every row up to the caller's has committed)
+   is kept per worker as wpend: counters that only grow would make the state space infinite. */
+byte db_st = VACANT;
+byte db_fence = 0;
+
+/* ---- the downstream system (outside the process: survives crashes) ------------------------- */
+byte effects = 0;
+byte ds_floor = 0;        /* FENCED: the downstream refuses fences below this */
+
+/* ---- ghosts for the properties -------------------------------------------------------------- */
+byte granted = 0;         /* the latest fence granted */
+bool stale_done = false;  /* a completion was recorded with a fence that was not the latest */
+byte ack_fence = 0;       /* the highest transition acknowledged to a caller: (fence, rank) */
+byte ack_rank = 0;
+bool lost_ack = false;    /* a crash lost an acknowledged transition */
+byte crashes = 0;
+/* witnesses that the interesting paths are reachable (the runner expects each reach_* claim to be
+   violated: a property that holds only because its situation never happens proves nothing). They
+   are compiled in only with -DWITNESS, so that they do not split the states of the other searches. */
+#ifdef WITNESS
+#define WITNESSED(w) w = true
+#else
+#define WITNESSED(w) skip
+#endif
+bool w_refused = false;       /* an owner's completion or renewal was refused as stale */
+bool w_compensated = false;   /* compensation recorded a resolver's verdict */
+bool w_doubt = false;         /* compensation marked a claim in doubt */
+bool w_renewed = false;       /* compensation found the claim renewed under it and skipped */
+bool w_recovered = false;     /* a restart recovered a PROCESSING record */
+
+inline acknowledge(f, r) {
+  if
+  :: (f > ack_fence || (f == ack_fence && r > ack_rank)) -> ack_fence = f; ack_rank = r
+  :: else -> skip
+  fi
+}
+
+/* flush_pipeline::offer: a row into the bounded queue. Every caller checks nfull(q) in the same
+   step first: a full queue is backpressure, and the transition is undone before it is published
+   (begin answers backpressure, a completion keeps its ticket and retries, compensation asks again
+   on its next pass). */
+inline offer(to, f) {
+  q!to,f
+}
+
+inline forget(i) {
+  wpc[i] = W_IDLE; wf[i] = 0; wpend[i] = 0; wexec[i] = false
+}
+
+/* ---- a worker: begin, execute, maybe extend, complete ------------------------------------------ */
+proctype worker(byte i) {
+  byte to;
+end_worker:
+  do
+  /* begin -> engine::begin / try_claim: CAS (4) vacant|released -> claiming(fence + 1), offer the
+     claim row, release-store (5) processing. With RECLAIM an expired processing claim is taken over
+     as well (try_claim re-checks the lease under `claiming`: the same step here). */
+  :: atomic {
+       wpc[i] == W_IDLE && wtries[i] > 0 -> wtries[i]--;
+       if
+       :: CLAIMABLE && nfull(q) ->
+          if
+          :: st == PROCESSING -> printf("MSC: worker %d takes over the expired claim of fence %d (blind reclaim)\n", i, fence)
+          :: else -> skip
+          fi;
+          fence = fence + 1; wf[i] = fence; st = PROCESSING; doubt = false; expired = false; granted = fence;
+          offer(PROCESSING, fence); wpend[i] = len(q);
+          printf("MSC: worker %d claims the key, fence %d\n", i, fence);
+#if SYNC
+          wpc[i] = W_CLAIMED
+#else
+          acknowledge(wf[i], 1); wpc[i] = W_ACKED
+#endif
+       :: !CLAIMABLE || full(q) -> skip   /* in_progress, duplicate, in_doubt, backpressure: nothing */
+       fi
+     }
+  /* sync: flush_pipeline::await returns once the row committed: begin() answers acquired */
+  :: atomic {
+       wpc[i] == W_CLAIMED && wpend[i] == 0 -> acknowledge(wf[i], 1); wpc[i] = W_ACKED;
+       printf("MSC: worker %d: claim of fence %d committed, begin() answers acquired\n", i, wf[i])
+     }
+  /* sync: await timed out (sync_timeout): the claim is withdrawn (complete(released, not_durable))
+     and begin() answers store_unavailable; the caller does not execute */
+  :: atomic {
+       wpc[i] == W_CLAIMED && wpend[i] > 0 ->
+       if
+       :: MINE(i) && nfull(q) -> st = RELEASED; offer(RELEASED, wf[i])
+       :: !MINE(i) || full(q) -> skip   /* taken meanwhile, or backpressure: lease and compensation decide */
+       fi;
+       forget(i)
+     }
+  /* execute: the effect happens in the downstream, which (FENCED) refuses a closed fence */
+  :: atomic {
+       wpc[i] == W_ACKED ->
+       if
+       :: (!FENCED || wf[i] >= ds_floor) -> effects++; wexec[i] = true;
+          printf("MSC: worker %d EXECUTES the effect with fence %d (effects = %d)\n", i, wf[i], effects)
+       :: else -> printf("MSC: worker %d: the downstream refuses fence %d\n", i, wf[i])
+       fi;
+       wpc[i] = W_RAN
+     }
+  :: atomic { wpc[i] == W_ACKED -> wpc[i] = W_RAN }   /* decides not to execute, or fails first */
+  /* ticket.extend -> engine::extend: enter (CAS processing(f) -> completing), new lease, store
+     processing (clears the doubt mark); a stale ticket is refused and becomes empty */
+  :: atomic {
+       wpc[i] == W_RAN ->
+       if :: MINE(i) -> expired = false; doubt = false :: else -> WITNESSED(w_refused); forget(i) fi
+     }
+  /* ticket.succeed / fail -> engine::complete: enter (CAS (4) processing(f) -> completing), offer,
+     write the outcome, release-store (5) the final state; any other word: errc::stale_ticket */
+  :: atomic {
+       wpc[i] == W_RAN ->
+       if
+       :: wexec[i] -> to = SUCCEEDED
+       :: !wexec[i] -> to = RELEASED      /* retryable failure, or a dropped ticket */
+       :: !wexec[i] -> to = FAILED        /* terminal failure */
+       fi;
+       if
+       :: MINE(i) && full(q) -> skip   /* errc::backpressure: the ticket stays valid, retry */
+       :: MINE(i) && nfull(q) ->
+          st = to; offer(to, wf[i]); wpend[i] = len(q);
+          printf("MSC: worker %d completes fence %d -> state %d\n", i, wf[i], to);
+          if :: wf[i] != granted -> stale_done = true :: else -> skip fi;
+#if SYNC
+          wpc[i] = W_COMPLETED
+#else
+          acknowledge(wf[i], 2); forget(i)
+#endif
+       :: !MINE(i) -> WITNESSED(w_refused);   /* errc::stale_ticket: nothing changes */
+          printf("MSC: worker %d: completion with fence %d refused (stale_ticket)\n", i, wf[i]); forget(i)
+       fi;
+       to = 0
+     }
+  /* sync: the completion is acknowledged once its row committed; a timeout answers
+     store_unavailable (recorded in memory and queued, not acknowledged) */
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] == 0 -> acknowledge(wf[i], 2); forget(i) }
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] > 0 -> forget(i) }
+  od
+}
+
+/* ---- compensation: engine::compensate -> resolve_claim ----------------------------------------- */
+active proctype compensator() {
+end_compensator:
+  do
+  /* a snapshot of an expired claim, then the resolver, outside any CAS: truthful about the
+     downstream at this moment. (One step: the snapshot reads only the slot and the resolver only
+     the downstream, so any step between them commutes with one or the other.) */
+  :: atomic {
+       cpc == 0 && st == PROCESSING && expired -> cf = fence; cd = doubt; cpc = 1;
+       if
+       :: effects > 0 -> verdict = R_SUCCEEDED
+       :: effects == 0 -> verdict = R_NOT_EXECUTED;
+          if :: FENCED && ds_floor <= cf -> ds_floor = cf + 1 :: else -> skip fi
+       :: verdict = R_UNKNOWN
+       fi;
+       printf("MSC: compensation asks the resolver about fence %d: verdict %d (0 succeeded, 1 not executed, 2 unknown)\n", cf, verdict)
+     }
+  /* resolve_claim: enter (CAS (4) processing(cf) -> completing), re-check the lease (the owner may
+     have renewed it since the snapshot: then undo and skip), offer, release-store the verdict */
+  :: atomic {
+       cpc == 1 ->
+       if
+       :: verdict == R_UNKNOWN && cd -> skip   /* already marked and audited */
+       :: EXPIRED_CLAIM && verdict == R_UNKNOWN && !cd && nfull(q) ->
+          doubt = true; offer(DOUBT_ROW, cf); WITNESSED(w_doubt)
+       :: EXPIRED_CLAIM && verdict != R_UNKNOWN && nfull(q) ->
+          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); WITNESSED(w_compensated);
+          printf("MSC: compensation records fence %d -> state %d\n", cf, st);
+          if :: cf != granted -> stale_done = true :: else -> skip fi
+       :: !(verdict == R_UNKNOWN && cd) && (!EXPIRED_CLAIM || full(q)) ->
+          /* renewed, completed or taken over meanwhile; or backpressure */
+          if :: st == PROCESSING && fence == cf && !expired -> WITNESSED(w_renewed) :: else -> skip fi
+       fi;
+       cpc = 0; cf = 0; cd = false; verdict = 0
+     }
+  od
+}
+
+/* ---- the flusher: flush_pipeline::run -> write_batch -> store::apply ---------------------------- */
+/* A failed apply, or a commit_unknown that store::committed() resolves, is a delay before the same
+   commit (or its confirmation): the interleavings where the flusher waits cover both. */
+active proctype flusher() {
+  byte to, f;
+end_flusher:
+  do
+  :: atomic {
+       nempty(q) -> q?to,f; printf("MSC: the store commits (state %d, fence %d)\n", to, f);
+       if
+       :: f >= db_fence && to != DOUBT_ROW -> db_st = to; db_fence = f
+       :: else -> skip   /* a lower fence never overwrites the record (audit row only) */
+       fi;
+       if :: wpend[0] > 0 -> wpend[0]-- :: else -> skip fi;
+       if :: wpend[1] > 0 -> wpend[1]-- :: else -> skip fi;
+       to = 0; f = 0
+     }
+  od
+}
+
+/* ---- the lease clock ---------------------------------------------------------------------------- */
+active proctype lease_clock() {
+end_clock:
+  do
+  :: atomic { st == PROCESSING && !expired -> expired = true; printf("MSC: the lease of fence %d expires\n", fence) }
+  od
+}
+
+/* ---- crash and restart ------------------------------------------------------------------------ */
+active proctype crash() {
+  byte to, f;
+end_crash:
+  do
+  :: atomic {
+       crashes < CRASHES -> crashes++;
+       printf("MSC: CRASH (store holds state %d fence %d; highest acknowledged: fence %d rank %d)\n",
+              db_st, db_fence, ack_fence, ack_rank);
+       /* every acknowledged transition must be in the store */
+       if
+       :: ack_fence > db_fence || (ack_fence == db_fence && ack_rank > RANK(db_st)) -> lost_ack = true
+       :: else -> skip
+       fi;
+       /* memory, the queue and every thread's progress are lost */
+       do
+       :: nempty(q) -> q?to,f
+       :: empty(q) -> break
+       od;
+       to = 0; f = 0;
+       forget(0); forget(1); cpc = 0; cf = 0; cd = false; verdict = 0;
+       /* durable_guard::recover: the record comes back from the store (guard::restore); fences
+          continue above it; a processing record is compensated once its lease has run out */
+       st = db_st; fence = db_fence; doubt = false; expired = false;
+       granted = db_fence;   /* claims lost with the queue no longer exist */
+       if :: db_st == PROCESSING -> WITNESSED(w_recovered) :: else -> skip fi;
+       /* the new process: one caller retries the key */
+       wtries[0] = TRIES; wtries[1] = 0
+     }
+  od
+}
+
+init {
+  atomic { wtries[0] = TRIES; wtries[1] = TRIES; run worker(0); run worker(1) }
+}
+
+/* ---- properties ----------------------------------------------------------------------------- */
+ltl at_most_once        { [] (effects <= 1) }
+ltl no_stale_completion { [] !stale_done }
+ltl acked_durable       { [] !lost_ack }
+
+/* reachability witnesses (expected to be violated) */
+ltl reach_effect        { [] (effects == 0) }
+ltl reach_refused       { [] !w_refused }
+ltl reach_compensated   { [] !w_compensated }
+ltl reach_doubt         { [] !w_doubt }
+ltl reach_renewed       { [] !w_renewed }
+ltl reach_recovered     { [] !w_recovered }

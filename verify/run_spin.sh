@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# verify/run_spin.sh: model-checks verify/idem.pml with SPIN and checks every verdict against what
+# the design promises.
+#
+#   verify/run_spin.sh [--full] [--work DIR]
+#
+# Each configuration is compiled once (spin -a, then cc -DSAFETY: every property is a [] p
+# invariant, so a safety search with the never claim is complete) and searched exhaustively once per
+# property (depth first; breadth first where a counterexample is expected, so that it is a shortest
+# one). A property marked `holds` must have no counterexample; one marked `violated` must have
+# one (SPIN must find it), and its trail is replayed and printed as a message sequence. The
+# reach_* properties are witnesses: each must be violated, which shows that the situation the
+# real properties are about (an effect, a refused stale completion, compensation, a doubt mark, a
+# renewal racing compensation, recovery of a PROCESSING record) does happen in the model.
+#
+# --full raises the bounds (three begin attempts per worker instead of two). Exit status: 0 when
+# every verdict is as expected. Needs: spin (Debian package `spin`) and a C compiler.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+model=$here/idem.pml
+tries=2
+work=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --full) tries=3 ;;
+    --work) work=$2; shift ;;
+    *) echo "usage: $0 [--full] [--work DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+command -v spin >/dev/null || { echo "run_spin: spin is not installed (apt-get install spin)" >&2; exit 1; }
+cc=${CC:-cc}
+if [ -z "$work" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
+mkdir -p "$work"
+
+# name | -D flags | property=expectation ...
+configs=(
+  "sync-crash|-DSYNC=1 -DCRASHES=2 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds reach_effect=violated reach_refused=violated reach_compensated=violated reach_doubt=violated reach_renewed=violated reach_recovered=violated"
+  "async|-DSYNC=0 -DCRASHES=0 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds reach_effect=violated reach_compensated=violated"
+  "async-crash|-DSYNC=0 -DCRASHES=1 -DTRIES=$tries|acked_durable=violated at_most_once=violated no_stale_completion=holds"
+  "blind-reclaim|-DRECLAIM=1 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|at_most_once=violated no_stale_completion=holds acked_durable=holds"
+  "unfenced-downstream|-DFENCED=0 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|at_most_once=violated no_stale_completion=holds"
+)
+
+failures=0
+total_states=0
+total_runs=0
+printf '%-20s %-20s %-9s %-9s %12s %14s %8s\n' configuration property expected found states transitions seconds
+for entry in "${configs[@]}"; do
+  IFS='|' read -r name flags props <<<"$entry"
+  dir=$work/$name
+  # Two builds: depth first for the properties expected to hold; breadth first, with the reach_*
+  # witness flags compiled in (-DWITNESS), for those expected to be violated.
+  for kind in dfs bfs; do
+    mkdir -p "$dir/$kind"
+    cp "$model" "$dir/$kind/idem.pml"
+    extra=""; ccextra=""
+    [ $kind = bfs ] && { extra="-DWITNESS"; ccextra="-DBFS"; }
+    # shellcheck disable=SC2086
+    (cd "$dir/$kind" && spin -a $flags $extra idem.pml >spin.log 2>&1) ||
+      { echo "spin -a failed for $name:"; cat "$dir/$kind/spin.log"; exit 1; }
+    # shellcheck disable=SC2086
+    (cd "$dir/$kind" && $cc -w -O2 -DSAFETY $ccextra -DVECTORSZ=2048 -DMEMLIM=4000 -o pan pan.c) ||
+      { echo "cc failed for $name"; exit 1; }
+  done
+  for pe in $props; do
+    prop=${pe%=*}
+    expect=${pe#*=}
+    # A property expected to hold gets the depth-first search (with partial order reduction); one
+    # expected to be violated gets the breadth-first one, whose counterexample is a shortest one.
+    if [ "$expect" = holds ]; then run=$dir/dfs; else run=$dir/bfs; fi
+    rm -f "$run"/*.trail
+    out=$(cd "$run" && ./pan -m200000 -N "$prop" 2>&1) || true
+    errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' <<<"$out" | head -1)
+    states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' <<<"$out" | head -1)
+    trans=$(sed -n 's/^ *\([0-9.e+]*\) transitions.*/\1/p' <<<"$out" | head -1)
+    secs=$(sed -n 's/^pan: elapsed time \([0-9.e+]*\) seconds.*/\1/p' <<<"$out" | head -1)
+    if grep -q "out of memory\|max search depth too small" <<<"$out"; then
+      found=incomplete
+    elif [ "${errors:-1}" = 0 ]; then
+      found=holds
+    else
+      found=violated
+    fi
+    printf '%-20s %-20s %-9s %-9s %12s %14s %8s\n' "$name" "$prop" "$expect" "$found" "${states:-?}" "${trans:-?}" "${secs:-?}"
+    total_states=$(awk -v a="$total_states" -v b="${states:-0}" 'BEGIN { printf "%.0f", a + b }')
+    total_runs=$((total_runs + 1))
+    if [ "$found" != "$expect" ]; then
+      failures=$((failures + 1))
+      echo "  ^^ UNEXPECTED: $prop is $found in $name (expected $expect)"
+      # shellcheck disable=SC2086
+      [ "$found" = violated ] && (cd "$run" && spin -t $flags idem.pml 2>&1 | grep 'MSC:' | sed 's/^ *MSC: /    /')
+    elif [ "$found" = violated ] && [[ $prop != reach_* ]]; then
+      echo "  counterexample ($name, $prop):"
+      # shellcheck disable=SC2086
+      (cd "$run" && spin -t $flags -DWITNESS idem.pml 2>&1 | grep 'MSC:' | sed 's/^ *MSC: /    /')
+    fi
+  done
+done
+echo
+echo "spin: $total_runs searches, $total_states states stored in total, $failures unexpected verdicts"
+[ "$failures" = 0 ]
