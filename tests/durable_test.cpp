@@ -102,7 +102,7 @@ std::uint64_t outcome_of(std::size_t i) { return i % 20 == 0 ? 0 : mix(i + 1) >>
 TEST_P(Durable, ReopenRestoresEveryRecordAndBeginAnswersTheSame) {
     // 100k in async mode; sync mode pays a commit (fsync) per group of waiters, so it runs 20k keys
     // on 64 threads (IDEM_SYNC_KEYS to change).
-    const std::size_t n = sync() ? idem_test::env_size("IDEM_SYNC_KEYS", 20'000, 4'000)
+    const std::size_t n = sync() ? idem_test::env_size("IDEM_SYNC_KEYS", 100'000, 4'000)
                                  : idem_test::env_size("IDEM_KEYS", 100'000, 20'000);
     const std::size_t threads = sync() ? 64 : 1;
     idem::options o = durable_options(n + n / 4);
