@@ -20,6 +20,8 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <atomic>
 #include <cstdio>
 #include <limits>
@@ -27,15 +29,56 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include <unistd.h>
 
 #include "guards.hpp"
 #include "idem_bench_build.hpp"
+#include "net_guards.hpp"
 
 namespace idem_bench {
 namespace {
 
-constexpr std::size_t key_count = std::size_t{1} << 20;  // keys per run, and every guard's capacity
+/// Keys per run and every in-process guard's capacity: 2^20, or IDEM_BENCH_KEYS (a power of two;
+/// scripts/bench --quick uses 2^18). Set once in main() before anything else reads it.
+std::size_t key_count = std::size_t{1} << 20;
+
+/// Keys per run for the networked peers, whose every claim is a round trip (and on PostgreSQL a
+/// commit): IDEM_BENCH_REDIS_KEYS (default 2^15) and IDEM_BENCH_PG_KEYS (default 2^12).
+std::size_t redis_keys = std::size_t{1} << 15;
+std::size_t pg_keys = std::size_t{1} << 12;
+
+template <class G>
+std::size_t keys_for() {
+    if constexpr (std::is_same_v<G, redis_guard>) return std::min(redis_keys, key_count);
+    else if constexpr (std::is_same_v<G, postgres_guard>) return std::min(pg_keys, key_count);
+    else return key_count;
+}
+
+/// A networked peer opens one connection per benchmark thread before the timed loop (thread 0,
+/// before the start barrier) and each thread picks its own at its first iteration.
+template <class G>
+void connect_threads(G* g, const benchmark::State& state) {
+    if constexpr (requires { g->connect(std::size_t{1}); })
+        if (g != nullptr) g->connect(static_cast<std::size_t>(state.threads()));
+}
+template <class G>
+void bind_thread(G* g, const benchmark::State& state) {
+    if constexpr (requires { g->use(std::size_t{0}); }) g->use(static_cast<std::size_t>(state.thread_index()));
+}
+
+/// The guard under test, or a skipped run that names what is missing (a peer's server).
+template <class G>
+std::unique_ptr<G> make_guard(benchmark::State& state, std::size_t capacity) {
+    try {
+        return std::make_unique<G>(capacity);
+    } catch (const std::exception& e) {
+        state.SkipWithError(e.what());
+        return nullptr;
+    }
+}
 
 std::string key_text(std::size_t i) {
     // "TX20230615000042_PAY_v1": the composed shape of DESIGN.md's example, 23 bytes.
@@ -115,6 +158,20 @@ void note_start(std::atomic<std::int64_t>& start) noexcept {
     }
 }
 
+/// A thread's first iteration: the guard thread 0 made, this thread's connection (networked peers),
+/// and the start of the run's wall-clock. Null (the run is skipped) when there is no guard.
+template <class Shared>
+auto attach(benchmark::State& state) -> decltype(Shared::guard.get()) {
+    auto* g = Shared::guard.get();
+    if (g == nullptr) {
+        state.SkipWithError("no guard");
+        return nullptr;
+    }
+    bind_thread(g, state);
+    note_start(Shared::start_ns);
+    return g;
+}
+
 void report(benchmark::State& state, std::atomic<std::int64_t>& start, std::uint64_t unexpected) {
     state.SetItemsProcessed(state.iterations());
     state.counters["unexpected"] = static_cast<double>(unexpected);
@@ -134,12 +191,14 @@ void fresh_begin_succeed(benchmark::State& state) {
     using sh = shared<G, fresh_tag>;
     const auto& ks = keys<typename G::key_type>();
     const auto& fps = fingerprints();
-    const std::size_t slice = key_count / static_cast<std::size_t>(state.threads());
+    const std::size_t n = keys_for<G>();
+    const std::size_t slice = n / static_cast<std::size_t>(state.threads());
     const std::size_t first = slice * static_cast<std::size_t>(state.thread_index());
     const std::size_t last = first + slice;
     if (state.thread_index() == 0) {
         sh::guard.reset();
-        sh::guard = std::make_unique<G>(key_count);
+        sh::guard = make_guard<G>(state, n);
+        connect_threads(sh::guard.get(), state);
         sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
     }
     G* g = nullptr;
@@ -147,12 +206,7 @@ void fresh_begin_succeed(benchmark::State& state) {
     std::uint64_t unexpected = 0;
     for (auto _ : state) {
         if (g == nullptr) [[unlikely]] {
-            g = sh::guard.get();
-            if (g == nullptr) {
-                state.SkipWithError("no guard");
-                break;
-            }
-            note_start(sh::start_ns);
+            if ((g = attach<sh>(state)) == nullptr) break;
         }
         if (i == last) [[unlikely]] i = first;  // only if run with more iterations than keys: counted below
         auto c = g->begin(ks[i], fps[i]);
@@ -174,10 +228,11 @@ void duplicate_begin(benchmark::State& state) {
     const auto& fps = fingerprints();
     const auto& lookup_keys = shuffled_keys<typename G::key_type>();
     const auto& lookup_fps = shuffled_fingerprints();
+    const std::size_t n = keys_for<G>();
     if (state.thread_index() == 0) {
         if (!sh::guard) {  // filled once, kept for every run of this guard
-            auto g = std::make_unique<G>(key_count);
-            for (std::size_t i = 0; i < key_count; ++i) {
+            auto g = make_guard<G>(state, n);
+            for (std::size_t i = 0; g && i < n; ++i) {
                 auto c = g->begin(ks[i], fps[i]);
                 if (c.status() != verdict::acquired || !g->succeed(c, i)) {
                     state.SkipWithError("could not fill the guard");
@@ -186,23 +241,21 @@ void duplicate_begin(benchmark::State& state) {
             }
             sh::guard = std::move(g);
         }
+        connect_threads(sh::guard.get(), state);
         sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
     }
     G* g = nullptr;
-    std::size_t j = (key_count / static_cast<std::size_t>(state.threads())) * static_cast<std::size_t>(state.thread_index());
+    std::size_t j = (n / static_cast<std::size_t>(state.threads())) * static_cast<std::size_t>(state.thread_index());
     std::uint64_t unexpected = 0;
     std::uint64_t sum = 0;
     for (auto _ : state) {
         if (g == nullptr) [[unlikely]] {
-            g = sh::guard.get();
-            if (g == nullptr) {
-                state.SkipWithError("no guard");
-                break;
-            }
-            note_start(sh::start_ns);
+            if ((g = attach<sh>(state)) == nullptr) break;
         }
-        const std::size_t k = j & (key_count - 1);
-        auto c = g->begin(lookup_keys[k], lookup_fps[k]);
+        // In-process guards read the keys in the pre-shuffled order; a networked peer holds the
+        // first n keys and visits them in a fixed odd-stride order (a permutation, n a power of two).
+        const std::size_t k = n == key_count ? (j & (key_count - 1)) : ((j * 2654435761u) & (n - 1));
+        auto c = n == key_count ? g->begin(lookup_keys[k], lookup_fps[k]) : g->begin(ks[k], fps[k]);
         if (c.status() == verdict::duplicate) {
             sum += c.outcome();
         } else {
@@ -214,13 +267,182 @@ void duplicate_begin(benchmark::State& state) {
     report(state, sh::start_ns, unexpected);
 }
 
+// ---- skewed keys: Zipf(0.99) ---------------------------------------------------------------------
+// A stream of key_count requests whose keys follow Zipf's law with exponent 0.99 over key_count keys
+// (rank r drawn with weight 1 / r^0.99; ranks are spread over the keys by lookup_order()): a few
+// hot keys are retried again and again, as clients retry a payment. Each request is begin(); an
+// acquired claim is completed at once; a duplicate reads the outcome.
+
+const std::vector<std::uint32_t>& zipf_stream() {
+    static const std::vector<std::uint32_t> all = [] {
+        std::vector<double> cdf(key_count);
+        double sum = 0;
+        for (std::size_t r = 0; r < key_count; ++r) cdf[r] = sum += 1.0 / std::pow(static_cast<double>(r + 1), 0.99);
+        std::mt19937_64 rng(99);
+        std::uniform_real_distribution<double> u(0, sum);
+        std::vector<std::uint32_t> v(key_count);
+        for (auto& x : v) {
+            const auto r = static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
+            x = lookup_order()[std::min(r, key_count - 1)];
+        }
+        return v;
+    }();
+    return all;
+}
+
+struct zipf_tag {};
+
+template <bench_guard G>
+void zipf_begin(benchmark::State& state) {
+    using sh = shared<G, zipf_tag>;
+    const auto& ks = keys<typename G::key_type>();
+    const auto& fps = fingerprints();
+    const auto& stream = zipf_stream();
+    const std::size_t slice = key_count / static_cast<std::size_t>(state.threads());
+    const std::size_t first = slice * static_cast<std::size_t>(state.thread_index());
+    if (state.thread_index() == 0) {
+        sh::guard.reset();
+        sh::guard = make_guard<G>(state, key_count);
+        sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
+    }
+    G* g = nullptr;
+    std::size_t i = first;
+    std::uint64_t unexpected = 0, acquired = 0, sum = 0;
+    for (auto _ : state) {
+        if (g == nullptr) [[unlikely]] {
+            if ((g = attach<sh>(state)) == nullptr) break;
+        }
+        const std::uint32_t k = stream[i++];
+        auto c = g->begin(ks[k], fps[k]);
+        switch (c.status()) {
+            case verdict::acquired:
+                ++acquired;
+                if (!g->succeed(c, k)) ++unexpected;
+                break;
+            case verdict::duplicate: sum += c.outcome(); break;
+            case verdict::busy: break;  // another thread holds the hot key's claim right now
+            case verdict::rejected: ++unexpected; break;
+        }
+    }
+    benchmark::DoNotOptimize(sum);
+    state.counters["acquired"] = benchmark::Counter(static_cast<double>(acquired), benchmark::Counter::kAvgThreads);
+    report(state, sh::start_ns, unexpected);
+    if (state.thread_index() == 0) sh::guard.reset();
+}
+
+// ---- guard overhead on a 10 microsecond operation -------------------------------------------------
+// The payment the guard protects, simulated as 10 us of work (a spin on steady_clock: a sleep would
+// measure the scheduler), run unguarded and inside begin()/succeed() of each guard, on fresh keys.
+// The throughput lost to the guard, in percent, is in results.json (bench/report.py).
+
+void simulated_payment() noexcept {
+    const std::int64_t until = now_ns() + 10'000;
+    while (now_ns() < until) {
+    }
+}
+
+struct unguarded {
+    using key_type = std::string;
+    static constexpr std::string_view name = "unguarded";
+};
+
+struct overhead_tag {};
+
+template <class G>
+void overhead_10us(benchmark::State& state) {
+    using sh = shared<G, overhead_tag>;
+    constexpr bool guarded = !std::is_same_v<G, unguarded>;
+    const std::size_t n = std::min<std::size_t>(keys_for<G>(), 16384);
+    const std::size_t slice = n / static_cast<std::size_t>(state.threads());
+    const std::size_t first = slice * static_cast<std::size_t>(state.thread_index());
+    const auto& ks = keys<typename G::key_type>();
+    const auto& fps = fingerprints();
+    if (state.thread_index() == 0) {
+        if constexpr (guarded) {
+            sh::guard.reset();
+            sh::guard = make_guard<G>(state, key_count);
+            connect_threads(sh::guard.get(), state);
+        }
+        sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
+    }
+    G* g = nullptr;
+    std::size_t i = first;
+    std::uint64_t unexpected = 0;
+    bool started = false;
+    for (auto _ : state) {
+        if (!started) [[unlikely]] {
+            started = true;
+            if constexpr (guarded) {
+                g = sh::guard.get();
+                if (g == nullptr) {
+                    state.SkipWithError("no guard");
+                    break;
+                }
+                bind_thread(g, state);
+            }
+            note_start(sh::start_ns);
+        }
+        if constexpr (guarded) {
+            auto c = g->begin(ks[i], fps[i]);
+            if (c.status() == verdict::acquired) {
+                simulated_payment();
+                if (!g->succeed(c, i)) ++unexpected;
+            } else {
+                ++unexpected;
+            }
+        } else {
+            benchmark::DoNotOptimize(ks[i]);
+            simulated_payment();
+        }
+        ++i;
+    }
+    report(state, sh::start_ns, unexpected);
+    if constexpr (guarded)
+        if (state.thread_index() == 0) sh::guard.reset();
+}
+
+// ---- memory per live record -------------------------------------------------------------------------
+// Resident memory added by a guard holding key_count completed records, divided by key_count. Run
+// each guard in its own process (scripts/bench does: --benchmark_filter=memory/<guard>), or memory
+// freed by an earlier benchmark and reused by the allocator hides part of a peer's cost.
+
+std::size_t resident_bytes() {
+    long pages = 0, resident = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        std::fclose(f);
+    }
+    return static_cast<std::size_t>(resident) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+template <bench_guard G>
+void memory(benchmark::State& state) {
+    const auto& ks = keys<typename G::key_type>();
+    const auto& fps = fingerprints();
+    double per_record = 0;
+    for (auto _ : state) {
+        const std::size_t before = resident_bytes();
+        auto g = make_guard<G>(state, key_count);
+        if (!g) break;
+        for (std::size_t i = 0; i < key_count; ++i) {
+            auto c = g->begin(ks[i], fps[i]);
+            if (c.status() != verdict::acquired || !g->succeed(c, i)) {
+                state.SkipWithError("could not fill the guard");
+                break;
+            }
+        }
+        per_record = static_cast<double>(resident_bytes() - before) / static_cast<double>(key_count);
+    }
+    state.counters["bytes_per_record"] = per_record;
+}
+
 template <bench_guard G>
 void register_guard() {
     const std::string name(G::name);
     for (int threads : {1, 2, 100}) {
         benchmark::RegisterBenchmark(("fresh_begin_succeed/" + name).c_str(), fresh_begin_succeed<G>)
             ->Threads(threads)
-            ->Iterations(static_cast<benchmark::IterationCount>(key_count / static_cast<std::size_t>(threads)))
+            ->Iterations(static_cast<benchmark::IterationCount>(keys_for<G>() / static_cast<std::size_t>(threads)))
             ->UseRealTime();
     }
 }
@@ -235,11 +457,48 @@ void register_lookup() {
         ->UseRealTime();
 }
 
+template <bench_guard G>
+void register_in_process() {
+    const std::string name(G::name);
+    for (int threads : {1, 2, 100})
+        benchmark::RegisterBenchmark(("zipf_begin/" + name).c_str(), zipf_begin<G>)
+            ->Threads(threads)
+            ->Iterations(static_cast<benchmark::IterationCount>(key_count / static_cast<std::size_t>(threads)))
+            ->UseRealTime();
+    benchmark::RegisterBenchmark(("memory/" + name).c_str(), memory<G>)->Iterations(1)->Unit(benchmark::kMillisecond);
+}
+
+template <class G>
+void register_overhead() {
+    const std::string name(G::name);
+    for (int threads : {1, 2}) {
+        const std::size_t n = std::min<std::size_t>(keys_for<G>(), 16384);
+        benchmark::RegisterBenchmark(("overhead_10us/" + name).c_str(), overhead_10us<G>)
+            ->Threads(threads)
+            ->Iterations(static_cast<benchmark::IterationCount>(n / static_cast<std::size_t>(threads)))
+            ->UseRealTime();
+    }
+}
+
+std::size_t env_keys(const char* var, std::size_t fallback) {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == 0) return fallback;
+    const auto n = static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
+    if (n < 1024 || (n & (n - 1)) != 0) {
+        std::fprintf(stderr, "idem-bench: %s=%s must be a power of two, at least 1024\n", var, v);
+        std::exit(2);
+    }
+    return n;
+}
+
 }  // namespace
 }  // namespace idem_bench
 
 int main(int argc, char** argv) {
     using namespace idem_bench;
+    key_count = env_keys("IDEM_BENCH_KEYS", key_count);
+    redis_keys = env_keys("IDEM_BENCH_REDIS_KEYS", redis_keys);
+    pg_keys = env_keys("IDEM_BENCH_PG_KEYS", pg_keys);
     register_guard<idem_guard>();
     register_guard<idem_prefault_guard>();
     register_guard<mutex_guard>();
@@ -247,6 +506,8 @@ int main(int argc, char** argv) {
 #if IDEM_BENCH_HAVE_LIBCUCKOO
     register_guard<cuckoo_guard>();
 #endif
+    register_guard<redis_guard>();
+    register_guard<postgres_guard>();
     register_lookup<idem_guard>();
     register_lookup<idem_prefault_guard>();
     register_lookup<mutex_guard>();
@@ -254,10 +515,26 @@ int main(int argc, char** argv) {
 #if IDEM_BENCH_HAVE_LIBCUCKOO
     register_lookup<cuckoo_guard>();
 #endif
+    register_lookup<redis_guard>();
+    register_lookup<postgres_guard>();
+    register_in_process<idem_guard>();
+    register_in_process<idem_prefault_guard>();
+    register_in_process<mutex_guard>();
+    register_in_process<tbb_guard>();
+#if IDEM_BENCH_HAVE_LIBCUCKOO
+    register_in_process<cuckoo_guard>();
+#endif
+    register_overhead<unguarded>();
+    register_overhead<idem_guard>();
+    register_overhead<idem_durable_guard>();
+    register_overhead<redis_guard>();
+    register_overhead<postgres_guard>();
 
     benchmark::AddCustomContext("compiler", IDEM_BENCH_COMPILER);
     benchmark::AddCustomContext("cxx_flags", IDEM_BENCH_CXX_FLAGS);
     benchmark::AddCustomContext("keys_per_run", std::to_string(key_count));
+    benchmark::AddCustomContext("redis_keys_per_run", std::to_string(redis_keys));
+    benchmark::AddCustomContext("pg_keys_per_run", std::to_string(pg_keys));
     benchmark::AddCustomContext("key_example", key_text(0));
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -267,6 +544,7 @@ int main(int argc, char** argv) {
     (void)shuffled_keys<idem::key>();
     (void)shuffled_keys<std::string>();
     (void)shuffled_fingerprints();
+    (void)zipf_stream();
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

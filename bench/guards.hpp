@@ -13,6 +13,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <concepts>
 #include <cstdint>
 #include <mutex>
@@ -22,7 +25,9 @@
 
 #include <tbb/concurrent_hash_map.h>
 
+#include "idem/durable.hpp"
 #include "idem/guard.hpp"
+#include "idem/sqlite_store.hpp"
 
 #if IDEM_BENCH_HAVE_LIBCUCKOO
 #include <libcuckoo/cuckoohash_map.hh>
@@ -95,6 +100,46 @@ private:
 
 using idem_guard = basic_idem_guard<false>;
 using idem_prefault_guard = basic_idem_guard<true>;
+
+/// idem with its durable store: a durable_guard on SQLite (a file in the temporary directory) in
+/// async mode, its flusher thread writing every transition in batches while the benchmark runs.
+/// Used by the overhead scenario: what a user of the default set-up pays.
+class idem_durable_guard {
+public:
+    using key_type = idem::key;
+    using claim = basic_idem_guard<false>::claim;
+    static constexpr std::string_view name = "idem_durable_sqlite";
+
+    explicit idem_durable_guard(std::size_t capacity)
+        : path_((std::filesystem::temp_directory_path() / "idem-bench-durable.db").string()),
+          g_(open(path_), options(capacity), store_options()) {}
+    ~idem_durable_guard() {
+        g_.flush(std::chrono::seconds(60));
+    }
+
+    claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_->begin(k, fingerprint)}; }
+    bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
+
+private:
+    static std::unique_ptr<idem::store> open(const std::string& path) {
+        for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+        return std::make_unique<idem::sqlite_store>(path);
+    }
+    static idem::options options(std::size_t capacity) {
+        idem::options o;
+        o.capacity = capacity;
+        o.lease = lease;
+        return o;
+    }
+    static idem::store_options store_options() {
+        idem::store_options so;
+        so.mode = idem::durability::async;
+        so.offer_wait = std::chrono::seconds(5);  // a full queue waits (bounded) instead of refusing
+        return so;
+    }
+    std::string path_;
+    idem::durable_guard g_;
+};
 
 // ---------------------------------------------------------------------------------------------
 // The record the peers keep, and the decision they share.

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Turns the raw outputs of scripts/bench into results.json, PNG plots and docs/benchmarks.md.
+
+    bench/report.py --dir bench-results --docs docs/benchmarks.md --command "scripts/bench" \
+                    --started 2026-12-02T12:00:00Z --machine "..."
+
+Inputs in --dir: guards.json (idem-bench, Google Benchmark JSON), memory-<guard>.json (one process
+per guard), flush.jsonl (idem-flush-bench, one JSON object per line). Outputs in --dir:
+results.json and *.png; --docs is rewritten from bench/benchmarks.md.in, whose @@NAME@@ markers
+are replaced by tables made here. Every figure in the document comes from these files.
+
+Rates are Google Benchmark's counter wall_items_per_second (items of all threads / elapsed time of
+the whole run), the median over repetitions. Exit status 1 when a run reported unexpected answers
+(a guard that answered wrongly is not a fast guard) or a run failed.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+REFERENCE = "idem"
+SCENARIOS = {
+    "fresh_begin_succeed": "begin + succeed on fresh keys",
+    "duplicate_begin": "begin on keys that already succeeded (the duplicate check)",
+    "zipf_begin": "Zipf(0.99) keys: begin, then succeed when acquired",
+    "overhead_10us": "a 10 us operation, unguarded and guarded",
+}
+PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
+              "redis", "postgres"]
+
+
+def order_key(name):
+    return PEER_ORDER.index(name) if name in PEER_ORDER else len(PEER_ORDER)
+
+
+def load_guards(path):
+    """{scenario: {threads: {guard: median ops/s}}}, context, problems."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    runs = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    problems = []
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate":
+            continue
+        name = b["run_name"] if "run_name" in b else b["name"]
+        parts = name.split("/")
+        scenario, guard = parts[0], parts[1]
+        m = re.search(r"threads:(\d+)", name)
+        threads = int(m.group(1)) if m else 1
+        if b.get("error_occurred"):
+            problems.append(f"{name}: {b.get('error_message', 'error')}")
+            continue
+        if b.get("unexpected", 0):
+            problems.append(f"{name}: {int(b['unexpected'])} unexpected answers")
+        rate = b.get("wall_items_per_second") or b.get("items_per_second")
+        if rate:
+            runs[scenario][threads][guard].append(rate)
+    out = {s: {t: {g: statistics.median(v) for g, v in gs.items()} for t, gs in ts.items()} for s, ts in runs.items()}
+    return out, data.get("context", {}), problems
+
+
+def load_memory(directory):
+    mem = {}
+    for fn in sorted(os.listdir(directory)):
+        if fn.startswith("memory-") and fn.endswith(".json"):
+            with open(os.path.join(directory, fn), encoding="utf-8") as f:
+                for b in json.load(f).get("benchmarks", []):
+                    if "bytes_per_record" in b and not b.get("error_occurred"):
+                        mem[b["name"].split("/")[1]] = b["bytes_per_record"]
+    return mem
+
+
+def load_flush(path):
+    rows = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def fmt_rate(v):
+    if v is None:
+        return "n/a"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.0f}"
+
+
+def fmt_ratio(r):
+    if r is None:
+        return "n/a"
+    return f"{r:,.0f}x" if r >= 100 else f"{r:.2f}x"
+
+
+def build_results(guards, memory, flush, meta, problems):
+    scenarios = {}
+    for s, ts in guards.items():
+        entry = {}
+        for t, gs in sorted(ts.items()):
+            ratios = {}
+            ref = gs.get(REFERENCE)
+            if ref:
+                for g, v in gs.items():
+                    if g != REFERENCE and v:
+                        ratios[g] = ref / v
+            row = {"ops_per_sec": gs, "idem_ratio": ratios}
+            if s == "overhead_10us" and gs.get("unguarded"):
+                row["loss_percent"] = {g: 100.0 * (1 - v / gs["unguarded"]) for g, v in gs.items() if g != "unguarded"}
+            entry[str(t)] = row
+        scenarios[s] = entry
+    # scaling: 100 threads vs 2 threads, per guard
+    scaling = {}
+    for s in ("fresh_begin_succeed", "duplicate_begin", "zipf_begin"):
+        ts = guards.get(s, {})
+        if 2 in ts and 100 in ts:
+            scaling[s] = {g: ts[100][g] / ts[2][g] for g in ts[2] if g in ts[100] and ts[2][g]}
+    flush_rows = [r for r in flush if "mode" in r]
+    recovery = [r for r in flush if "recovered" in r]
+    latency = next((r for r in flush if "latency_ops" in r), None)
+
+    def ratio(s, t, peer):
+        return scenarios.get(s, {}).get(str(t), {}).get("idem_ratio", {}).get(peer)
+
+    def flush_rate(store, mode, field):
+        r = next((x for x in flush_rows if x["store"] == store and x["mode"] == mode), None)
+        return r.get(field) if r else None
+
+    targets = []
+
+    def target(what, value, goal, unit, higher=True):
+        met = None if value is None else (value >= goal if higher else value <= goal)
+        targets.append({"measure": what, "value": value, "target": goal, "unit": unit,
+                        "direction": ">=" if higher else "<=", "met": met})
+
+    target("fresh keys, 2 threads: idem / mutex_map", ratio("fresh_begin_succeed", 2, "mutex_map"), 5, "x")
+    target("fresh keys, 2 threads: idem / tbb_chm", ratio("fresh_begin_succeed", 2, "tbb_chm"), 3, "x")
+    target("fresh keys, 2 threads: idem / libcuckoo", ratio("fresh_begin_succeed", 2, "libcuckoo"), 3, "x")
+
+    def pre_ratio(s, t, peer):
+        gs = scenarios.get(s, {}).get(str(t), {}).get("ops_per_sec", {})
+        return gs["idem_prefault"] / gs[peer] if gs.get("idem_prefault") and gs.get(peer) else None
+
+    for peer, goal in (("mutex_map", 5), ("tbb_chm", 3), ("libcuckoo", 3)):
+        target(f"fresh keys, 2 threads: idem_prefault / {peer}", pre_ratio("fresh_begin_succeed", 2, peer), goal, "x")
+    target("fresh keys, 1 thread: idem / redis (one client)", ratio("fresh_begin_succeed", 1, "redis"), 1000, "x")
+    target("fresh keys, 1 thread: idem / postgres (per request)", ratio("fresh_begin_succeed", 1, "postgres"), 10000, "x")
+    target("fresh keys: idem 100 threads / 2 threads", scaling.get("fresh_begin_succeed", {}).get("idem"), 0.5, "x")
+    target("flusher async, SQLite", flush_rate("sqlite", "async", "transitions_per_sec"), 200000, "transitions/s")
+    target("flusher async, PostgreSQL", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
+    target("sync acknowledgements, PostgreSQL", flush_rate("postgresql", "sync", "acks_per_sec"), 20000, "acks/s")
+    target("sync begin p99 wait, PostgreSQL", flush_rate("postgresql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
+    for r in recovery:
+        if r["recovered"] >= 1_000_000:
+            target(f"recovery of {r['recovered']:,} records, {r['store']}", r["recovery_s"], 3, "s", higher=False)
+    loss = scenarios.get("overhead_10us", {}).get("1", {}).get("loss_percent", {}).get("idem")
+    target("throughput loss on a 10 us operation, idem in memory, 1 thread", loss, 1, "%", higher=False)
+    dloss = scenarios.get("overhead_10us", {}).get("1", {}).get("loss_percent", {}).get("idem_durable_sqlite")
+    target("throughput loss on a 10 us operation, idem + SQLite async, 1 thread", dloss, 1, "%", higher=False)
+    target("memory per live record, idem", memory.get("idem"), 64, "B", higher=False)
+    return {
+        "meta": meta,
+        "problems": problems,
+        "scenarios": scenarios,
+        "scaling_100_vs_2_threads": scaling,
+        "memory_bytes_per_record": memory,
+        "flush": flush_rows,
+        "recovery": recovery,
+        "latency_ns": latency,
+        "targets": targets,
+    }
+
+
+def plots(results, directory):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib missing (python3-matplotlib); no plots", file=sys.stderr)
+        return []
+    made = []
+    for s, entry in results["scenarios"].items():
+        threads = sorted(entry, key=int)
+        guards = sorted({g for t in threads for g in entry[t]["ops_per_sec"]}, key=order_key)
+        fig, ax = plt.subplots(figsize=(9, 5))
+        width = 0.8 / max(1, len(guards))
+        for i, g in enumerate(guards):
+            xs = [j + i * width for j in range(len(threads))]
+            ys = [entry[t]["ops_per_sec"].get(g, 0) for t in threads]
+            ax.bar(xs, ys, width, label=g)
+        ax.set_yscale("log")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(threads))])
+        ax.set_xticklabels([f"{t} thread{'s' if t != '1' else ''}" for t in threads])
+        ax.set_ylabel("operations per second (log)")
+        ax.set_title(SCENARIOS.get(s, s))
+        ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+        fig.tight_layout()
+        fn = f"{s}.png"
+        fig.savefig(os.path.join(directory, fn), dpi=100)
+        plt.close(fig)
+        made.append(fn)
+    lat = results.get("latency_ns")
+    if lat:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = ["p50", "p99", "p999"]
+        for i, (k, name) in enumerate([("plain_ns", "in memory, no flusher"), ("flusher_busy_ns", "flusher writing to SQLite")]):
+            ax.bar([j + i * 0.4 for j in range(3)], [lat[k][x] for x in labels], 0.4, label=name)
+        ax.set_xticks([j + 0.2 for j in range(3)])
+        ax.set_xticklabels(["p50", "p99", "p99.9"])
+        ax.set_yscale("log")
+        ax.set_ylabel("begin() latency, ns (log)")
+        ax.set_title("begin() latency with and without a busy flusher")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(directory, "latency.png"), dpi=100)
+        plt.close(fig)
+        made.append("latency.png")
+    return made
+
+
+def table_scenario(results, s):
+    entry = results["scenarios"].get(s)
+    if not entry:
+        return "_not measured in this run_\n"
+    threads = sorted(entry, key=int)
+    guards = sorted({g for t in threads for g in entry[t]["ops_per_sec"]}, key=order_key)
+    lines = ["| guard | " + " | ".join(f"{t} thr ops/s" for t in threads) + " | " +
+             " | ".join(f"idem is ... x ({t} thr)" for t in threads) + " |",
+             "|---|" + "---|" * (2 * len(threads))]
+    for g in guards:
+        rates = [fmt_rate(entry[t]["ops_per_sec"].get(g)) for t in threads]
+        ratios = ["" if g == REFERENCE else fmt_ratio(entry[t]["idem_ratio"].get(g)) for t in threads]
+        lines.append(f"| {g} | " + " | ".join(rates) + " | " + " | ".join(ratios) + " |")
+    if s == "overhead_10us":
+        lines.append("")
+        lines.append("| guard | " + " | ".join(f"throughput lost, {t} thr" for t in threads) + " |")
+        lines.append("|---|" + "---|" * len(threads))
+        for g in guards:
+            if g == "unguarded":
+                continue
+            lines.append(f"| {g} | " + " | ".join(
+                f"{entry[t].get('loss_percent', {}).get(g, float('nan')):.2f}%" for t in threads) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_targets(results):
+    lines = ["| measure | measured | target | met |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        v = t["value"]
+        if v is None:
+            shown = "n/a"
+        elif t["unit"] == "x":
+            shown = fmt_ratio(v)
+        elif t["unit"] in ("transitions/s", "acks/s"):
+            shown = f"{v:,.0f} {t['unit']}"
+        else:
+            shown = f"{v:.2f} {t['unit']}"
+        goal = f"{t['direction']} {t['target']:,} {t['unit']}"
+        met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['measure']} | {shown} | {goal} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_scaling(results):
+    lines = ["| scenario | guard | 100 threads / 2 threads |", "|---|---|---|"]
+    for s, gs in results["scaling_100_vs_2_threads"].items():
+        for g in sorted(gs, key=order_key):
+            lines.append(f"| {s} | {g} | {gs[g]:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def table_memory(results):
+    mem = results["memory_bytes_per_record"]
+    if not mem:
+        return "_not measured in this run_\n"
+    lines = ["| guard | resident bytes per live record |", "|---|---|"]
+    for g in sorted(mem, key=order_key):
+        lines.append(f"| {g} | {mem[g]:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_flush(results):
+    lines = ["| store | mode | threads | operations | transitions/s committed | acknowledged ops/s | begin p50 ms | begin p99 ms | begin max ms | failures |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["flush"]:
+        lines.append(f"| {r['store']} | {r['mode']} | {r['threads']} | {r['ops']:,} | {r['transitions_per_sec']:,.0f} | "
+                     f"{r['acks_per_sec']:,.0f} | {r['begin_ms_p50']:.3f} | {r['begin_ms_p99']:.3f} | {r['begin_ms_max']:.3f} | {r['failures']} |")
+    lines.append("")
+    lines.append("| store | records recovered | recovery (load into the table) s | constructor total s |")
+    lines.append("|---|---|---|---|")
+    for r in results["recovery"]:
+        lines.append(f"| {r['store']} | {r['recovered']:,} | {r['recovery_s']:.3f} | {r['open_total_s']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_latency(results):
+    lat = results.get("latency_ns")
+    if not lat:
+        return "_not measured in this run_\n"
+    lines = [f"{lat['latency_ops']:,} begin() calls on one thread; {lat['flushed_during']:,} transitions were "
+             "committed to SQLite by the flusher while the second series was timed.", "",
+             "| set-up | p50 ns | p99 ns | p99.9 ns | max ns |", "|---|---|---|---|---|"]
+    for k, name in (("plain_ns", "idem::guard, no flusher"), ("flusher_busy_ns", "durable_guard, flusher writing to SQLite")):
+        v = lat[k]
+        lines.append(f"| {name} | {v['p50']:,.0f} | {v['p99']:,.0f} | {v['p999']:,.0f} | {v['max']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--docs")
+    ap.add_argument("--template", default=os.path.join(os.path.dirname(__file__), "benchmarks.md.in"))
+    ap.add_argument("--command", default="scripts/bench")
+    ap.add_argument("--started", default="")
+    ap.add_argument("--machine", default="")
+    a = ap.parse_args()
+
+    guards, context, problems = load_guards(os.path.join(a.dir, "guards.json"))
+    memory = load_memory(a.dir)
+    flush = load_flush(os.path.join(a.dir, "flush.jsonl"))
+    meta = {
+        "date": a.started,
+        "command": a.command,
+        "machine": a.machine,
+        "compiler": context.get("compiler", ""),
+        "cxx_flags": context.get("cxx_flags", ""),
+        "keys_per_run": context.get("keys_per_run", ""),
+        "redis_keys_per_run": context.get("redis_keys_per_run", ""),
+        "pg_keys_per_run": context.get("pg_keys_per_run", ""),
+        "library_build_type": context.get("library_build_type", ""),
+        "cpu_scaling_enabled": context.get("cpu_scaling_enabled"),
+    }
+    results = build_results(guards, memory, flush, meta, problems)
+    results["plots"] = plots(results, a.dir)
+    with open(os.path.join(a.dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+
+    if a.docs:
+        with open(a.template, encoding="utf-8") as f:
+            doc = f.read()
+        fills = {
+            "META": "\n".join(f"* {k.replace('_', ' ')}: `{v}`" for k, v in meta.items() if v not in ("", None)) + "\n",
+            "TARGETS": table_targets(results),
+            "SCALING": table_scaling(results),
+            "MEMORY": table_memory(results),
+            "FLUSH": table_flush(results),
+            "LATENCY": table_latency(results),
+            "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
+        }
+        for s in SCENARIOS:
+            fills["TABLE:" + s] = table_scenario(results, s)
+        for k, v in fills.items():
+            doc = doc.replace(f"@@{k}@@", v.rstrip("\n"))
+        left = re.findall(r"@@[A-Z_:a-z0-9]+@@", doc)
+        if left:
+            print(f"report: unfilled markers in the template: {left}", file=sys.stderr)
+            return 1
+        with open(a.docs, "w", encoding="utf-8") as f:
+            f.write(doc)
+    for p in problems:
+        print(f"report: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
