@@ -1,6 +1,7 @@
 # scope::global (include/idem/global_guard.hpp) against a real PostgreSQL 15: IDEM_TEST_PG_URI must
 # name a server (the tests FAIL when it is unset or unreachable; each test uses a fresh database),
-# IDEM_TEST_PG_CTL a command that restarts it (the restart test FAILs without it). The test binary
+# PG_BIN and PG_DIR (exported by scripts/lib/postgres.sh) or IDEM_TEST_PG_CTL say how to restart it (the
+# restart tests FAIL without them). The test binary
 # starts copies of itself as worker processes (argv[1] == "child"), so it has its own main().
 # Included from tests/CMakeLists.txt when the idem::postgres target exists.
 add_executable(global_test ${CMAKE_CURRENT_LIST_DIR}/global_test.cpp)

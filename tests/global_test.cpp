@@ -1,8 +1,8 @@
 // scope::global (idem::global_guard) against a real PostgreSQL 15.
 //
-// Needs IDEM_TEST_PG_URI (a server; scripts/test starts one) and, for the restart test,
-// IDEM_TEST_PG_CTL (a shell command that restarts that server, e.g.
-// `runuser -u postgres -- $PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -m immediate -w restart`).
+// Needs IDEM_TEST_PG_URI (a server; scripts/test starts one) and, for the restart tests, a way to
+// restart that server: PG_BIN and PG_DIR as scripts/lib/postgres.sh exports them (scripts/test runs
+// ctest under them), or IDEM_TEST_PG_CTL, a shell command that restarts it.
 // The tests FAIL, never skip, when either is missing or the server is unreachable. Each test creates
 // its own database idem_g_<random> and drops it afterwards.
 //
@@ -425,6 +425,20 @@ protected:
         return n.exec(text)[0][0].as<std::int64_t>();
     }
 
+    /// Waits (polling the store, 10 s at most) until `n` claims have expired on the SERVER's clock,
+    /// which is the clock compensation reads; false when they did not.
+    bool await_expired(std::int64_t n) {
+        const auto until = std::chrono::steady_clock::now() + 10s;
+        for (;;) {
+            const std::int64_t expired = sql_int(
+                "SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
+                "(extract(epoch FROM clock_timestamp()) * 1000)::bigint");
+            if (expired >= n) return true;
+            if (std::chrono::steady_clock::now() >= until) return false;
+            std::this_thread::sleep_for(20ms);  // a poll interval, not a synchronisation
+        }
+    }
+
     void expect_verified() {
         idem::postgres_store st(uri_, 10s);
         const idem::verify_report vr = idem::verify(st);
@@ -526,7 +540,7 @@ TEST_F(Global, CompensationFencesTheStaleOwner) {
     ASSERT_EQ(a.status, idem::begin_status::acquired);
     ASSERT_EQ(b.status, idem::begin_status::acquired);
     EXPECT_EQ(other.compensate(), 0u);  // not expired yet
-    std::this_thread::sleep_for(1300ms);
+    ASSERT_TRUE(await_expired(2));
     EXPECT_EQ(other.begin(idem::key("TXA_PAY_v1")).status, idem::begin_status::in_doubt);
     EXPECT_EQ(other.compensate(), 2u);
     EXPECT_EQ(asked.load(), 2);
@@ -654,7 +668,7 @@ TEST_F(Global, NodeDeath) {
     const std::string h = holder.expect("holding", 60s);
     ASSERT_FALSE(h.empty());
     ASSERT_EQ(::kill(holder.pid(), SIGSTOP), 0);  // the node stops answering, holding 40 claims
-    std::this_thread::sleep_for(1200ms);          // past its lease
+    ASSERT_TRUE(await_expired(n)) << "the stopped node's leases never expired";
 
     // The resolver reads the ledger: an effect there ran (succeeded with its outcome), else not.
     auto resolver = [&](const idem::expired_claim& e) {
@@ -722,15 +736,26 @@ TEST_F(Global, NodeDeath) {
     expect_verified();
 }
 
+/// The shell command that restarts the test server (immediate mode: in-flight work is lost):
+/// IDEM_TEST_PG_CTL when set, else pg_ctl on the server scripts/lib/postgres.sh started (PG_BIN,
+/// PG_DIR; as the postgres user when we are root, as pg_start runs it). pg_ctl restart reuses the
+/// server's command line (port, socket directory). Empty when neither is known.
+std::string restart_command() {
+    if (const std::string ctl = env("IDEM_TEST_PG_CTL"); !ctl.empty()) return ctl;
+    const std::string bin = env("PG_BIN"), dir = env("PG_DIR");
+    if (bin.empty() || dir.empty()) return "";
+    return std::string(::geteuid() == 0 ? "runuser -u postgres -- " : "") + bin + "/pg_ctl -D " + dir + "/data -l " +
+           dir + "/log -m immediate -w -t 60 restart";
+}
+
 /// 3 processes x 8 threads race on 3000 keys while the server is restarted twice (immediate mode:
 /// in-flight transactions are lost, commits may go unanswered). `wait` is how long callers wait for
 /// their batch: long (the restart is waited out) or short (callers give up mid-restart: claims are
 /// withdrawn, successes are acknowledged late or never, and asked about again).
 void restart_race(Global* t, const std::string& uri, const std::string& dir, std::chrono::milliseconds wait) {
-    const std::string ctl = env("IDEM_TEST_PG_CTL");
-    ASSERT_FALSE(ctl.empty()) << "IDEM_TEST_PG_CTL is unset: this test needs a command that restarts the server "
-                                 "(e.g. runuser -u postgres -- $PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -m "
-                                 "immediate -w restart)";
+    const std::string ctl = restart_command();
+    ASSERT_FALSE(ctl.empty()) << "cannot restart the server: set PG_BIN and PG_DIR (scripts/lib/postgres.sh exports "
+                                 "them; scripts/test runs the tests under them) or IDEM_TEST_PG_CTL";
     int restarts = 0;
     race_result rr = run_race(uri, dir, 3, 8, 3'000, 300, wait, [&] {
         // Restart while claims and completions are in flight: once the first effects are in the

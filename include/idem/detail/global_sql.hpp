@@ -7,10 +7,16 @@
 // statement_timestamp(). No advisory lock, no LISTEN/NOTIFY, no SELECT ... FOR UPDATE SKIP LOCKED,
 // no sequence other than the audit table's BIGSERIAL, no temporary table.
 //
-// Every batch is one transaction that also inserts a random batch id into idempotent_batch. A commit
-// whose result is unknown is resolved with `batch_committed` (the speculative insert of
-// postgres_sql.hpp's `committed`): it waits for a session that still holds the id uncommitted, and
-// returns no row exactly when the batch committed.
+// Every batch is one autocommit statement (one round trip, its own transaction) that also inserts a
+// random batch id into idempotent_batch. A statement whose answer is lost is resolved with
+// `batch_committed` (the speculative insert of postgres_sql.hpp's `committed`): it waits for a
+// session that still holds the id uncommitted, and returns no row exactly when the batch committed.
+// For that wait to be exact the batch row must be written BEFORE anything else of the statement
+// (PostgreSQL runs an unreferenced data-modifying CTE after the main query: the old session could be
+// blocked on a row lock, batch row not yet written, while the probe concludes "not committed").
+// So the row set `u` of every batch statement joins the batch CTE `b`: no key is touched before b's
+// row (and its primary-key entry) exists. The one case left is a statement the server has not read
+// at all when the probe runs; the probe runs after the call deadline (seconds), on a new connection.
 //
 // Time. lease_until, created_time, updated_time and at_time are the SERVER's clock (Unix ms), so
 // machines with skewed clocks still agree on when a lease expired. `now_ms` is the statement's start.
@@ -45,9 +51,9 @@ inline constexpr std::string_view processing_index =
 inline constexpr std::string_view claim_name = "idem_g_claim";
 inline const std::string claim = R"sql(
 WITH b AS (
-  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql()
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
 ), u AS (
-  SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY AS u(k, biz, fp, n)
+  SELECT u.* FROM b, unnest($2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY AS u(k, biz, fp, n)
 ), ins AS (
   INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                       request_fingerprint, created_time, updated_time)
@@ -96,9 +102,9 @@ SELECT a.idempotent_key, a.fencing_token FROM idempotent_audit a
 inline constexpr std::string_view complete_name = "idem_g_complete";
 inline const std::string complete = R"sql(
 WITH b AS (
-  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql()
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
 ), u AS (
-  SELECT * FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
+  SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
 ), upd AS (
   UPDATE idempotent_record AS r
      SET status = u.st, outcome = u.oc, updated_time = )sql" IDEM_GSQL_NOW R"sql(
