@@ -72,16 +72,6 @@ std::string server_uri() {
     return u ? u : "";
 }
 
-std::string with_database(const std::string& uri, const std::string& db) {
-    if (!pg::is_uri(uri)) return uri + " dbname=" + db;
-    const std::size_t auth = uri.find("://") + 3;
-    const std::size_t path = uri.find_first_of("/?", auth);
-    if (path == std::string::npos) return uri + "/" + db;
-    if (uri[path] == '?') return uri.substr(0, path) + "/" + db + uri.substr(path);
-    const std::size_t q = uri.find('?', path);
-    return uri.substr(0, path + 1) + db + (q == std::string::npos ? "" : uri.substr(q));
-}
-
 /// The benchmark database: created on first use, dropped at exit.
 class bench_database {
 public:
@@ -115,7 +105,7 @@ private:
         pqxx::connection c(server_);
         pqxx::nontransaction n(c);
         n.exec("CREATE DATABASE " + db_);
-        uri_ = with_database(server_, db_);
+        uri_ = pg::with_database(server_, db_);
         idem::postgres_store schema(uri_);  // creates the schema once
         pqxx::connection d(uri_);
         pqxx::nontransaction m(d);
@@ -394,7 +384,7 @@ void process_claim_pg_sync(benchmark::State& state) {
             pqxx::nontransaction t(c);
             t.exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");
             t.exec("CREATE DATABASE " + db);
-            return with_database(server_uri(), db);
+            return pg::with_database(server_uri(), db);
         }();
         idem::options o;
         o.capacity = 2 * n;  // recovery loads the records of the earlier (calibration) runs too

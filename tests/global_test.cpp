@@ -1,9 +1,9 @@
 // scope::global (idem::global_guard) against a real PostgreSQL 15.
 //
-// Needs IDEM_TEST_PG_URI (a server; scripts/test starts one) and, for the restart tests, a way to
-// restart that server: PG_BIN and PG_DIR as scripts/lib/postgres.sh exports them (scripts/test runs
-// ctest under them), or IDEM_TEST_PG_CTL, a shell command that restarts it.
-// The tests FAIL, never skip, when either is missing or the server is unreachable. Each test creates
+// Needs IDEM_TEST_PG_URI (a server; scripts/test starts one). The restart tests start a server of
+// their own with scripts/lib/postgres.sh (PG_BIN) and restart that one, so the tests sharing
+// IDEM_TEST_PG_URI in parallel are not disturbed. The tests FAIL, never skip, when a server is
+// missing, unreachable or cannot be started. Each test creates
 // its own database idem_g_<random> and drops it afterwards.
 //
 // Several "nodes" are several processes: this binary starts copies of itself ("global_test child
@@ -18,8 +18,8 @@
 //                          nodes compensate concurrently from the ledger (each claim resolved once);
 //                          the released keys are executed by another node; the paused node resumes
 //                          (SIGCONT) and its fences are rejected (stale_ticket)
-//   ServerRestart          3 processes race while PostgreSQL is restarted (immediate): no double
-//                          execution, every acknowledged success is SUCCESS in the store
+//   ServerRestart*         3 processes race while their (private) PostgreSQL is restarted twice
+//                          (immediate): no double execution, every acknowledged success is SUCCESS
 // Every test ends with idem::verify over the store's audit trails: 0 violations.
 #include <gtest/gtest.h>
 
@@ -70,16 +70,6 @@ namespace pg = idem::detail::pg;
 std::string env(const char* name) {
     const char* v = std::getenv(name);
     return v ? v : "";
-}
-
-std::string with_database(const std::string& uri, const std::string& db) {
-    if (!pg::is_uri(uri)) return uri + " dbname=" + db;
-    const std::size_t auth = uri.find("://") + 3;
-    const std::size_t path = uri.find_first_of("/?", auth);
-    if (path == std::string::npos) return uri + "/" + db;
-    if (uri[path] == '?') return uri.substr(0, path) + "/" + db + uri.substr(path);
-    const std::size_t q = uri.find('?', path);
-    return uri.substr(0, path + 1) + db + (q == std::string::npos ? "" : uri.substr(q));
 }
 
 /// Appends whole lines with one write() each (O_APPEND: atomic against the other writers).
@@ -377,6 +367,14 @@ int child_holder(std::map<std::string, std::string> a) {
     return 0;
 }
 
+/// idem::verify over every audit trail of the store: no violation, and at least one key.
+void expect_verified(const std::string& uri) {
+    idem::postgres_store st(uri, 10s);
+    const idem::verify_report vr = idem::verify(st);
+    EXPECT_TRUE(vr.violations.empty()) << vr.violations.size() << " violations, first: " << vr.violations.front();
+    EXPECT_GT(vr.keys, 0u);
+}
+
 // ---- the fixture ----------------------------------------------------------------------------------
 
 class Global : public ::testing::Test {
@@ -398,7 +396,7 @@ protected:
         } catch (const std::exception& e) {
             FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
         }
-        uri_ = with_database(server_, db_);
+        uri_ = pg::with_database(server_, db_);
         char tmpl[] = "/tmp/idem-global-XXXXXX";
         ASSERT_NE(::mkdtemp(tmpl), nullptr);
         dir_ = tmpl;
@@ -440,12 +438,7 @@ protected:
         }
     }
 
-    void expect_verified() {
-        idem::postgres_store st(uri_, 10s);
-        const idem::verify_report vr = idem::verify(st);
-        EXPECT_TRUE(vr.violations.empty()) << vr.violations.size() << " violations, first: " << vr.violations.front();
-        EXPECT_GT(vr.keys, 0u);
-    }
+    void expect_verified() { ::expect_verified(uri_); }
 
     idem::options opts(std::chrono::milliseconds lease = 30s) {
         idem::options o;
@@ -760,56 +753,84 @@ TEST_F(Global, NodeDeath) {
     expect_verified();
 }
 
-/// The shell command that restarts the test server (immediate mode: in-flight work is lost):
-/// IDEM_TEST_PG_CTL when set, else pg_ctl on the server scripts/lib/postgres.sh started (PG_BIN,
-/// PG_DIR; as the postgres user when we are root, as pg_start runs it). pg_ctl restart reuses the
-/// server's command line (port, socket directory). Empty when neither is known.
-std::string restart_command() {
-    if (const std::string ctl = env("IDEM_TEST_PG_CTL"); !ctl.empty()) return ctl;
-    const std::string bin = env("PG_BIN"), dir = env("PG_DIR");
-    if (bin.empty() || dir.empty()) return "";
-    return std::string(::geteuid() == 0 ? "runuser -u postgres -- " : "") + bin + "/pg_ctl -D " + dir + "/data -l " +
-           dir + "/log -m immediate -w -t 60 restart";
-}
+/// A PostgreSQL server of this test's own: scripts/lib/postgres.sh's pg_start (PG_BIN, a fresh data
+/// directory, a free loopback port, as the postgres user when we are root), stopped and removed by
+/// the destructor. The restart tests restart THIS server, so the tests that share IDEM_TEST_PG_URI
+/// (ctest runs them in parallel) never see it go down. uri() is empty when it did not start.
+class private_server {
+public:
+    private_server() {
+        const std::string out = shell("pg_start >&2 && printf '%s\\n%s\\n' \"$PG_URI\" \"$PG_DIR\"");
+        const auto nl = out.find('\n');
+        if (nl == std::string::npos) return;
+        uri_ = out.substr(0, nl);
+        dir_ = out.substr(nl + 1);
+        while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
+    }
+    ~private_server() {
+        if (!dir_.empty()) (void)shell("PG_DIR='" + dir_ + "' pg_stop");
+    }
+    private_server(const private_server&) = delete;
+    private_server& operator=(const private_server&) = delete;
 
-/// 3 processes x 8 threads race on 3000 keys while the server is restarted twice (immediate mode:
-/// in-flight transactions are lost, commits may go unanswered). `wait` is how long callers wait for
-/// their batch: long (the restart is waited out) or short (callers give up mid-restart: claims are
-/// withdrawn, successes are acknowledged late or never, and asked about again).
-void restart_race(Global* t, const std::string& uri, const std::string& dir, std::chrono::milliseconds wait) {
-    const std::string ctl = restart_command();
-    ASSERT_FALSE(ctl.empty()) << "cannot restart the server: set PG_BIN and PG_DIR (scripts/lib/postgres.sh exports "
-                                 "them; scripts/test runs the tests under them) or IDEM_TEST_PG_CTL";
+    const std::string& uri() const { return uri_; }
+    /// Restarts it in immediate mode (in-flight transactions are lost, unanswered commits happen);
+    /// pg_ctl restart keeps its port and socket directory. True when it is back up.
+    bool restart() {
+        const std::string cmd = "pg_as_postgres \"$PG_BIN/pg_ctl\" -D '" + dir_ + "/data' -l '" + dir_ +
+                                "/log' -m immediate -w -t 60 restart >/dev/null && echo restarted";
+        return shell(cmd) == "restarted\n";
+    }
+
+private:
+    /// Runs `cmd` in bash with scripts/lib/postgres.sh sourced; returns its standard output.
+    static std::string shell(const std::string& cmd) {
+        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/postgres.sh'; " + cmd;
+        std::string quoted = "'";
+        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+        quoted += "'";
+        std::string out;
+        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
+            char b[512];
+            while (std::fgets(b, sizeof b, f)) out += b;
+            ::pclose(f);
+        }
+        return out;
+    }
+    std::string uri_, dir_;
+};
+
+/// 3 processes x 8 threads race on 3000 keys while their server (a private one) is restarted twice
+/// in immediate mode. `wait` is how long callers wait for their batch: long (the restart is waited
+/// out) or short (callers give up mid-restart: claims are withdrawn, successes are acknowledged
+/// late or never, and asked about again).
+void restart_race(const std::string& dir, std::chrono::milliseconds wait) {
+    private_server server;
+    ASSERT_FALSE(server.uri().empty()) << "could not start a private PostgreSQL with scripts/lib/postgres.sh "
+                                          "(PG_BIN, default /usr/lib/postgresql/15/bin)";
     int restarts = 0;
-    race_result rr = run_race(uri, dir, 3, 8, 3'000, 300, wait, [&] {
+    race_result rr = run_race(server.uri(), dir, 3, 8, 3'000, 300, wait, [&] {
         // Restart while claims and completions are in flight: once the first effects are in the
         // ledger (every connection of every process breaks), and again a little later.
         for (const std::uint64_t after : {30u, 600u}) {
-            for (int i = 0; i < 400; ++i) {
+            for (int i = 0; i < 400; ++i) {  // polls the ledgers for up to 10 s
                 std::uint64_t lines = 0;
                 for (int p = 1; p <= 3; ++p) lines += read_fields(dir + "/ledger." + std::to_string(p)).size();
                 if (lines > after) break;
                 std::this_thread::sleep_for(25ms);
             }
-            const int rc = std::system(("(" + ctl + ") </dev/null >/dev/null 2>&1").c_str());
-            EXPECT_EQ(rc, 0) << "restart command failed: " << ctl;
+            EXPECT_TRUE(server.restart()) << "the private server did not restart";
             ++restarts;
         }
     });
     EXPECT_EQ(restarts, 2);
     EXPECT_GT(rr.total["errors"], 0) << "the restarts were not felt by any process: the test proved nothing";
-    (void)t;
+    expect_verified(server.uri());
 }
 
-TEST_F(Global, ServerRestart) {
-    restart_race(this, uri_, dir_, 15s);
-    expect_verified();
-}
+TEST_F(Global, ServerRestart) { restart_race(dir_, 15s); }
 
-TEST_F(Global, ServerRestartImpatientCallers) {
-    restart_race(this, uri_, dir_, 300ms);
-    expect_verified();
-}
+TEST_F(Global, ServerRestartImpatientCallers) { restart_race(dir_, 300ms); }
 
 }  // namespace
 

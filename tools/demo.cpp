@@ -437,6 +437,19 @@ struct durable_report {
     double verify_s = 0;
 };
 
+/// The store checks of a report, as JSON fields (the first ten violations in full).
+void add_store_checks(json_object& j, const durable_report& dr) {
+    std::vector<std::string> first_violations;
+    for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i) first_violations.push_back(dr.verify.violations[i]);
+    j.add("store_records_ok", dr.records_ok)
+        .add("store_records_missing", dr.records_missing)
+        .add("store_records_wrong", dr.records_wrong)
+        .add("verify_keys", dr.verify.keys)
+        .add("verify_transitions", dr.verify.transitions)
+        .add("violations", std::uint64_t{dr.verify.violations.size()})
+        .add("violation_list", first_violations);
+}
+
 /// Reads the store back after the guard closed: this run's records and the whole store's trails.
 void check_store(const store_spec& spec, idem::durability mode, const std::string& prefix,
                  const std::function<std::uint64_t(std::size_t)>& outcome_of, std::size_t unique, durable_report& dr) {
@@ -693,8 +706,6 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
     const double ops = elapsed_s > 0 ? static_cast<double>(c.requests) / elapsed_s : 0.0;
 
     if (c.json) {
-        std::vector<std::string> first_violations;
-        for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i) first_violations.push_back(dr.verify.violations[i]);
         json_object guard_stats;
         guard_stats.add("answered_locally", static_cast<std::uint64_t>(sum["local"]))
             .add("claims_sent", static_cast<std::uint64_t>(sum["sent"]))
@@ -736,16 +747,9 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
             .add("dup_rate", c.dup_rate)
             .add("race_share", c.race_share)
             .add("work_us", c.work_us)
-            .add("wait_ms", c.wait_ms)
-            .add("store_records_ok", dr.records_ok)
-            .add("store_records_missing", dr.records_missing)
-            .add("store_records_wrong", dr.records_wrong)
-            .add("verify_keys", dr.verify.keys)
-            .add("verify_transitions", dr.verify.transitions)
-            .add("violations", std::uint64_t{dr.verify.violations.size()})
-            .add("violation_list", first_violations)
-            .add("guard", guard_stats)
-            .add("failures", failures);
+            .add("wait_ms", c.wait_ms);
+        add_store_checks(j, dr);
+        j.add("guard", guard_stats).add("failures", failures);
         std::cout << j.str() << std::endl;
     } else {
         std::cout << "idem demo: payment transfers from " << c.processes << " processes x " << c.threads
@@ -986,9 +990,6 @@ int run_demo(const demo_config& given) {
             .add("wait_ms", c.wait_ms)
             .add("peak_rss_mib", peak_rss_mib());
         if (durable) {
-            std::vector<std::string> first_violations;
-            for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i)
-                first_violations.push_back(dr.verify.violations[i]);
             j.add("durability", c.durability)
                 .add("run_id", c.run_id)
                 .add("recovered_records", std::uint64_t{dr.recovered})
@@ -1001,14 +1002,8 @@ int run_demo(const demo_config& given) {
                 .add("backpressure_retries", retries)
                 .add("drained", dr.drained)
                 .add("drain_s", dr.drain_s)
-                .add("store_records_ok", dr.records_ok)
-                .add("store_records_missing", dr.records_missing)
-                .add("store_records_wrong", dr.records_wrong)
-                .add("verify_keys", dr.verify.keys)
-                .add("verify_transitions", dr.verify.transitions)
-                .add("violations", std::uint64_t{dr.verify.violations.size()})
-                .add("violation_list", first_violations)
                 .add("verify_s", dr.verify_s);
+            add_store_checks(j, dr);
         }
         j.add("guard", guard_stats).add("failures", failures);
         std::cout << j.str() << std::endl;

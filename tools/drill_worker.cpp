@@ -132,6 +132,16 @@ struct counts {
         unexpected{0}, replay_mismatches{0};
 };
 
+/// The worker's last line for the drill: "done requests=... <counts>" plus `extra` (" name=value"...).
+void print_done(std::size_t requests, const counts& n, const std::string& extra) {
+    auto u = [](const std::atomic<std::uint64_t>& a) { return static_cast<unsigned long long>(a.load()); };
+    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
+                "unacked=%llu unexpected=%llu replay_mismatches=%llu%s\n",
+                requests, u(n.executed), u(n.acked), u(n.replayed), u(n.busy), u(n.in_doubt), u(n.unavailable),
+                u(n.unacked), u(n.unexpected), u(n.replay_mismatches), extra.c_str());
+    std::fflush(stdout);
+}
+
 int run_worker(const worker_config& c) {
     const store_spec spec = *parse_store(c.store);
     const std::vector<drill::request> reqs = drill::read_requests(c.requests);
@@ -248,15 +258,7 @@ int run_worker(const worker_config& c) {
     for (unsigned t = 0; t < c.threads; ++t) threads.emplace_back(work);
     for (auto& t : threads) t.join();
 
-    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
-                "unacked=%llu unexpected=%llu replay_mismatches=%llu\n",
-                reqs.size(), static_cast<unsigned long long>(n.executed.load()),
-                static_cast<unsigned long long>(n.acked.load()), static_cast<unsigned long long>(n.replayed.load()),
-                static_cast<unsigned long long>(n.busy.load()), static_cast<unsigned long long>(n.in_doubt.load()),
-                static_cast<unsigned long long>(n.unavailable.load()), static_cast<unsigned long long>(n.unacked.load()),
-                static_cast<unsigned long long>(n.unexpected.load()),
-                static_cast<unsigned long long>(n.replay_mismatches.load()));
-    std::fflush(stdout);
+    print_done(reqs.size(), n, "");
     if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
     gs.reset();  // drains the flusher and closes the store
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
@@ -385,16 +387,8 @@ int run_worker_global(const worker_config& c) {
     for (auto& t : threads) t.join();
 
     const idem::global_stats s = g->snapshot();
-    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
-                "unacked=%llu unexpected=%llu replay_mismatches=%llu fenced_out=%llu compensated=%llu\n",
-                reqs.size(), static_cast<unsigned long long>(n.executed.load()),
-                static_cast<unsigned long long>(n.acked.load()), static_cast<unsigned long long>(n.replayed.load()),
-                static_cast<unsigned long long>(n.busy.load()), static_cast<unsigned long long>(n.in_doubt.load()),
-                static_cast<unsigned long long>(n.unavailable.load()), static_cast<unsigned long long>(n.unacked.load()),
-                static_cast<unsigned long long>(n.unexpected.load()),
-                static_cast<unsigned long long>(n.replay_mismatches.load()),
-                static_cast<unsigned long long>(fenced_out.load()), static_cast<unsigned long long>(s.compensated));
-    std::fflush(stdout);
+    print_done(reqs.size(), n,
+               " fenced_out=" + std::to_string(fenced_out.load()) + " compensated=" + std::to_string(s.compensated));
     if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
     g.reset();
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;

@@ -302,33 +302,19 @@ public:
     /// claim until the store takes it).
     std::error_code complete(const key& k, std::uint64_t fence, record_state to, std::uint64_t outcome,
                              transition_cause cause, ticket&& local) noexcept {
-        std::shared_ptr<global_completion> r;
-        try {
-            r = std::make_shared<global_completion>();
-        } catch (...) {
-            return errc::store_unavailable;
-        }
-        r->k = k;
-        r->fence = fence;
-        r->to = to;
-        r->outcome = outcome;
-        r->cause = cause;
-        r->local = std::move(local);
-        return await_completion(r);
+        return submit_completion(k, fence, [&](global_completion& r) {
+            r.to = to;
+            r.outcome = outcome;
+            r.cause = cause;
+            r.local = std::move(local);
+        });
     }
 
     /// Renews the lease of (k, fence) to now + by (server clock).
     std::error_code extend(const key& k, std::uint64_t fence, std::chrono::nanoseconds by) noexcept {
-        std::shared_ptr<global_completion> r;
-        try {
-            r = std::make_shared<global_completion>();
-        } catch (...) {
-            return errc::store_unavailable;
-        }
-        r->k = k;
-        r->fence = fence;
-        r->extend_by = std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(by));
-        return await_completion(r);
+        return submit_completion(k, fence, [&](global_completion& r) {
+            r.extend_by = std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(by));
+        });
     }
 
     // ---- compensation ---------------------------------------------------------------------------
@@ -533,7 +519,19 @@ private:
         q.work.notify_all();
     }
 
-    std::error_code await_completion(const std::shared_ptr<global_completion>& r) {
+    /// A completion or renewal of (k, fence), filled in by `fill`, queued and awaited. A failed
+    /// allocation drops `local` (released locally) and answers store_unavailable.
+    template <class Fill>
+    std::error_code submit_completion(const key& k, std::uint64_t fence, Fill fill) noexcept {
+        std::shared_ptr<global_completion> r;
+        try {
+            r = std::make_shared<global_completion>();
+        } catch (...) {
+            return errc::store_unavailable;
+        }
+        r->k = k;
+        r->fence = fence;
+        fill(*r);
         if (!submit(completions_, r)) return errc::store_unavailable;
         std::unique_lock lk(completions_.m);
         const auto until = std::chrono::steady_clock::now() + go_.wait_timeout;
