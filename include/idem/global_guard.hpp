@@ -33,7 +33,9 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "idem/detail/global_engine.hpp"

@@ -229,16 +229,10 @@ public:
         std::uint64_t outcome = 0;
     };
 
-    claim_answer begin(const key& k, std::uint64_t fp) noexcept {
-        // The local table first: a known key costs what it costs in process scope (no shared counter
-        // here: answered_locally is derived from the table's own striped counters).
-        auto lr = local_.begin(k, fp);
-        if (lr.status != begin_status::acquired) return {lr.status, {}, 0, lr.outcome};
-        return claim(k, fp, std::move(lr));
-    }
-
-    /// The store's half of begin(): `lr` holds the local claim on k (this process's one question
-    /// about k in flight).
+    /// The store's half of global_guard::begin(), which asked the local table first (a known key
+    /// costs what it costs in process scope; answered_locally is derived from the table's own
+    /// striped counters, no shared counter on that path): `lr` holds the local claim on k (this
+    /// process's one question about k in flight).
     claim_answer claim(const key& k, std::uint64_t fp, begin_result&& lr) noexcept {
         if (!pg::valid_utf8(k.view())) {  // PostgreSQL text cannot hold it (postgres_store::accepts_key)
             (void)lr.ticket.fail(0, failure_policy::retryable);
