@@ -195,6 +195,29 @@ struct alignas(64) tally {
     std::string first_unexpected;
 };
 
+/// The workers' counts added up (done excepted); `problems` gets the first few unexpected answers.
+struct tally_sum {
+    std::uint64_t executed = 0, blocked = 0, replayed = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
+                  mismatches = 0, unexpected = 0, retries = 0;
+    std::vector<std::string> problems;
+};
+tally_sum sum_tallies(const std::vector<tally>& tallies) {
+    tally_sum s;
+    for (const tally& t : tallies) {
+        s.executed += t.executed;
+        s.blocked += t.blocked;
+        s.replayed += t.replayed;
+        s.in_flight += t.in_flight;
+        s.wait_timeouts += t.wait_timeouts;
+        s.declined += t.declined;
+        s.mismatches += t.outcome_mismatches;
+        s.unexpected += t.unexpected;
+        s.retries += t.backpressure_retries;
+        if (!t.first_unexpected.empty() && s.problems.size() < 5) s.problems.push_back(t.first_unexpected);
+    }
+    return s;
+}
+
 /// Guard is idem::guard (one process) or idem::global_guard (--processes: one of several processes
 /// sharing a PostgreSQL store; this process sends the stream positions offset, offset + stride, ...).
 template <class Guard>
@@ -520,20 +543,9 @@ int run_demo_process(const demo_config& c, const store_spec& spec) {
                                      static_cast<std::size_t>(c.process_index));
     const double elapsed_s = run.run().count();
 
-    std::uint64_t executed = 0, blocked = 0, replayed = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
-                  mismatches = 0, unexpected = 0;
-    std::string first;
-    for (const tally& t : run.tallies()) {
-        executed += t.executed;
-        blocked += t.blocked;
-        replayed += t.replayed;
-        in_flight += t.in_flight;
-        wait_timeouts += t.wait_timeouts;
-        declined += t.declined;
-        mismatches += t.outcome_mismatches;
-        unexpected += t.unexpected;
-        if (first.empty()) first = t.first_unexpected;
-    }
+    const auto [executed, blocked, replayed, in_flight, wait_timeouts, declined, mismatches, unexpected, retries,
+                problems] = sum_tallies(run.tallies());
+    const std::string first = problems.empty() ? std::string() : problems.front();
     std::vector<std::int64_t> expected(c.accounts, opening_balance_cents);
     std::ofstream out(c.results, std::ios::binary | std::ios::trunc);
     for (std::size_t i = 0; i < w.requests.size(); ++i) {
@@ -882,21 +894,12 @@ int run_demo(const demo_config& given) {
     const char* mode_name = c.naive ? "naive" : "idem";
 
     // ---- Checks, from the application's own records (never from the guard) ----
-    std::uint64_t executed = 0, replayed = 0, blocked = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
-                  mismatches = 0, unexpected = 0, retries = 0, tallied_executions = 0;
-    std::vector<std::string> problems;
-    for (const tally& t : run.tallies()) {
-        tallied_executions += t.executed;
-        blocked += t.blocked;
-        replayed += t.replayed;
-        in_flight += t.in_flight;
-        wait_timeouts += t.wait_timeouts;
-        declined += t.declined;
-        mismatches += t.outcome_mismatches;
-        unexpected += t.unexpected;
-        retries += t.backpressure_retries;
-        if (!t.first_unexpected.empty() && problems.size() < 5) problems.push_back(t.first_unexpected);
-    }
+    tally_sum ts = sum_tallies(run.tallies());
+    const std::uint64_t tallied_executions = ts.executed, replayed = ts.replayed, blocked = ts.blocked,
+                        in_flight = ts.in_flight, wait_timeouts = ts.wait_timeouts, declined = ts.declined,
+                        mismatches = ts.mismatches, unexpected = ts.unexpected, retries = ts.retries;
+    std::uint64_t executed = 0;
+    std::vector<std::string> problems = std::move(ts.problems);
     std::uint64_t double_executions = 0, lost = 0;
     std::vector<std::int64_t> expected(c.accounts, opening_balance_cents);
     for (std::size_t i = 0; i < w.requests.size(); ++i) {

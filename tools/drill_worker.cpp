@@ -132,6 +132,23 @@ struct counts {
         unexpected{0}, replay_mismatches{0};
 };
 
+/// The first problem any worker thread noted, printed to stderr at the end.
+class first_problem {
+public:
+    void note(const std::string& what) {
+        std::lock_guard lock(m_);
+        if (text_.empty()) text_ = what;
+    }
+    void report() {
+        std::lock_guard lock(m_);
+        if (!text_.empty()) std::cerr << "idem drill-worker: first problem: " << text_ << '\n';
+    }
+
+private:
+    std::mutex m_;
+    std::string text_;
+};
+
 /// The worker's last line for the drill: "done requests=... <counts>" plus `extra` (" name=value"...).
 void print_done(std::size_t requests, const counts& n, const std::string& extra) {
     auto u = [](const std::atomic<std::uint64_t>& a) { return static_cast<unsigned long long>(a.load()); };
@@ -195,12 +212,8 @@ int run_worker(const worker_config& c) {
 
     counts n;
     std::atomic<std::size_t> cursor{0};
-    std::mutex err_m;
-    std::string first_error;
-    auto note = [&](const std::string& what) {
-        std::lock_guard lock(err_m);
-        if (first_error.empty()) first_error = what;
-    };
+    first_problem problem;
+    auto note = [&](const std::string& what) { problem.note(what); };
     auto work = [&] {
         for (;;) {
             const std::size_t i = cursor.fetch_add(1, std::memory_order_relaxed);  // relaxed: distinct positions only
@@ -259,7 +272,7 @@ int run_worker(const worker_config& c) {
     for (auto& t : threads) t.join();
 
     print_done(reqs.size(), n, "");
-    if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
+    problem.report();
     gs.reset();  // drains the flusher and closes the store
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
@@ -311,12 +324,8 @@ int run_worker_global(const worker_config& c) {
     counts n;
     std::atomic<std::uint64_t> fenced_out{0};
     std::atomic<std::size_t> cursor{0};
-    std::mutex err_m;
-    std::string first_error;
-    auto note = [&](const std::string& what) {
-        std::lock_guard lock(err_m);
-        if (first_error.empty()) first_error = what;
-    };
+    first_problem problem;
+    auto note = [&](const std::string& what) { problem.note(what); };
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     // One request: true when it has its answer (executed and acknowledged, or replayed).
     auto one = [&](const drill::request& rq) -> bool {
@@ -389,7 +398,7 @@ int run_worker_global(const worker_config& c) {
     const idem::global_stats s = g->snapshot();
     print_done(reqs.size(), n,
                " fenced_out=" + std::to_string(fenced_out.load()) + " compensated=" + std::to_string(s.compensated));
-    if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
+    problem.report();
     g.reset();
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
