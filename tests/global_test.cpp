@@ -3,21 +3,25 @@
 // Needs IDEM_TEST_PG_URI (a server; scripts/test starts one). The restart tests start a server of
 // their own with scripts/lib/postgres.sh (PG_BIN) and restart that one, so the tests sharing
 // IDEM_TEST_PG_URI in parallel are not disturbed. The tests FAIL, never skip, when a server is
-// missing, unreachable or cannot be started. Each test creates
-// its own database idem_g_<random> and drops it afterwards.
+// missing, unreachable or cannot be started. Each test creates its own database idem_g_<random> and
+// drops it afterwards.
 //
 // Several "nodes" are several processes: this binary starts copies of itself ("global_test child
 // MODE key=value ..."), talks to them over stdin/stdout, and keeps the truth in an independent
 // ledger: one line per executed effect, appended by the executing process to its own file. A key
 // executed twice shows up as two lines, whichever processes wrote them.
 //
-//   GlobalGuard.*          one process: claim, replay, mismatch, release and re-claim, extend, fences
-//   Race4x25               4 processes x 25 threads race on the same 10k keys: every key executes
-//                          exactly once, every thread of every process sees the winner's outcome
+//   ClaimReplay..., Release..., Compensation...
+//                          one or two guards in this process: claim, replay, mismatch, release and
+//                          re-claim, terminal failure, run(), extend, compensation fencing the owner
+//   Race4x25               4 processes x 25 threads (on a std::latch) race on the same 10k keys:
+//                          every key executes exactly once, every thread of every process sees the
+//                          winner's outcome, every acknowledged success is SUCCESS in the store
 //   NodeDeath              a node holds claims and is paused (SIGSTOP) past its lease; two other
-//                          nodes compensate concurrently from the ledger (each claim resolved once);
-//                          the released keys are executed by another node; the paused node resumes
-//                          (SIGCONT) and its fences are rejected (stale_ticket)
+//                          nodes both read every expired claim, then race their fenced UPDATEs
+//                          (each claim resolved once); node b claims the released keys again
+//                          (fence 2); the paused node resumes (SIGCONT) and every fence it holds is
+//                          rejected (stale_ticket), including on the keys node b holds now
 //   ServerRestart*         3 processes race while their (private) PostgreSQL is restarted twice
 //                          (immediate): no double execution, every acknowledged success is SUCCESS
 // Every test ends with idem::verify over the store's audit trails: 0 violations.
