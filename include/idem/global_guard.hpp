@@ -231,8 +231,6 @@ public:
     /// This process's node identity, as written into the audit trail.
     [[nodiscard]] const std::string& node() const noexcept { return engine_->node(); }
     [[nodiscard]] const options& opts() const noexcept { return engine_->opts(); }
-    /// Server processes of the claim, completion and compensation connections (tests, operators).
-    [[nodiscard]] std::vector<int> backend_pids() const { return engine_->backend_pids(); }
 
 private:
     std::unique_ptr<detail::global_engine> engine_;

@@ -434,14 +434,6 @@ public:
     [[nodiscard]] const global_options& global_opts() const noexcept { return go_; }
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
     guard& local() noexcept { return local_; }
-    /// Server processes of the three connections (0 when not connected): for tests and operators.
-    [[nodiscard]] std::vector<int> backend_pids() const {
-        std::vector<int> pids;
-        for (const auto& d : claim_dbs_) pids.push_back(d->backend_pid());
-        for (const auto& d : completion_dbs_) pids.push_back(d->backend_pid());
-        pids.push_back(compensation_db_.backend_pid());
-        return pids;
-    }
 
 private:
     struct item {  // one row of a completion / compensation batch
