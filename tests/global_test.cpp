@@ -14,6 +14,8 @@
 //   ClaimReplay..., Release..., Compensation...
 //                          one or two guards in this process: claim, replay, mismatch, release and
 //                          re-claim, terminal failure, run(), extend, compensation fencing the owner
+//   InDoubtProbe...        the probe that resolves an unanswered batch waits for a batch that is
+//                          still running (its batch row is written before it can block on a key)
 //   Race4x25               4 processes x 25 threads (on a std::latch) race on the same 10k keys:
 //                          every key executes exactly once, every thread of every process sees the
 //                          winner's outcome, every acknowledged success is SUCCESS in the store
@@ -555,6 +557,58 @@ TEST_F(Global, CompensationFencesTheStaleOwner) {
     EXPECT_FALSE(rb.ticket.extend(10s));
     EXPECT_FALSE(rb.ticket.succeed(3));
     expect_verified();
+}
+
+/// The in-doubt probe (gsql::batch_committed) is exact only if a claim batch writes its batch row
+/// before it can block on a key: then a probe that runs while the old statement is still blocked
+/// waits for it instead of answering "not committed" (after which the old statement commits its
+/// claims unseen). A batch is made to block on a key another transaction holds uncommitted; the
+/// probe must still be waiting after a second (its statement_timeout), and the batch must then win.
+TEST_F(Global, InDoubtProbeWaitsForABlockedBatch) {
+    { idem::global_guard schema(uri_, opts(), gopts("schema")); }  // creates the tables
+    namespace gsql = idem::detail::gsql;
+    pqxx::connection holder(uri_), batcher(uri_), prober(uri_);
+    pqxx::work hold(holder);
+    hold.exec("INSERT INTO idempotent_record VALUES ('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    batcher.prepare(std::string(gsql::claim_name), gsql::claim);
+    const int batcher_pid = batcher.backendpid();
+    std::vector<std::string> won;
+    std::string batch_error;
+    std::thread batch([&] {
+        try {
+            pqxx::nontransaction n(batcher);
+            for (const auto& row : n.exec_prepared(std::string(gsql::claim_name), std::int64_t{4242},
+                                                   std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{PAY,PAY}"),
+                                                   std::string("{0,0}"), std::int64_t{60000}, std::string("probe")))
+                won.push_back(row[0].c_str());
+        } catch (const std::exception& e) {
+            batch_error = e.what();
+        }
+    });
+    // Wait (polling the server, 10 s at most) until the batch is blocked on the held key.
+    bool blocked = false;
+    for (int i = 0; i < 500 && !blocked; ++i) {
+        blocked = sql_int("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(batcher_pid) +
+                          " AND wait_event_type = 'Lock'") == 1;
+        if (!blocked) std::this_thread::sleep_for(20ms);  // a poll interval
+    }
+    EXPECT_TRUE(blocked) << "the claim batch never blocked on the held key";
+    std::string probe;
+    try {
+        pqxx::work w(prober);
+        w.exec("SET LOCAL statement_timeout = 1000");
+        const auto r = w.exec_params(std::string(gsql::batch_committed), std::int64_t{4242});
+        probe = r.empty() ? "answered: committed" : "answered: not committed";
+    } catch (const pqxx::sql_error& e) {
+        probe = e.sqlstate() == "57014" ? "waited" : std::string("error ") + e.what();
+    }
+    hold.abort();  // the held key goes away: the batch proceeds and wins both keys
+    batch.join();
+    EXPECT_EQ(probe, "waited") << "the probe must wait for a batch that is still running";
+    EXPECT_EQ(batch_error, "");
+    std::sort(won.begin(), won.end());
+    EXPECT_EQ(won, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v1"}));
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_batch WHERE batch_id = 4242"), 1);
 }
 
 // ---- several processes ------------------------------------------------------------------------------
