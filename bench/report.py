@@ -73,6 +73,27 @@ def load_memory(directory):
     return mem
 
 
+def load_global(path):
+    """idem-global-bench: [(row label, items/s, claims per batch or None)], problems."""
+    rows, problems = [], []
+    if not os.path.exists(path):
+        return rows, problems
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate":
+            continue
+        name = b.get("run_name", b["name"])
+        if b.get("error_occurred"):
+            problems.append(f"{name}: {b.get('error_message', 'error')}")
+            continue
+        if b.get("unexpected", 0):
+            problems.append(f"{name}: {int(b['unexpected'])} unexpected answers")
+        label = "/".join(p for p in name.split("/") if not re.match(r"(iterations|min_time|real_time|manual_time)", p))
+        rows.append((label, b.get("items_per_second"), b.get("claims_per_batch")))
+    return rows, problems
+
+
 def load_flush(path):
     rows = []
     if os.path.exists(path):
@@ -298,6 +319,17 @@ def table_flush(results):
     return "\n".join(lines) + "\n"
 
 
+def table_global(results):
+    rows = results.get("global", [])
+    if not rows:
+        return "_not measured in this run_\n"
+    lines = ["| benchmark | operations/s | claims per claim batch |", "|---|---|---|"]
+    for r in rows:
+        cpb = "" if r["claims_per_batch"] is None else f"{r['claims_per_batch']:.1f}"
+        lines.append(f"| `{r['benchmark']}` | {fmt_rate(r['ops_per_sec'])} | {cpb} |")
+    return "\n".join(lines) + "\n"
+
+
 def table_latency(results):
     lat = results.get("latency_ns")
     if not lat:
@@ -324,6 +356,8 @@ def main():
     guards, context, problems = load_guards(os.path.join(a.dir, "guards.json"))
     memory = load_memory(a.dir)
     flush = load_flush(os.path.join(a.dir, "flush.jsonl"))
+    global_rows, global_problems = load_global(os.path.join(a.dir, "global.json"))
+    problems += global_problems
     meta = {
         "date": a.started,
         "command": a.command,
@@ -337,6 +371,7 @@ def main():
         "cpu_scaling_enabled": context.get("cpu_scaling_enabled"),
     }
     results = build_results(guards, memory, flush, meta, problems)
+    results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
     results["plots"] = plots(results, a.dir)
     with open(os.path.join(a.dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
@@ -351,6 +386,7 @@ def main():
             "MEMORY": table_memory(results),
             "FLUSH": table_flush(results),
             "LATENCY": table_latency(results),
+            "GLOBAL": table_global(results),
             "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
         }
         for s in SCENARIOS:

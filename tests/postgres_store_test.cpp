@@ -79,17 +79,6 @@ std::string test_uri() {
     return u ? u : "";
 }
 
-/// The same server, another database.
-std::string with_database(const std::string& uri, const std::string& db) {
-    if (!pg::is_uri(uri)) return uri + " dbname=" + db;
-    const std::size_t auth = uri.find("://") + 3;
-    const std::size_t path = uri.find_first_of("/?", auth);
-    if (path == std::string::npos) return uri + "/" + db;
-    if (uri[path] == '?') return uri.substr(0, path) + "/" + db + uri.substr(path);
-    const std::size_t q = uri.find('?', path);
-    return uri.substr(0, path + 1) + db + (q == std::string::npos ? "" : uri.substr(q));
-}
-
 /// Sends SIGSTOP to a server process and SIGCONT when it goes out of scope (even when a test fails).
 class paused_process {
 public:
@@ -132,7 +121,7 @@ protected:
         } catch (const std::exception& e) {
             FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
         }
-        uri_ = with_database(server_, db_);
+        uri_ = pg::with_database(server_, db_);
     }
 
     void TearDown() override {

@@ -51,10 +51,18 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
 #include "command.hpp"
+#include "drill.hpp"
 #include "idem/idem.hpp"
 #include "idem/verify.hpp"
 #include "ledger.hpp"
@@ -62,6 +70,11 @@
 #include "progress.hpp"
 #include "report.hpp"
 #include "store.hpp"
+#ifdef IDEM_HAVE_POSTGRES
+#include "idem/global_guard.hpp"
+#endif
+
+extern char** environ;
 
 namespace idem::tool {
 namespace {
@@ -102,6 +115,9 @@ struct demo_config {
     std::uint32_t accounts = default_accounts;
     double race_share = default_race_share;
     double wait_ms = default_wait_ms;
+    unsigned processes = 1;  ///< > 1: that many processes share a PostgreSQL store (global scope)
+    int process_index = -1;  ///< hidden: this process is worker number i of --processes
+    std::string results;     ///< hidden: where a worker process writes its per-request results
 };
 
 struct transfer {
@@ -179,21 +195,50 @@ struct alignas(64) tally {
     std::string first_unexpected;
 };
 
+/// The workers' counts added up (done excepted); `problems` gets the first few unexpected answers.
+struct tally_sum {
+    std::uint64_t executed = 0, blocked = 0, replayed = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
+                  mismatches = 0, unexpected = 0, retries = 0;
+    std::vector<std::string> problems;
+};
+tally_sum sum_tallies(const std::vector<tally>& tallies) {
+    tally_sum s;
+    for (const tally& t : tallies) {
+        s.executed += t.executed;
+        s.blocked += t.blocked;
+        s.replayed += t.replayed;
+        s.in_flight += t.in_flight;
+        s.wait_timeouts += t.wait_timeouts;
+        s.declined += t.declined;
+        s.mismatches += t.outcome_mismatches;
+        s.unexpected += t.unexpected;
+        s.retries += t.backpressure_retries;
+        if (!t.first_unexpected.empty() && s.problems.size() < 5) s.problems.push_back(t.first_unexpected);
+    }
+    return s;
+}
+
+/// Guard is idem::guard (one process) or idem::global_guard (--processes: one of several processes
+/// sharing a PostgreSQL store; this process sends the stream positions offset, offset + stride, ...).
+template <class Guard>
 class demo_run {
 public:
     /// Exactly one of `g` and `naive` is non-null. Request i is keyed "<txid_prefix><i+1>_TRANSFER_v1".
-    demo_run(const demo_config& c, const workload& w, idem::guard* g, naive_guard* naive, ledger& l,
-             std::string txid_prefix)
+    demo_run(const demo_config& c, const workload& w, Guard* g, naive_guard* naive, ledger& l,
+             std::string txid_prefix, std::size_t stride = 1, std::size_t offset = 0)
         : c_(c), w_(w), g_(g), naive_(naive), ledger_(l), prefix_(std::move(txid_prefix)), tallies_(c.threads),
+          stride_(stride), offset_(offset),
           exec_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
           applied_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
           outcome_(std::make_unique<std::atomic<std::uint64_t>[]>(w.requests.size())),
+          replayed_(std::make_unique<std::atomic<std::uint64_t>[]>(w.requests.size())),
           work_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(c.work_us))),
           wait_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.wait_ms))) {}
 
     /// Runs the workload on c.threads threads; returns the wall time from start signal to last join.
     std::chrono::duration<double> run() {
-        progress_bar bar(!c_.json, w_.stream.size(), [this] { return sent(); }, "requests");
+        const std::size_t mine = w_.stream.size() > offset_ ? (w_.stream.size() - offset_ + stride_ - 1) / stride_ : 0;
+        progress_bar bar(!c_.json, mine, [this] { return sent(); }, "requests");
         std::latch go(1);
         std::vector<std::thread> threads;
         std::vector<std::exception_ptr> errors(c_.threads);
@@ -233,6 +278,10 @@ public:
     [[nodiscard]] std::uint64_t outcome_of(std::size_t i) const noexcept {
         return outcome_[i].load(std::memory_order_relaxed);  // relaxed: read after join
     }
+    /// The outcome a duplicate was answered with when another process executed the request (0: none).
+    [[nodiscard]] std::uint64_t replayed_of(std::size_t i) const noexcept {
+        return replayed_[i].load(std::memory_order_relaxed);  // relaxed: read after join
+    }
 
 private:
     void work(unsigned t) {
@@ -241,7 +290,7 @@ private:
         for (;;) {
             // relaxed: the cursor only hands out distinct positions; the stream it indexes was written
             // before the threads started (thread creation synchronizes).
-            const std::size_t p = cursor_.fetch_add(1, std::memory_order_relaxed);
+            const std::size_t p = offset_ + stride_ * cursor_.fetch_add(1, std::memory_order_relaxed);
             if (p >= w_.stream.size()) break;
             const std::uint32_t i = w_.stream[p];
             const transfer& tr = w_.requests[i];
@@ -266,8 +315,8 @@ private:
     }
 
     void handle(tally& my, std::uint32_t i, const idem::key& k, std::uint64_t fp) {
-        idem::guard& g = *g_;
-        idem::begin_result r = g.begin(k, fp);
+        Guard& g = *g_;
+        auto r = g.begin(k, fp);
         while (r.status == idem::begin_status::backpressure) {  // durable stores only: nothing changed, retry
             ++my.backpressure_retries;
             std::this_thread::yield();
@@ -290,6 +339,11 @@ private:
                 // The replayed outcome must be this request's: it names the request, and equals what the
                 // executor recorded (the guard's succeed() released it, our begin() acquired it).
                 const std::uint64_t expected = outcome_[i].load(std::memory_order_relaxed);
+                if (expected == 0 && stride_ > 1) {  // executed by another process: checked by the parent
+                    replayed_[i].store(r.outcome, std::memory_order_relaxed);  // relaxed: read after join
+                    if (r.outcome >> 1 != std::uint64_t{i} + 1) ++my.outcome_mismatches;
+                    return;
+                }
                 if (r.outcome >> 1 != std::uint64_t{i} + 1 || r.outcome != expected) ++my.outcome_mismatches;
                 return;
             }
@@ -312,7 +366,8 @@ private:
         ++my.executed;
     }
 
-    void execute(tally& my, std::uint32_t i, idem::ticket ticket) {
+    template <class Ticket>
+    void execute(tally& my, std::uint32_t i, Ticket ticket) {
         const std::uint64_t outcome = apply(my, i);
         std::error_code ec = ticket.succeed(outcome);
         while (ec == idem::errc::backpressure) {  // the transfer happened: its success must be recorded
@@ -351,15 +406,17 @@ private:
 
     const demo_config& c_;
     const workload& w_;
-    idem::guard* g_;
+    Guard* g_;
     naive_guard* naive_;
     ledger& ledger_;
     std::string prefix_;
     std::vector<tally> tallies_;
-    alignas(64) std::atomic<std::size_t> cursor_{0};  ///< next stream position to send
+    std::size_t stride_, offset_;                     ///< this process sends positions offset_ + k * stride_
+    alignas(64) std::atomic<std::size_t> cursor_{0};  ///< next k
     std::unique_ptr<std::atomic<std::uint32_t>[]> exec_count_;     ///< executions per request (the application's count)
     std::unique_ptr<std::atomic<std::uint32_t>[]> applied_count_;  ///< transfers applied per request
     std::unique_ptr<std::atomic<std::uint64_t>[]> outcome_;        ///< outcome the executor recorded
+    std::unique_ptr<std::atomic<std::uint64_t>[]> replayed_;       ///< --processes: outcome replayed from elsewhere
     std::chrono::nanoseconds work_;
     std::chrono::nanoseconds wait_;
 };
@@ -403,9 +460,22 @@ struct durable_report {
     double verify_s = 0;
 };
 
+/// The store checks of a report, as JSON fields (the first ten violations in full).
+void add_store_checks(json_object& j, const durable_report& dr) {
+    std::vector<std::string> first_violations;
+    for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i) first_violations.push_back(dr.verify.violations[i]);
+    j.add("store_records_ok", dr.records_ok)
+        .add("store_records_missing", dr.records_missing)
+        .add("store_records_wrong", dr.records_wrong)
+        .add("verify_keys", dr.verify.keys)
+        .add("verify_transitions", dr.verify.transitions)
+        .add("violations", std::uint64_t{dr.verify.violations.size()})
+        .add("violation_list", first_violations);
+}
+
 /// Reads the store back after the guard closed: this run's records and the whole store's trails.
-void check_store(const store_spec& spec, idem::durability mode, const std::string& prefix, const demo_run& run,
-                 std::size_t unique, durable_report& dr) {
+void check_store(const store_spec& spec, idem::durability mode, const std::string& prefix,
+                 const std::function<std::uint64_t(std::size_t)>& outcome_of, std::size_t unique, durable_report& dr) {
     std::unique_ptr<idem::store> st = open_store(spec, mode, open_mode::existing);
     std::vector<std::uint8_t> seen(unique, 0);
     static constexpr std::string_view suffix = "_TRANSFER_v1";
@@ -417,7 +487,7 @@ void check_store(const store_spec& spec, idem::durability mode, const std::strin
         const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
         if (ec != std::errc{} || p != digits.data() + digits.size() || n == 0 || n > unique) return;
         seen[n - 1] = 1;
-        const std::uint64_t want = run.outcome_of(n - 1);
+        const std::uint64_t want = outcome_of(n - 1);
         if (r.state == idem::record_state::succeeded && r.outcome == want) {
             ++dr.records_ok;
             return;
@@ -434,9 +504,316 @@ void check_store(const store_spec& spec, idem::durability mode, const std::strin
     dr.verify_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+
+// ---- --processes N: the workload from N processes sharing one PostgreSQL (global scope) ----------
+//
+// The parent generates nothing itself but the run id; it starts N copies of `idem demo` with the same
+// seed (so the same workload) and --process-index i. Process i sends stream positions i, i + N,
+// i + 2N, ..., as N servers behind a round-robin load balancer would: a racing duplicate (the
+// position after its original) lands on another process, so the store's unique key must stop it.
+// Each process has its own ledger (its own accounts), checked by itself: money conserved, balances
+// equal to the transfers it applied. It writes, per request, how often it executed it, the outcome it
+// recorded, and the outcome it was replayed when another process executed it. The parent adds them
+// up: every request executed exactly once across all processes, every replay the executor's outcome,
+// every duplicate blocked; then it reads the store back (every record SUCCESS with the executor's
+// outcome) and runs idem::verify.
+
+/// One worker process's per-request results file: for each unique request, 24 bytes:
+/// executions (u32), applied (u32), outcome recorded (u64, 0 = not executed here), outcome replayed
+/// from another process (u64, 0 = none).
+struct process_result {
+    std::vector<std::uint32_t> exec, applied;
+    std::vector<std::uint64_t> outcome, replayed;
+};
+
+#ifdef IDEM_HAVE_POSTGRES
+int run_demo_process(const demo_config& c, const store_spec& spec) {
+    std::uint64_t duplicates = static_cast<std::uint64_t>(std::llround(static_cast<double>(c.requests) * c.dup_rate));
+    if (duplicates >= c.requests) duplicates = c.requests - 1;
+    const std::uint64_t unique = c.requests - duplicates;
+    const workload w = make_workload(c, unique, duplicates);
+    const std::string prefix = c.run_id + "-TX";
+    idem::options opts;
+    opts.capacity = c.requests;
+    idem::global_options go;
+    go.call_deadline = postgres_call_deadline;
+    idem::global_guard g(spec.uri, opts, go);
+    ledger accounts(c.accounts, opening_balance_cents);
+    demo_run<idem::global_guard> run(c, w, &g, nullptr, accounts, prefix, c.processes,
+                                     static_cast<std::size_t>(c.process_index));
+    const double elapsed_s = run.run().count();
+
+    const auto [executed, blocked, replayed, in_flight, wait_timeouts, declined, mismatches, unexpected, retries,
+                problems] = sum_tallies(run.tallies());
+    const std::string first = problems.empty() ? std::string() : problems.front();
+    std::vector<std::int64_t> expected(c.accounts, opening_balance_cents);
+    std::ofstream out(c.results, std::ios::binary | std::ios::trunc);
+    for (std::size_t i = 0; i < w.requests.size(); ++i) {
+        const std::int64_t moved = static_cast<std::int64_t>(run.applied_of(i)) * w.requests[i].amount;
+        expected[w.requests[i].from] -= moved;
+        expected[w.requests[i].to] += moved;
+        const std::uint32_t e = run.executions_of(i), a = run.applied_of(i);
+        const std::uint64_t o = run.outcome_of(i), r = run.replayed_of(i);
+        out.write(reinterpret_cast<const char*>(&e), 4).write(reinterpret_cast<const char*>(&a), 4);
+        out.write(reinterpret_cast<const char*>(&o), 8).write(reinterpret_cast<const char*>(&r), 8);
+    }
+    out.close();
+    if (!out) throw idem::error(idem::errc::store_error, "cannot write the results file '" + c.results + "'");
+    std::uint64_t wrong_balances = 0;
+    for (std::size_t a = 0; a < c.accounts; ++a)
+        if (accounts.balance(a) != expected[a]) ++wrong_balances;
+    const idem::global_stats gs = g.snapshot();
+    std::printf("process elapsed_us=%lld executed=%llu blocked=%llu replayed=%llu in_flight=%llu wait_timeouts=%llu "
+                "declined=%llu mismatches=%llu unexpected=%llu wrong_balances=%llu conserved=%d local=%llu sent=%llu "
+                "won=%llu lost=%llu batches=%llu completion_batches=%llu store_errors=%llu\n",
+                static_cast<long long>(elapsed_s * 1e6), (unsigned long long)executed, (unsigned long long)blocked,
+                (unsigned long long)replayed, (unsigned long long)in_flight, (unsigned long long)wait_timeouts,
+                (unsigned long long)declined, (unsigned long long)mismatches, (unsigned long long)unexpected,
+                (unsigned long long)wrong_balances, accounts.total() == accounts.opening_total() ? 1 : 0,
+                (unsigned long long)gs.answered_locally, (unsigned long long)gs.claims_sent,
+                (unsigned long long)gs.claims_won, (unsigned long long)gs.claims_lost,
+                (unsigned long long)gs.claim_batches, (unsigned long long)gs.completion_batches,
+                (unsigned long long)gs.store_errors);
+    if (!first.empty()) std::printf("note %s\n", first.c_str());
+    std::fflush(stdout);
+    return exit_ok;
+}
+#endif
+
+int run_demo_processes(const demo_config& given, const store_spec& spec) {
+    demo_config c = given;
+    if (spec.type != store_spec::kind::postgres || c.naive) {
+        std::cerr << "--processes: " << c.processes << " processes share one key space through global scope, which "
+                  << "needs a postgresql:// store (--store)" << (c.naive ? " and no --naive" : "") << '\n';
+        return exit_usage;
+    }
+    if (c.durability == "sync")
+        std::cerr << "idem demo: --durability does not apply to --processes: every claim and completion waits for "
+                     "its commit (global scope)\n";
+    if (c.requests == 0) c.requests = default_requests_sync * 5;
+    if (c.run_id.empty()) c.run_id = random_run_id();
+    const std::string prefix = c.run_id + "-TX";
+    std::uint64_t duplicates = static_cast<std::uint64_t>(std::llround(static_cast<double>(c.requests) * c.dup_rate));
+    if (duplicates >= c.requests) duplicates = c.requests - 1;
+    const std::uint64_t unique = c.requests - duplicates;
+    const workload w = make_workload(c, unique, duplicates);  // the same as every process generates
+
+    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
+                       "/idem-demo-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+        throw idem::error(idem::errc::store_error, "cannot create a directory from '" + tmpl + "': " + std::strerror(errno));
+    const std::string dir = tmpl;
+    std::error_code ec;
+    const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    if (ec) throw idem::error(idem::errc::invalid_argument, "cannot find the idem executable: " + ec.message());
+    const bool tty = !c.json && ::isatty(STDERR_FILENO) == 1;
+    if (!c.json)
+        std::cerr << "idem demo: " << grouped(c.requests) << " requests from " << c.processes << " processes x "
+                  << c.threads << " threads, store " << display_name(spec) << " (global scope, run id " << c.run_id
+                  << "), seed " << c.seed << '\n';
+
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<pid_t> pids;
+    for (unsigned i = 0; i < c.processes; ++i) {
+        std::vector<std::string> a{exe, "demo", "--store", c.store, "--run-id", c.run_id, "--seed", std::to_string(c.seed),
+                                   "--requests", std::to_string(c.requests), "--threads", std::to_string(c.threads),
+                                   "--dup-rate", std::to_string(c.dup_rate), "--work-us", std::to_string(c.work_us),
+                                   "--accounts", std::to_string(c.accounts), "--race-share", std::to_string(c.race_share),
+                                   "--wait-ms", std::to_string(c.wait_ms), "--processes", std::to_string(c.processes),
+                                   "--process-index", std::to_string(i), "--results", dir + "/results." + std::to_string(i),
+                                   "--json"};
+        std::vector<char*> argv;
+        for (auto& s : a) argv.push_back(s.data());
+        argv.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        const std::string out = dir + "/out." + std::to_string(i);
+        posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        pid_t pid = -1;
+        const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0) {
+            for (pid_t p : pids) ::kill(p, SIGKILL);
+            throw idem::error(idem::errc::invalid_argument, "cannot start a demo process: " + std::string(std::strerror(rc)));
+        }
+        pids.push_back(pid);
+    }
+    std::vector<std::string> failures, problems;
+    for (unsigned i = 0; i < c.processes; ++i) {
+        int st = 0;
+        while (::waitpid(pids[i], &st, 0) < 0 && errno == EINTR) {
+        }
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failures.push_back("process " + std::to_string(i) + " ended with status " + std::to_string(st) +
+                               " (its stderr is above)");
+    }
+    const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // ---- add up what the processes saw ----
+    std::vector<std::uint32_t> exec(unique, 0);
+    std::vector<std::uint64_t> outcome(unique, 0);
+    std::vector<process_result> res(c.processes);
+    std::map<std::string, std::int64_t> sum;
+    double elapsed_s = 0;
+    bool conserved = true;
+    for (unsigned i = 0; i < c.processes; ++i) {
+        std::ifstream in(dir + "/out." + std::to_string(i));
+        std::string line;
+        while (std::getline(in, line)) {
+            const drill::report_line rl = drill::parse_report(line);
+            if (rl.word == "process") {
+                for (const auto& [k, v] : rl.fields) sum[k] += v;
+                elapsed_s = std::max(elapsed_s, static_cast<double>(rl.get("elapsed_us")) / 1e6);
+                conserved = conserved && rl.get("conserved") == 1;
+            } else if (rl.word == "note" && problems.size() < 5) {
+                problems.push_back("process " + std::to_string(i) + ": " + line.substr(5));
+            }
+        }
+        std::ifstream rf(dir + "/results." + std::to_string(i), std::ios::binary);
+        process_result& r = res[i];
+        r.exec.resize(unique);
+        r.applied.resize(unique);
+        r.outcome.resize(unique);
+        r.replayed.resize(unique);
+        for (std::size_t k = 0; k < unique && rf; ++k) {
+            rf.read(reinterpret_cast<char*>(&r.exec[k]), 4).read(reinterpret_cast<char*>(&r.applied[k]), 4);
+            rf.read(reinterpret_cast<char*>(&r.outcome[k]), 8).read(reinterpret_cast<char*>(&r.replayed[k]), 8);
+        }
+        if (!rf) failures.push_back("process " + std::to_string(i) + " left no complete results file");
+        for (std::size_t k = 0; k < unique; ++k) {
+            exec[k] += r.exec[k];
+            if (r.exec[k] != 0) outcome[k] = r.outcome[k];
+        }
+    }
+    std::uint64_t executed = 0, double_executions = 0, lost = 0, cross_mismatches = 0;
+    for (std::size_t k = 0; k < unique; ++k) {
+        executed += exec[k];
+        if (exec[k] > 1) ++double_executions;
+        if (exec[k] == 0) ++lost;
+        for (const process_result& r : res)
+            if (r.replayed[k] != 0 && r.replayed[k] != outcome[k]) ++cross_mismatches;
+    }
+    durable_report dr;
+    if (failures.empty()) {
+        if (tty) std::cerr << "idem demo: reading the store back and verifying every audit trail\n";
+        check_store(spec, idem::durability::sync, prefix, [&outcome](std::size_t k) { return outcome[k]; }, unique, dr);
+    }
+    const std::uint64_t blocked = static_cast<std::uint64_t>(sum["blocked"]);
+    const std::uint64_t mismatches = static_cast<std::uint64_t>(sum["mismatches"]) + cross_mismatches;
+    const std::uint64_t unexpected = static_cast<std::uint64_t>(sum["unexpected"]);
+    auto requests_n = [](std::uint64_t n) { return grouped(n) + (n == 1 ? " request" : " requests"); };
+    if (double_executions) failures.push_back(requests_n(double_executions) + " executed more than once");
+    if (lost) failures.push_back(requests_n(lost) + " never executed");
+    if (!conserved) failures.push_back("money not conserved in some process's ledger");
+    if (sum["wrong_balances"]) failures.push_back(grouped(sum["wrong_balances"]) + " account balance(s) differ from the applied transfers");
+    if (blocked != duplicates)
+        failures.push_back("duplicates blocked " + grouped(blocked) + " != duplicates injected " + grouped(duplicates));
+    if (mismatches) failures.push_back(grouped(mismatches) + " duplicate(s) replayed a wrong outcome");
+    if (unexpected) failures.push_back(grouped(unexpected) + " unexpected answer(s) from the guard");
+    if (dr.records_missing) failures.push_back(requests_n(dr.records_missing) + " of this run have no record in the store");
+    if (dr.records_wrong) failures.push_back(grouped(dr.records_wrong) + " record(s) of this run are not SUCCESS with the executor's outcome");
+    if (!dr.verify.violations.empty())
+        failures.push_back("idem::verify found " + grouped(dr.verify.violations.size()) + " violation(s) in the store's audit trails");
+    const bool ok = failures.empty();
+    const double ops = elapsed_s > 0 ? static_cast<double>(c.requests) / elapsed_s : 0.0;
+
+    if (c.json) {
+        json_object guard_stats;
+        guard_stats.add("answered_locally", static_cast<std::uint64_t>(sum["local"]))
+            .add("claims_sent", static_cast<std::uint64_t>(sum["sent"]))
+            .add("claims_won", static_cast<std::uint64_t>(sum["won"]))
+            .add("claims_lost", static_cast<std::uint64_t>(sum["lost"]))
+            .add("claim_batches", static_cast<std::uint64_t>(sum["batches"]))
+            .add("completion_batches", static_cast<std::uint64_t>(sum["completion_batches"]))
+            .add("store_errors", static_cast<std::uint64_t>(sum["store_errors"]));
+        json_object j;
+        j.add("command", "demo")
+            .add("ok", ok)
+            .add("store", display_name(spec))
+            .add("mode", "idem")
+            .add("scope", "global")
+            .add("processes", c.processes)
+            .add("threads", c.threads)
+            .add("seed", c.seed)
+            .add("run_id", c.run_id)
+            .add("requests", c.requests)
+            .add("unique_keys", unique)
+            .add("executions", executed)
+            .add("duplicates_injected", duplicates)
+            .add("duplicates_concurrent", w.concurrent)
+            .add("duplicates_later", w.later)
+            .add("duplicates_blocked", blocked)
+            .add("duplicates_replayed", static_cast<std::uint64_t>(sum["replayed"]))
+            .add("in_flight_hits", static_cast<std::uint64_t>(sum["in_flight"]))
+            .add("wait_timeouts", static_cast<std::uint64_t>(sum["wait_timeouts"]))
+            .add("double_executions", double_executions)
+            .add("lost_requests", lost)
+            .add("outcome_mismatches", mismatches)
+            .add("unexpected_answers", unexpected)
+            .add("declined", static_cast<std::uint64_t>(sum["declined"]))
+            .add("money_conserved", conserved)
+            .add("balances_match", sum["wrong_balances"] == 0)
+            .add("ops_per_sec", ops)
+            .add("elapsed_s", elapsed_s)
+            .add("wall_s", wall_s)
+            .add("dup_rate", c.dup_rate)
+            .add("race_share", c.race_share)
+            .add("work_us", c.work_us)
+            .add("wait_ms", c.wait_ms);
+        add_store_checks(j, dr);
+        j.add("guard", guard_stats).add("failures", failures);
+        std::cout << j.str() << std::endl;
+    } else {
+        std::cout << "idem demo: payment transfers from " << c.processes << " processes x " << c.threads
+                  << " threads sharing store " << display_name(spec) << " (global scope, run id " << c.run_id
+                  << "), seed " << c.seed << ", " << fixed(c.work_us, 1) << " us per transfer\n\n";
+        table t;
+        t.row("requests", grouped(c.requests), "(process i sends positions i, i + " + std::to_string(c.processes) + ", ...)");
+        t.row("unique keys", grouped(unique));
+        t.row("executed", grouped(executed), "(across all processes, from each process's own count)");
+        t.row("duplicates injected", grouped(duplicates),
+              "(" + grouped(w.concurrent) + " racing their original, usually on another process; " + grouped(w.later) + " later)");
+        t.row("duplicates blocked", grouped(blocked),
+              "(" + grouped(sum["in_flight"]) + " caught in flight, " + grouped(sum["replayed"]) + " answered with the recorded outcome)");
+        t.row("double executions", grouped(double_executions));
+        t.row("money conserved", conserved ? "yes" : "NO", "(each process's own ledger)");
+        t.row("balances match", sum["wrong_balances"] == 0 ? "yes" : "NO");
+        t.row("throughput", grouped(static_cast<std::uint64_t>(ops)) + " ops/s", "(slowest process " + fixed(elapsed_s, 2) + " s)");
+        t.row("store traffic", grouped(sum["sent"]) + " claims",
+              "(" + grouped(sum["batches"]) + " claim batches, " + grouped(sum["completion_batches"]) +
+                  " completion batches; " + grouped(sum["local"]) + " answers from the local tables; " +
+                  grouped(sum["store_errors"]) + " store errors)");
+        t.row("records in store", grouped(dr.records_ok) + " / " + grouped(unique), "(SUCCESS with the executor's outcome)");
+        t.row("verify", grouped(dr.verify.violations.size()) + " violations",
+              "(" + grouped(dr.verify.keys) + " keys, " + grouped(dr.verify.transitions) + " audit rows in the whole store)");
+        t.print(std::cout);
+        std::cout << '\n'
+                  << (ok ? "PASS: every request executed exactly once across all processes; every duplicate blocked; "
+                           "every audit trail legal."
+                         : "FAIL: an invariant was broken (see below).")
+                  << '\n';
+    }
+    for (const std::string& f : failures) std::cerr << "idem demo: FAIL: " << f << '\n';
+    for (const std::string& p : problems) std::cerr << "idem demo: first unexpected answer: " << p << '\n';
+    for (const std::string& p : dr.record_problems) std::cerr << "idem demo: wrong record: " << p << '\n';
+    if (ok) std::filesystem::remove_all(dir, ec);
+    else std::cerr << "idem demo: per-process outputs kept in " << dir << "; replay with --seed " << c.seed << '\n';
+    return ok ? exit_ok : exit_violation;
+}
+
 int run_demo(const demo_config& given) {
     demo_config c = given;
     const store_spec spec = *parse_store(c.store);  // validated by the flag's check
+    if (c.process_index >= 0) {
+#ifdef IDEM_HAVE_POSTGRES
+        if (spec.type == store_spec::kind::postgres && !c.run_id.empty() && !c.results.empty() &&
+            static_cast<unsigned>(c.process_index) < c.processes)
+            return run_demo_process(c, spec);
+#endif
+        std::cerr << "--process-index: only `idem demo --processes N` starts demo processes itself\n";
+        return exit_usage;
+    }
+    if (c.processes > 1) return run_demo_processes(c, spec);
     const bool durable = !c.naive && spec.durable();
     const idem::durability mode = c.durability == "sync" ? idem::durability::sync : idem::durability::async;
     if (c.requests == 0)
@@ -493,7 +870,7 @@ int run_demo(const demo_config& given) {
         }
     }
     ledger accounts(c.accounts, opening_balance_cents);
-    demo_run run(c, w, store ? &store->guard() : nullptr, naive.get(), accounts, prefix);
+    demo_run<idem::guard> run(c, w, store ? &store->guard() : nullptr, naive.get(), accounts, prefix);
     const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
 
     if (tty)
@@ -512,26 +889,17 @@ int run_demo(const demo_config& given) {
         dr.last_store_error = d->last_store_error();
         store.reset();  // stops maintenance and the flusher, closes the store
         if (tty) std::cerr << "idem demo: reading the store back and verifying every audit trail\n";
-        check_store(spec, mode, prefix, run, unique, dr);
+        check_store(spec, mode, prefix, [&run](std::size_t i) { return run.outcome_of(i); }, unique, dr);
     }
     const char* mode_name = c.naive ? "naive" : "idem";
 
     // ---- Checks, from the application's own records (never from the guard) ----
-    std::uint64_t executed = 0, replayed = 0, blocked = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
-                  mismatches = 0, unexpected = 0, retries = 0, tallied_executions = 0;
-    std::vector<std::string> problems;
-    for (const tally& t : run.tallies()) {
-        tallied_executions += t.executed;
-        blocked += t.blocked;
-        replayed += t.replayed;
-        in_flight += t.in_flight;
-        wait_timeouts += t.wait_timeouts;
-        declined += t.declined;
-        mismatches += t.outcome_mismatches;
-        unexpected += t.unexpected;
-        retries += t.backpressure_retries;
-        if (!t.first_unexpected.empty() && problems.size() < 5) problems.push_back(t.first_unexpected);
-    }
+    tally_sum ts = sum_tallies(run.tallies());
+    const std::uint64_t tallied_executions = ts.executed, replayed = ts.replayed, blocked = ts.blocked,
+                        in_flight = ts.in_flight, wait_timeouts = ts.wait_timeouts, declined = ts.declined,
+                        mismatches = ts.mismatches, unexpected = ts.unexpected, retries = ts.retries;
+    std::uint64_t executed = 0;
+    std::vector<std::string> problems = std::move(ts.problems);
     std::uint64_t double_executions = 0, lost = 0;
     std::vector<std::int64_t> expected(c.accounts, opening_balance_cents);
     for (std::size_t i = 0; i < w.requests.size(); ++i) {
@@ -625,9 +993,6 @@ int run_demo(const demo_config& given) {
             .add("wait_ms", c.wait_ms)
             .add("peak_rss_mib", peak_rss_mib());
         if (durable) {
-            std::vector<std::string> first_violations;
-            for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i)
-                first_violations.push_back(dr.verify.violations[i]);
             j.add("durability", c.durability)
                 .add("run_id", c.run_id)
                 .add("recovered_records", std::uint64_t{dr.recovered})
@@ -640,14 +1005,8 @@ int run_demo(const demo_config& given) {
                 .add("backpressure_retries", retries)
                 .add("drained", dr.drained)
                 .add("drain_s", dr.drain_s)
-                .add("store_records_ok", dr.records_ok)
-                .add("store_records_missing", dr.records_missing)
-                .add("store_records_wrong", dr.records_wrong)
-                .add("verify_keys", dr.verify.keys)
-                .add("verify_transitions", dr.verify.transitions)
-                .add("violations", std::uint64_t{dr.verify.violations.size()})
-                .add("violation_list", first_violations)
                 .add("verify_s", dr.verify_s);
+            add_store_checks(j, dr);
         }
         j.add("guard", guard_stats).add("failures", failures);
         std::cout << j.str() << std::endl;
@@ -780,6 +1139,13 @@ command add_demo(CLI::App& root) {
     app->add_flag("--naive", c->naive,
                   "Use the naive check-then-set guard instead of idem, to see the double executions idem "
                   "prevents (exits 1; the store is not used)");
+    app->add_option("--processes", c->processes,
+                    "Processes that run the workload together against one postgresql:// store (global scope); "
+                    "process i sends requests i, i + N, ..., so racing duplicates meet on different processes")
+        ->check(in_range(1u, 64u, "processes"))
+        ->capture_default_str();
+    app->add_option("--process-index", c->process_index)->group("");  // hidden: set by --processes
+    app->add_option("--results", c->results)->group("");
     app->add_option("--wait-ms", c->wait_ms,
                     "How long a duplicate that finds its original executing waits for the outcome, in ms (0: no wait)")
         ->check(in_range(0.0, 60'000.0, "milliseconds"))

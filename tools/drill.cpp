@@ -22,6 +22,11 @@
 //   - every acknowledged key is SUCCESS in the store, with the acknowledged outcome   (lost_acknowledged)
 //   - every key issued is SUCCESS, with the outcome of its one effect, and no SUCCESS lacks an effect
 //   - idem::verify finds every audit trail in the store legal    (violations)
+// --workers N (N > 1, a postgresql:// store): each cycle starts N workers on the same request list;
+// they share the store through idem::global_guard (scope::global), race on the same keys, and each is
+// SIGKILLed at its own random moment. The claims a killed worker leaves are resolved from the ledger
+// by the compensation of whichever live worker finds their lease expired first (in the same cycle or
+// a later one); the final run is N workers racing on the retries. The checks are the same.
 // Exit codes: 0 all checks held, 1 a check failed (the drill directory is kept for inspection),
 // 2 bad command line, 3 could not run (worker could not start, store could not be opened).
 #include <fcntl.h>
@@ -68,6 +73,7 @@ struct drill_config {
     bool json = false;
     unsigned keys = 200;  ///< new keys per cycle
     unsigned threads = 4;
+    unsigned workers = 1;  ///< > 1: worker processes that share a PostgreSQL store (global scope) and race
     double lease_ms = 200;
     double kill_min_ms = 50;
     double kill_max_ms = 500;
@@ -211,6 +217,13 @@ int run_drill(const drill_config& c) {
     const std::string dir = tmpl;
     const std::string store_uri = c.store.empty() ? "sqlite:" + dir + "/idem-drill.db" : c.store;
     const store_spec spec = *parse_store(store_uri);
+    if (c.workers > 1 && spec.type != store_spec::kind::postgres) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        std::cerr << "--workers: " << c.workers << " worker processes share one store through global scope, which "
+                  << "needs a postgresql:// store (--store); the store is " << display_name(spec) << '\n';
+        return exit_usage;
+    }
     const std::string ledger_path = dir + "/ledger", acks_path = dir + "/acks";
 
     std::mt19937_64 rng(c.seed);
@@ -267,10 +280,14 @@ int run_drill(const drill_config& c) {
         return reqs;
     };
 
-    auto worker_args = [&](const std::string& req_path) {
-        return std::vector<std::string>{"drill-worker", "--store", store_uri, "--ledger", ledger_path, "--acks", acks_path,
-                                        "--requests", req_path, "--prefix", prefix, "--threads",
-                                        std::to_string(c.threads), "--lease-ms", std::to_string(c.lease_ms)};
+    auto worker_args = [&](const std::string& req_path, unsigned index) {
+        std::vector<std::string> a{"drill-worker", "--store", store_uri, "--ledger", ledger_path, "--acks", acks_path,
+                                   "--requests", req_path, "--prefix", prefix, "--threads",
+                                   std::to_string(c.threads), "--lease-ms", std::to_string(c.lease_ms)};
+        if (c.workers > 1) {  // N processes share the store: global scope
+            a.insert(a.end(), {"--scope", "global", "--worker-index", std::to_string(index)});
+        }
+        return a;
     };
 
     auto absorb = [&](worker_process& w, cycle_result& r, std::chrono::milliseconds timeout) {
@@ -294,75 +311,114 @@ int run_drill(const drill_config& c) {
     bar.start();
     for (unsigned cycle = 1; cycle <= c.cycles && failures.empty(); ++cycle) {
         const std::vector<drill::request> reqs = make_requests(c.keys);
-        requests_sent += reqs.size();
+        requests_sent += reqs.size() * c.workers;  // every worker sends the whole list (they race)
         const std::string req_path = dir + "/requests-" + std::to_string(cycle);
         drill::write_requests(req_path, reqs);
-        const bool kill_from_start = from_start(rng);
-        const auto delay = std::chrono::duration_cast<clock_type::duration>(
-            std::chrono::duration<double, std::milli>(delay_dist(rng)));
 
-        worker_process w(exe, worker_args(req_path));
-        cycle_result r;
-        std::optional<clock_type::time_point> kill_at;
-        if (kill_from_start) kill_at = w.started() + delay;
-        const auto hang_deadline = w.started() + std::chrono::seconds(120);
-        for (;;) {
-            const auto now = clock_type::now();
-            if (kill_at && now >= *kill_at) {
-                r.killed_before_ready = !r.ready;
-                w.kill_now();
-                r.killed = true;
-                break;
-            }
-            if (now > hang_deadline) {
-                w.kill_now();
-                failures.push_back("cycle " + std::to_string(cycle) + ": the worker made no progress for 120 s");
-                break;
-            }
-            auto wait = std::chrono::milliseconds(20);
-            if (kill_at)
-                wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - now) +
-                                          std::chrono::milliseconds(1));
-            const bool was_ready = r.ready;
-            absorb(w, r, wait);
-            if (!was_ready && r.ready && !kill_at) kill_at = clock_type::now() + delay;
-            if (w.exited()) break;  // finished every request before the kill
+        // Each worker has its own kill moment: from its "ready" line, or (one in four) from its start.
+        struct running {
+            std::unique_ptr<worker_process> w;
+            cycle_result r;
+            clock_type::duration delay{};
+            std::optional<clock_type::time_point> kill_at;
+            bool over = false;
+        };
+        std::vector<running> ws(c.workers);
+        for (unsigned i = 0; i < c.workers; ++i) {
+            running& x = ws[i];
+            const bool kill_from_start = from_start(rng);
+            x.delay = std::chrono::duration_cast<clock_type::duration>(
+                std::chrono::duration<double, std::milli>(delay_dist(rng)));
+            x.w = std::make_unique<worker_process>(exe, worker_args(req_path, i));
+            if (kill_from_start) x.kill_at = x.w->started() + x.delay;
         }
-        w.wait();
-        for (int i = 0; i < 50 && !w.eof(); ++i) absorb(w, r, std::chrono::milliseconds(10));
-        if (r.killed && WIFSIGNALED(w.status()) && WTERMSIG(w.status()) == SIGKILL) {
-            ++kills;
-            kills_before_ready += r.killed_before_ready;
-        } else if (WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0) {
-            ++clean_exits;  // it finished before the kill fell
-        } else {
-            failures.push_back("cycle " + std::to_string(cycle) + ": the worker " + describe_status(w.status()));
+        const auto hang_deadline = clock_type::now() + std::chrono::seconds(120);
+        for (;;) {
+            bool all_over = true;
+            clock_type::time_point next = clock_type::now() + std::chrono::milliseconds(20);
+            for (running& x : ws) {
+                if (x.over) continue;
+                const auto now = clock_type::now();
+                if (x.kill_at && now >= *x.kill_at) {
+                    x.r.killed_before_ready = !x.r.ready;
+                    x.w->kill_now();
+                    x.r.killed = true;
+                    x.over = true;
+                    continue;
+                }
+                if (now > hang_deadline) {
+                    x.w->kill_now();
+                    failures.push_back("cycle " + std::to_string(cycle) + ": a worker made no progress for 120 s");
+                    x.over = true;
+                    continue;
+                }
+                const bool was_ready = x.r.ready;
+                absorb(*x.w, x.r, std::chrono::milliseconds(0));
+                if (!was_ready && x.r.ready && !x.kill_at) x.kill_at = clock_type::now() + x.delay;
+                if (x.w->exited()) {  // finished every request before the kill
+                    x.over = true;
+                    continue;
+                }
+                all_over = false;
+                if (x.kill_at) next = std::min(next, *x.kill_at);
+            }
+            if (all_over) break;
+            std::this_thread::sleep_until(std::min(next, clock_type::now() + std::chrono::milliseconds(20)));
+        }
+        for (running& x : ws) {
+            worker_process& w = *x.w;
+            cycle_result& r = x.r;
+            w.wait();
+            for (int i = 0; i < 50 && !w.eof(); ++i) absorb(w, r, std::chrono::milliseconds(10));
+            if (r.killed && WIFSIGNALED(w.status()) && WTERMSIG(w.status()) == SIGKILL) {
+                ++kills;
+                kills_before_ready += r.killed_before_ready;
+            } else if (WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0) {
+                ++clean_exits;  // it finished before the kill fell
+            } else {
+                failures.push_back("cycle " + std::to_string(cycle) + ": the worker " + describe_status(w.status()));
+            }
         }
         refresh_acks();
         cycles_done.store(cycle, std::memory_order_relaxed);  // relaxed: a progress estimate
     }
 
-    // The final run: no kill; it resolves what the last crash left and completes every retry.
+    // The final run: no kill; it resolves what the last crash left and completes every retry
+    // (with --workers N, N workers race on the retries).
     if (failures.empty()) {
         const std::vector<drill::request> reqs = make_requests(0);
-        requests_sent += reqs.size();
+        requests_sent += reqs.size() * c.workers;
         const std::string req_path = dir + "/requests-final";
         drill::write_requests(req_path, reqs);
-        worker_process w(exe, worker_args(req_path));
-        cycle_result r;
-        const auto deadline = w.started() + std::chrono::seconds(300);
-        while (!w.exited() && clock_type::now() < deadline) absorb(w, r, std::chrono::milliseconds(50));
-        if (!w.exited()) {
-            w.kill_now();
-            failures.push_back("the final worker did not finish within 300 s");
+        std::vector<std::unique_ptr<worker_process>> ws;
+        std::vector<cycle_result> rs(c.workers);
+        for (unsigned i = 0; i < c.workers; ++i) ws.push_back(std::make_unique<worker_process>(exe, worker_args(req_path, i)));
+        const auto deadline = clock_type::now() + std::chrono::seconds(300);
+        for (;;) {
+            bool all = true;
+            for (unsigned i = 0; i < c.workers; ++i) {
+                if (ws[i]->exited()) continue;
+                all = false;
+                absorb(*ws[i], rs[i], std::chrono::milliseconds(c.workers == 1 ? 50 : 5));
+            }
+            if (all || clock_type::now() >= deadline) break;
         }
-        w.wait();
-        for (int i = 0; i < 50 && !w.eof(); ++i) absorb(w, r, std::chrono::milliseconds(10));
-        if (!WIFEXITED(w.status()) || WEXITSTATUS(w.status()) != 0)
-            failures.push_back("the final worker " + describe_status(w.status()));
-        else if (!r.done_line)
-            failures.push_back("the final worker exited without its report");
-        final_ran = WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0 && r.done_line.has_value();
+        final_ran = true;
+        for (unsigned i = 0; i < c.workers; ++i) {
+            worker_process& w = *ws[i];
+            cycle_result& r = rs[i];
+            if (!w.exited()) {
+                w.kill_now();
+                failures.push_back("the final worker did not finish within 300 s");
+            }
+            w.wait();
+            for (int k = 0; k < 50 && !w.eof(); ++k) absorb(w, r, std::chrono::milliseconds(10));
+            if (!WIFEXITED(w.status()) || WEXITSTATUS(w.status()) != 0)
+                failures.push_back("the final worker " + describe_status(w.status()));
+            else if (!r.done_line)
+                failures.push_back("the final worker exited without its report");
+            final_ran = final_ran && WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0 && r.done_line.has_value();
+        }
         refresh_acks();
     }
     bar.stop();
@@ -471,6 +527,7 @@ int run_drill(const drill_config& c) {
             .add("seed", c.seed)
             .add("run_id", std::string(run_id))
             .add("cycles", std::uint64_t{c.cycles})
+            .add("workers", std::uint64_t{c.workers})
             .add("kills", kills)
             .add("kills_before_ready", kills_before_ready)
             .add("clean_exits", clean_exits)
@@ -499,7 +556,9 @@ int run_drill(const drill_config& c) {
         if (!ok || c.keep) j.add("drill_dir", dir);
         std::cout << j.str() << std::endl;
     } else {
-        std::cout << "idem drill: " << c.cycles << " crash cycles, store " << display_name(spec) << ", seed " << c.seed
+        std::cout << "idem drill: " << c.cycles << " crash cycles"
+                  << (c.workers > 1 ? ", " + std::to_string(c.workers) + " racing workers per cycle (global scope)" : "")
+                  << ", store " << display_name(spec) << ", seed " << c.seed
                   << ", run id " << run_id << "\n\n";
         table t;
         t.row("worker kills", grouped(kills), "(SIGKILL; " + grouped(kills_before_ready) +
@@ -559,6 +618,11 @@ command add_drill(CLI::App& root) {
     app->add_flag("--json", c->json, "Print the summary as one JSON object on stdout");
     app->add_option("--keys", c->keys, "New keys per cycle")->check(in_range(1u, 1'000'000u, "keys per cycle"))->capture_default_str();
     app->add_option("--threads", c->threads, "Threads in the worker")->check(in_range(1u, 256u, "worker threads"))->capture_default_str();
+    app->add_option("--workers", c->workers,
+                    "Worker processes per cycle; more than 1 share a postgresql:// store in global scope, race on "
+                    "the same keys and are each SIGKILLed at their own random moment")
+        ->check(in_range(1u, 64u, "worker processes"))
+        ->capture_default_str();
     app->add_option("--lease-ms", c->lease_ms, "Claim lease in the worker, in ms")
         ->check(in_range(1.0, 60'000.0, "milliseconds"))
         ->capture_default_str();

@@ -18,6 +18,15 @@
 //    the drill later holds the store to.
 // 4. Reports "done ..." and exits 0; exit 1 on an answer a sync store must never give; 3 on setup
 //    failure. The drill usually SIGKILLs it somewhere in steps 1-3.
+//
+// With --scope global (`idem drill --workers N`, PostgreSQL only) the worker is one of N processes
+// that share the store through an idem::global_guard and race on the same requests (each in its own
+// order, from --worker-index). Differences: there is no recovery to wait for (the store is the
+// arbiter; a claim of a killed worker is resolved by whichever worker's compensation thread finds its
+// lease expired first, from the ledger, which it re-reads because other workers append to it); a
+// claim is renewed (a fenced UPDATE) right before its effect is written, so a worker never writes
+// the effect of a claim that was compensated meanwhile; and keys another worker holds are asked
+// again until each of this worker's requests has its answer (or 120 s pass).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,10 +39,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include <random>
+#include <sys/stat.h>
+
 #include "command.hpp"
 #include "drill.hpp"
 #include "idem/idem.hpp"
 #include "store.hpp"
+#ifdef IDEM_HAVE_POSTGRES
+#include "idem/global_guard.hpp"
+#endif
 
 namespace idem::tool {
 namespace {
@@ -46,6 +61,33 @@ struct worker_config {
     std::string prefix;  ///< keys of this drill start with it; the resolver answers only for them
     unsigned threads = 4;
     double lease_ms = 200;
+    std::string scope = "process";  ///< process: durable_guard; global: global_guard (PostgreSQL)
+    unsigned worker_index = 0;      ///< global: orders this worker's requests
+};
+
+/// The ledger as other processes append to it: re-read from where the last read stopped, whenever
+/// the file has grown (global scope: the resolver must see effects written by other workers).
+class ledger_follower {
+public:
+    explicit ledger_follower(std::string path) : path_(std::move(path)) {}
+    std::optional<std::uint64_t> effect(const std::string& k) {
+        std::lock_guard lock(m_);
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) / drill::line_size > lines_) {
+            const drill::line_file f = drill::read_lines(path_);  // whole lines only; a torn tail waits
+            for (std::size_t i = lines_; i < f.entries.size(); ++i)
+                if (f.entries[i].tag == 'E') effects_.emplace(f.entries[i].key, f.entries[i].outcome);
+            lines_ = f.entries.size();
+        }
+        const auto it = effects_.find(k);
+        return it == effects_.end() ? std::nullopt : std::optional<std::uint64_t>(it->second);
+    }
+
+private:
+    std::mutex m_;
+    std::string path_;
+    std::size_t lines_ = 0;
+    std::unordered_map<std::string, std::uint64_t> effects_;
 };
 
 /// What the application knows: the effects in the ledger, and the keys it is executing now.
@@ -89,6 +131,33 @@ struct counts {
     std::atomic<std::uint64_t> executed{0}, acked{0}, replayed{0}, busy{0}, in_doubt{0}, unavailable{0}, unacked{0},
         unexpected{0}, replay_mismatches{0};
 };
+
+/// The first problem any worker thread noted, printed to stderr at the end.
+class first_problem {
+public:
+    void note(const std::string& what) {
+        std::lock_guard lock(m_);
+        if (text_.empty()) text_ = what;
+    }
+    void report() {
+        std::lock_guard lock(m_);
+        if (!text_.empty()) std::cerr << "idem drill-worker: first problem: " << text_ << '\n';
+    }
+
+private:
+    std::mutex m_;
+    std::string text_;
+};
+
+/// The worker's last line for the drill: "done requests=... <counts>" plus `extra` (" name=value"...).
+void print_done(std::size_t requests, const counts& n, const std::string& extra) {
+    auto u = [](const std::atomic<std::uint64_t>& a) { return static_cast<unsigned long long>(a.load()); };
+    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
+                "unacked=%llu unexpected=%llu replay_mismatches=%llu%s\n",
+                requests, u(n.executed), u(n.acked), u(n.replayed), u(n.busy), u(n.in_doubt), u(n.unavailable),
+                u(n.unacked), u(n.unexpected), u(n.replay_mismatches), extra.c_str());
+    std::fflush(stdout);
+}
 
 int run_worker(const worker_config& c) {
     const store_spec spec = *parse_store(c.store);
@@ -143,12 +212,8 @@ int run_worker(const worker_config& c) {
 
     counts n;
     std::atomic<std::size_t> cursor{0};
-    std::mutex err_m;
-    std::string first_error;
-    auto note = [&](const std::string& what) {
-        std::lock_guard lock(err_m);
-        if (first_error.empty()) first_error = what;
-    };
+    first_problem problem;
+    auto note = [&](const std::string& what) { problem.note(what); };
     auto work = [&] {
         for (;;) {
             const std::size_t i = cursor.fetch_add(1, std::memory_order_relaxed);  // relaxed: distinct positions only
@@ -206,19 +271,138 @@ int run_worker(const worker_config& c) {
     for (unsigned t = 0; t < c.threads; ++t) threads.emplace_back(work);
     for (auto& t : threads) t.join();
 
-    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
-                "unacked=%llu unexpected=%llu replay_mismatches=%llu\n",
-                reqs.size(), static_cast<unsigned long long>(n.executed.load()),
-                static_cast<unsigned long long>(n.acked.load()), static_cast<unsigned long long>(n.replayed.load()),
-                static_cast<unsigned long long>(n.busy.load()), static_cast<unsigned long long>(n.in_doubt.load()),
-                static_cast<unsigned long long>(n.unavailable.load()), static_cast<unsigned long long>(n.unacked.load()),
-                static_cast<unsigned long long>(n.unexpected.load()),
-                static_cast<unsigned long long>(n.replay_mismatches.load()));
-    std::fflush(stdout);
-    if (!first_error.empty()) std::cerr << "idem drill-worker: first problem: " << first_error << '\n';
+    print_done(reqs.size(), n, "");
+    problem.report();
     gs.reset();  // drains the flusher and closes the store
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
+
+#ifdef IDEM_HAVE_POSTGRES
+/// A claim's lease in global scope is at least this long: the worker renews it right before writing
+/// the effect, and the effect (a write and an fdatasync, on a loaded machine) must land well within
+/// the renewed lease, or another worker's compensation could find the claim expired and not executed.
+inline constexpr std::chrono::milliseconds global_min_lease{2000};
+
+int run_worker_global(const worker_config& c) {
+    std::vector<drill::request> reqs = drill::read_requests(c.requests);
+    for (const drill::request& r : reqs)
+        if (r.key.size() > drill::max_key || !r.key.starts_with(c.prefix))
+            throw idem::error(idem::errc::invalid_argument, "request key '" + r.key + "' is not a key of this drill");
+    std::mt19937_64 order(0x9e3779b97f4a7c15ull * (c.worker_index + 1));
+    std::shuffle(reqs.begin(), reqs.end(), order);  // the workers race on the same keys in different orders
+
+    auto app = std::make_shared<application_state>();  // in-flight keys of this process
+    auto follower = std::make_shared<ledger_follower>(c.ledger);
+    drill::durable_appender ledger(c.ledger);
+    drill::durable_appender acks(c.acks);
+
+    idem::options opts;
+    opts.capacity = reqs.size() * 2 + 64;
+    opts.lease = std::max<std::chrono::nanoseconds>(
+        global_min_lease,
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.lease_ms)));
+    opts.maintenance_interval = std::chrono::milliseconds(50);
+    opts.resolve = [app, follower, prefix = c.prefix](const idem::expired_claim& e) -> idem::resolver_answer {
+        if (!e.key.starts_with(prefix)) return {idem::resolution::unknown, 0};
+        const std::string k(e.key);
+        if (app->resolve(e.key, prefix).verdict == idem::resolution::unknown) return {idem::resolution::unknown, 0};
+        if (const auto out = follower->effect(k)) return {idem::resolution::succeeded, *out};
+        return {idem::resolution::not_executed, 0};
+    };
+    idem::global_options go;
+    go.call_deadline = postgres_call_deadline;
+    go.wait_timeout = std::chrono::seconds(10);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g = std::make_unique<idem::global_guard>(c.store, std::move(opts), go);
+    const auto open_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    const std::size_t compensated = g->compensate();
+    std::printf("ready recovery_ns=%lld records=0 processing=0 compensated_at_open=%zu compensated_after_wait=0 "
+                "waited_ms=0 pending=0\n",
+                static_cast<long long>(open_ns.count()), compensated);
+    std::fflush(stdout);
+
+    counts n;
+    std::atomic<std::uint64_t> fenced_out{0};
+    std::atomic<std::size_t> cursor{0};
+    first_problem problem;
+    auto note = [&](const std::string& what) { problem.note(what); };
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    // One request: true when it has its answer (executed and acknowledged, or replayed).
+    auto one = [&](const drill::request& rq) -> bool {
+        const idem::key k(rq.key);
+        const std::uint64_t fp = idem::fingerprint_of("amount=" + std::to_string(rq.amount));
+        const std::uint64_t outcome = rq.amount;
+        app->enter(rq.key);
+        struct leave_guard {
+            application_state& a;
+            const std::string& k;
+            ~leave_guard() { a.leave(k); }
+        } leave{*app, rq.key};
+        idem::global_begin_result r = g->begin(k, fp);
+        switch (r.status) {
+            case idem::begin_status::acquired: {
+                // Fence the effect: renew the claim first. A refused renewal means the claim was
+                // compensated (this worker stalled past its lease): the key is someone else's now.
+                if (const std::error_code ec = r.ticket.extend(g->opts().lease)) {
+                    ++fenced_out;
+                    if (ec != idem::errc::stale_ticket) ++n.unavailable;
+                    return false;
+                }
+                ledger.append(drill::make_line('E', rq.key, outcome));
+                ++n.executed;
+                const std::error_code ec = r.ticket.succeed(outcome);
+                if (!ec) {
+                    acks.append(drill::make_line('A', rq.key, outcome));
+                    ++n.acked;
+                    return true;
+                }
+                ++n.unacked;  // stale (compensated as executed) or not confirmed: ask again
+                note(rq.key + ": succeed() answered " + ec.message());
+                return false;
+            }
+            case idem::begin_status::succeeded:
+                ++n.replayed;
+                if (r.outcome != outcome) {
+                    ++n.replay_mismatches;
+                    note(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " + std::to_string(outcome));
+                }
+                return true;
+            case idem::begin_status::in_progress: ++n.busy; return false;
+            case idem::begin_status::in_doubt: ++n.in_doubt; return false;
+            case idem::begin_status::store_unavailable: ++n.unavailable; return false;
+            default:
+                ++n.unexpected;
+                note(rq.key + ": begin() answered " + idem::to_string(r.status));
+                return true;
+        }
+    };
+    auto work = [&] {
+        std::vector<const drill::request*> again;
+        for (;;) {
+            const std::size_t i = cursor.fetch_add(1, std::memory_order_relaxed);  // relaxed: distinct positions only
+            if (i >= reqs.size()) break;
+            if (!one(reqs[i])) again.push_back(&reqs[i]);
+        }
+        while (!again.empty() && std::chrono::steady_clock::now() < give_up) {  // held elsewhere: ask again
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            std::vector<const drill::request*> still;
+            for (const drill::request* rq : again)
+                if (!one(*rq)) still.push_back(rq);
+            again.swap(still);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < c.threads; ++t) threads.emplace_back(work);
+    for (auto& t : threads) t.join();
+
+    const idem::global_stats s = g->snapshot();
+    print_done(reqs.size(), n,
+               " fenced_out=" + std::to_string(fenced_out.load()) + " compensated=" + std::to_string(s.compensated));
+    problem.report();
+    g.reset();
+    return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
+}
+#endif
 
 }  // namespace
 
@@ -233,7 +417,20 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--prefix", c->prefix, "Key prefix of this drill")->required();
     app->add_option("--threads", c->threads)->check(in_range(1u, 256u, "worker threads"));
     app->add_option("--lease-ms", c->lease_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
-    return {app, [c] { return run_worker(*c); }};
+    app->add_option("--scope", c->scope)->check(CLI::IsMember({"process", "global"}));
+    app->add_option("--worker-index", c->worker_index);
+    return {app, [c]() -> int {
+                if (c->scope == "global") {
+#ifdef IDEM_HAVE_POSTGRES
+                    if (parse_store(c->store)->type != store_spec::kind::postgres)
+                        throw idem::error(idem::errc::invalid_argument, "--scope global needs a postgresql:// store");
+                    return run_worker_global(*c);
+#else
+                    throw idem::error(idem::errc::invalid_argument, "--scope global needs the PostgreSQL store");
+#endif
+                }
+                return run_worker(*c);
+            }};
 }
 
 }  // namespace idem::tool

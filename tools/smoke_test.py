@@ -13,7 +13,8 @@ Runs, in a fresh temporary directory:
   5. the negative control: idem demo --naive must find double executions and exit 1;
   6. usage and runtime errors give exit codes 2 and 3.
 With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
-demo, a 3-cycle drill and verify against that database.
+demo, a 3-cycle drill, a 2-process demo and a 3-worker drill (global scope), and verify against
+that database.
 Exits 0 when every check holds, 1 otherwise (each failed check is printed).
 """
 import json
@@ -148,6 +149,15 @@ def main():
             check(p is not None and p["ok"] and p["violations"] == 0, f"postgres demo: {p and p.get('failures')}")
             _, p, _, _ = run(idem, "drill", "--cycles", "3", "--json", "--store", pg, timeout=180)
             check(p is not None and p["ok"], f"postgres drill: {p and p.get('failures')}")
+            # Global scope: several processes share the store and race on the same keys.
+            _, p, _, _ = run(idem, "demo", "--processes", "2", "--requests", "3000", "--threads", "4",
+                             "--dup-rate", "0.05", "--json", "--store", pg, timeout=300)
+            check(p is not None and p["ok"] and p["processes"] == 2 and p["double_executions"] == 0,
+                  f"postgres demo --processes 2: {p and p.get('failures')}")
+            _, p, _, _ = run(idem, "drill", "--workers", "3", "--cycles", "3", "--keys", "100", "--json",
+                             "--store", pg, timeout=300)
+            check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
+                  and p["lost_acknowledged"] == 0, f"postgres drill --workers 3: {p and p.get('failures')}")
             _, p, _, _ = run(idem, "verify", "--store", pg, "--json")
             check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
 
@@ -155,6 +165,8 @@ def main():
         run(idem, "verify", "--store", "memory", expect=2)
         run(idem, "demo", "--store", "redis://x", expect=2)
         run(idem, "demo", "--durability", "eventually", expect=2)
+        run(idem, "demo", "--processes", "2", "--store", "memory", expect=2)  # global scope needs PostgreSQL
+        run(idem, "drill", "--workers", "2", "--cycles", "1", expect=2)
         run(idem, "verify", "--store", f"sqlite:{tmp}/missing.db", expect=3)
         check(not os.path.exists(f"{tmp}/missing.db"), "verify created the missing database file")
 

@@ -347,6 +347,17 @@ inline void add_option(std::string& conninfo, std::string_view name, std::string
     conninfo.append(name).append("=").append(value);
 }
 
+/// The same server, another database: the URI's path (or a dbname keyword) names `db` instead.
+[[nodiscard]] inline std::string with_database(const std::string& conninfo, const std::string& db) {
+    if (!is_uri(conninfo)) return conninfo + " dbname=" + db;
+    const std::size_t auth = conninfo.find("://") + 3;
+    const std::size_t path = conninfo.find_first_of("/?", auth);
+    if (path == std::string::npos) return conninfo + "/" + db;
+    if (conninfo[path] == '?') return conninfo.substr(0, path) + "/" + db + conninfo.substr(path);
+    const std::size_t q = conninfo.find('?', path);
+    return conninfo.substr(0, path + 1) + db + (q == std::string::npos ? "" : conninfo.substr(q));
+}
+
 /// The connection string with any password removed: "postgresql://u:secret@h/db" -> "postgresql://u@h/db",
 /// "password=secret" (keyword or URI parameter) dropped.
 [[nodiscard]] inline std::string redact(std::string_view conninfo) {

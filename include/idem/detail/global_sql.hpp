@@ -1,0 +1,157 @@
+// idem/detail/global_sql.hpp: the SQL of scope::global (global_guard.hpp), on the schema of
+// detail/postgres_sql.hpp.
+//
+// What a statement may use. The claim path must run unchanged on PostgreSQL-compatible distributed
+// databases (CockroachDB, YugabyteDB, Citus), so it uses only: INSERT ... ON CONFLICT DO NOTHING
+// RETURNING, UPDATE ... FROM unnest(...) RETURNING, data-modifying CTEs, = ANY(array), and
+// statement_timestamp(). No advisory lock, no LISTEN/NOTIFY, no SELECT ... FOR UPDATE SKIP LOCKED,
+// no sequence other than the audit table's BIGSERIAL, no temporary table.
+//
+// Every batch is one autocommit statement (one round trip, its own transaction) that also inserts a
+// random batch id into idempotent_batch. A statement whose answer is lost is resolved with
+// `batch_committed` (the speculative insert of postgres_sql.hpp's `committed`): it waits for a
+// session that still holds the id uncommitted, and returns no row exactly when the batch committed.
+// For that wait to be exact the batch row must be written BEFORE anything else of the statement
+// (PostgreSQL runs an unreferenced data-modifying CTE after the main query: the old session could be
+// blocked on a row lock, batch row not yet written, while the probe concludes "not committed").
+// So the row set `u` of every batch statement joins the batch CTE `b`: no key is touched before b's
+// row (and its primary-key entry) exists. The one case left is a statement the server has not read
+// at all when the probe runs; the probe runs after the call deadline (seconds), on a new connection.
+//
+// Time. lease_until, created_time, updated_time and at_time are the SERVER's clock (Unix ms), so
+// machines with skewed clocks still agree on when a lease expired. `now_ms` is the statement's start.
+//
+// Linearization. A claim of key K linearizes at the row lock its INSERT (new row) or UPDATE
+// (RELEASED row) takes; a completion, compensation or lease renewal at its fenced UPDATE. Under READ
+// COMMITTED an UPDATE that waited for another transaction's lock re-evaluates its WHERE on the
+// committed row version, so `status = 'PROCESSING' AND fencing_token = f` decides exactly one winner.
+// Each audit row is written by the same statement, after the row lock (the audit CTE reads the
+// RETURNING rows), so a key's audit sequence numbers follow its transitions.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace idem::detail::gsql {
+
+/// Unix milliseconds on the server, at the start of the statement.
+#define IDEM_GSQL_NOW "((extract(epoch FROM statement_timestamp()) * 1000)::bigint)"
+
+// Expired claims are looked up by this partial index (compensation runs every second on every node).
+// Created when a global guard opens; CREATE INDEX IF NOT EXISTS is retried once if two openers race.
+inline constexpr std::string_view processing_index =
+    "CREATE INDEX IF NOT EXISTS idx_idempotent_record_processing ON idempotent_record (lease_until) "
+    "WHERE status = 'PROCESSING'";
+
+// Claim batch, statement 1. $1 batch id; $2 keys (sorted), $3 biz_types, $4 fingerprints;
+// $5 lease (ms); $6 node. Returns (key, fence, from) for every claim this batch won: new rows (fence 1,
+// from ABSENT) and RELEASED rows taken again (fence + 1, from RELEASED). Keys whose row exists in
+// another state are losers; statement 2 reads them. The audit detail of a claim is
+// "claim outcome=0 batch=<batch id>" (the batch id tells an unanswered commit's claims apart).
+inline constexpr std::string_view claim_name = "idem_g_claim";
+inline const std::string claim = R"sql(
+WITH b AS (
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
+), u AS (
+  SELECT u.* FROM b, unnest($2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY AS u(k, biz, fp, n)
+), ins AS (
+  INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
+                                      request_fingerprint, created_time, updated_time)
+  SELECT u.k, u.biz, 'PROCESSING', 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, u.fp, )sql" IDEM_GSQL_NOW R"sql(, )sql" IDEM_GSQL_NOW R"sql(
+  FROM u ORDER BY u.n
+  ON CONFLICT (idempotent_key) DO NOTHING
+  RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'ABSENT'::text AS fr
+), re AS (
+  UPDATE idempotent_record AS r
+     SET status = 'PROCESSING', fencing_token = r.fencing_token + 1, lease_until = )sql" IDEM_GSQL_NOW R"sql( + $5,
+         outcome = 0, request_fingerprint = u.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+    FROM u
+   WHERE r.idempotent_key = u.k AND r.status = 'RELEASED'
+  RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'RELEASED'::text AS fr
+), won AS (
+  SELECT k, f, fr FROM ins UNION ALL SELECT k, f, fr FROM re
+), aud AS (
+  INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
+  SELECT won.k, won.fr, 'PROCESSING', won.f, $6, )sql" IDEM_GSQL_NOW R"sql(, 'claim outcome=0 batch=' || $1::text
+  FROM won ORDER BY won.k
+)
+SELECT k, f, fr FROM won
+)sql";
+
+// Claim batch, statement 2 (only when some key lost): the winners' rows as committed now. A fresh
+// READ COMMITTED snapshot, so a row whose insert made ours conflict is visible.
+inline constexpr std::string_view read_rows_name = "idem_g_read";
+inline const std::string read_rows =
+    "SELECT idempotent_key, status, fencing_token, outcome, request_fingerprint, lease_until < " IDEM_GSQL_NOW
+    " FROM idempotent_record WHERE idempotent_key = ANY($1::text[])";
+
+// After a claim batch whose commit went unanswered turned out to have committed: which of its keys
+// it won (the RETURNING rows died with the connection). The claim statement wrote one audit row per
+// won key whose detail names the batch id. $1 keys, $2 that detail, $3 node.
+inline constexpr std::string_view claimed_by_us_name = "idem_g_claimed_by_us";
+inline constexpr std::string_view claimed_by_us = R"sql(
+SELECT a.idempotent_key, a.fencing_token FROM idempotent_audit a
+ WHERE a.idempotent_key = ANY($1::text[]) AND a.detail = $2 AND a.node = $3
+)sql";
+
+// Completion and compensation batch. $1 batch id; $2 keys (sorted, each once), $3 fences, $4 new
+// status, $5 outcomes, $6 audit details; $7 node; $8 true for compensation: the lease must have
+// expired (re-checked under the row lock: the owner may have renewed it since the scan).
+// A doubt mark is the same statement with status PROCESSING (an audited no-op on the record).
+// Returns the keys whose fenced UPDATE won.
+inline constexpr std::string_view complete_name = "idem_g_complete";
+inline const std::string complete = R"sql(
+WITH b AS (
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
+), u AS (
+  SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
+), upd AS (
+  UPDATE idempotent_record AS r
+     SET status = u.st, outcome = u.oc, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+    FROM u
+   WHERE r.idempotent_key = u.k AND r.fencing_token = u.f AND r.status = 'PROCESSING'
+     AND (NOT $8::boolean OR r.lease_until < )sql" IDEM_GSQL_NOW R"sql()
+  RETURNING r.idempotent_key AS k, r.fencing_token AS f, u.st AS st, u.d AS d
+), aud AS (
+  INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
+  SELECT upd.k, 'PROCESSING', upd.st, upd.f, $7, )sql" IDEM_GSQL_NOW R"sql(, upd.d FROM upd ORDER BY upd.k
+)
+SELECT k FROM upd
+)sql";
+
+// A completion that lost its fenced UPDATE may have won an earlier attempt whose acknowledgement
+// was lost (a caller retrying after store_unavailable): that attempt left an audit row with this
+// node, fence, target status and detail. $1 keys, $2 fences, $3 statuses, $4 details, $5 node.
+inline constexpr std::string_view completed_before_name = "idem_g_done_before";
+inline constexpr std::string_view completed_before = R"sql(
+SELECT u.k FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(k, f, st, d)
+ WHERE EXISTS (SELECT 1 FROM idempotent_audit a
+                WHERE a.idempotent_key = u.k AND a.fencing_token = u.f AND a.from_status = 'PROCESSING'
+                  AND a.to_status = u.st AND a.detail = u.d AND a.node = $5)
+)sql";
+
+// Lease renewal: $1 keys, $2 fences, $3 lease (ms from now). Not a transition: no audit row.
+inline constexpr std::string_view extend_name = "idem_g_extend";
+inline const std::string extend = R"sql(
+UPDATE idempotent_record AS r SET lease_until = )sql" IDEM_GSQL_NOW R"sql( + u.ms
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, f, ms)
+ WHERE r.idempotent_key = u.k AND r.fencing_token = u.f AND r.status = 'PROCESSING'
+RETURNING r.idempotent_key
+)sql";
+
+// Compensation scan: expired claims, oldest lease first. $1 limit.
+inline constexpr std::string_view expired_name = "idem_g_expired";
+inline const std::string expired =
+    "SELECT idempotent_key, fencing_token, request_fingerprint FROM idempotent_record "
+    "WHERE status = 'PROCESSING' AND lease_until < " IDEM_GSQL_NOW " ORDER BY lease_until LIMIT $1";
+
+// Batch id of a batch whose COMMIT went unanswered: no row returned = it committed (run in a
+// transaction that is rolled back).
+inline constexpr std::string_view batch_committed_name = "idem_g_committed";
+inline constexpr std::string_view batch_committed =
+    "INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, 0) ON CONFLICT (batch_id) DO NOTHING "
+    "RETURNING 1";
+
+#undef IDEM_GSQL_NOW
+
+}  // namespace idem::detail::gsql

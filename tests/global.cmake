@@ -1,0 +1,16 @@
+# scope::global (include/idem/global_guard.hpp) against a real PostgreSQL 15: IDEM_TEST_PG_URI must
+# name a server (the tests FAIL when it is unset or unreachable; each test uses a fresh database).
+# The restart tests start (and restart) a private server with scripts/lib/postgres.sh (PG_BIN), so
+# the shared server never goes down under the tests ctest runs beside them. The test binary starts
+# copies of itself as worker processes (argv[1] == "child"), so it has its own main().
+# Included from tests/CMakeLists.txt when the idem::postgres target exists.
+add_executable(global_test ${CMAKE_CURRENT_LIST_DIR}/global_test.cpp)
+target_link_libraries(global_test PRIVATE idem::idem idem::postgres GTest::gtest)
+target_include_directories(global_test PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_compile_options(global_test PRIVATE -Wall -Wextra -Werror=return-type)
+target_compile_definitions(global_test PRIVATE IDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_test(NAME global_test COMMAND global_test)
+# Label concurrency too: scripts/test reruns it under ThreadSanitizer (the batchers' hand-offs between
+# callers and connections, the local table under 100 racing threads, the watchdogs; the child
+# processes are the same instrumented binary). About 50 s there, 50 s here.
+set_tests_properties(global_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 900)

@@ -1,0 +1,910 @@
+// scope::global (idem::global_guard) against a real PostgreSQL 15.
+//
+// Needs IDEM_TEST_PG_URI (a server; scripts/test starts one). The restart tests start a server of
+// their own with scripts/lib/postgres.sh (PG_BIN) and restart that one, so the tests sharing
+// IDEM_TEST_PG_URI in parallel are not disturbed. The tests FAIL, never skip, when a server is
+// missing, unreachable or cannot be started. Each test creates its own database idem_g_<random> and
+// drops it afterwards.
+//
+// Several "nodes" are several processes: this binary starts copies of itself ("global_test child
+// MODE key=value ..."), talks to them over stdin/stdout, and keeps the truth in an independent
+// ledger: one line per executed effect, appended by the executing process to its own file. A key
+// executed twice shows up as two lines, whichever processes wrote them.
+//
+//   ClaimReplay..., Release..., Compensation...
+//                          one or two guards in this process: claim, replay, mismatch, release and
+//                          re-claim, terminal failure, run(), extend, compensation fencing the owner
+//   InDoubtProbe...        the probe that resolves an unanswered batch waits for a batch that is
+//                          still running (its batch row is written before it can block on a key)
+//   Race4x25               4 processes x 25 threads (on a std::latch) race on the same 10k keys:
+//                          every key executes exactly once, every thread of every process sees the
+//                          winner's outcome, every acknowledged success is SUCCESS in the store
+//   NodeDeath              a node holds claims and is paused (SIGSTOP) past its lease; two other
+//                          nodes both read every expired claim, then race their fenced UPDATEs
+//                          (each claim resolved once); node b claims the released keys again
+//                          (fence 2); the paused node resumes (SIGCONT) and every fence it holds is
+//                          rejected (stale_ticket), including on the keys node b holds now
+//   ServerRestart*         3 processes race while their (private) PostgreSQL is restarted twice
+//                          (immediate): no double execution, every acknowledged success is SUCCESS
+// Every test ends with idem::verify over the store's audit trails: 0 violations.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <latch>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "idem/global_guard.hpp"
+#include "idem/verify.hpp"
+
+extern char** environ;
+
+// LeakSanitizer (ASan builds): libpqxx 6.4 leaks a PGresult per connection lost mid-transaction.
+extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx\n"; }
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace pg = idem::detail::pg;
+
+// ---- small helpers ----------------------------------------------------------------------------
+
+std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+/// Appends whole lines with one write() each (O_APPEND: atomic against the other writers).
+class appender {
+public:
+    explicit appender(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) {}
+    ~appender() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    bool ok() const { return fd_ >= 0; }
+    void line(const std::string& s) {
+        const std::string l = s + "\n";
+        if (::write(fd_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::abort();
+    }
+
+private:
+    int fd_;
+};
+
+std::vector<std::vector<std::string>> read_fields(const std::string& path) {
+    std::vector<std::vector<std::string>> out;
+    std::ifstream in(path);
+    std::string l;
+    while (std::getline(in, l)) {
+        std::istringstream s(l);
+        std::vector<std::string> f;
+        std::string w;
+        while (s >> w) f.push_back(w);
+        if (!f.empty()) out.push_back(std::move(f));
+    }
+    return out;
+}
+
+std::map<std::string, std::string> parse_args(int argc, char** argv, int from) {
+    std::map<std::string, std::string> a;
+    for (int i = from; i < argc; ++i) {
+        const std::string s = argv[i];
+        const auto eq = s.find('=');
+        if (eq != std::string::npos) a[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+    return a;
+}
+
+std::string race_key(std::uint64_t i) { return "RK" + std::to_string(i) + "_PAY_v1"; }
+std::uint64_t fp_of(std::uint64_t i) { return idem::fingerprint_of("amount=" + std::to_string(i * 7)); }
+
+// ---- a child process ----------------------------------------------------------------------------
+
+class child {
+public:
+    explicit child(const std::vector<std::string>& args) {
+        int in[2], out[2];
+        if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+        posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+        std::vector<std::string> argv_s{"/proc/self/exe", "child"};
+        argv_s.insert(argv_s.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (auto& s : argv_s) argv.push_back(s.data());
+        argv.push_back(nullptr);
+        const int rc = ::posix_spawn(&pid_, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        ::close(in[0]);
+        ::close(out[1]);
+        to_ = in[1];
+        from_ = out[0];
+        if (rc != 0) throw std::runtime_error(std::string("posix_spawn: ") + std::strerror(rc));
+    }
+    ~child() {
+        if (to_ >= 0) ::close(to_);
+        if (from_ >= 0) ::close(from_);
+        if (!reaped_) {
+            ::kill(pid_, SIGCONT);
+            ::kill(pid_, SIGKILL);
+            int st;
+            ::waitpid(pid_, &st, 0);
+        }
+    }
+    child(const child&) = delete;
+    child& operator=(const child&) = delete;
+
+    void send(const std::string& line) {
+        const std::string l = line + "\n";
+        (void)!::write(to_, l.data(), l.size());
+    }
+    /// The next line starting with `word`, or "" after `timeout` (or EOF).
+    std::string expect(const std::string& word, std::chrono::milliseconds timeout) {
+        const auto until = std::chrono::steady_clock::now() + timeout;
+        for (;;) {
+            std::size_t nl;
+            while ((nl = buf_.find('\n')) != std::string::npos) {
+                std::string l = buf_.substr(0, nl);
+                buf_.erase(0, nl + 1);
+                if (l.rfind(word, 0) == 0) return l;
+                std::cerr << "[child " << pid_ << "] " << l << '\n';
+            }
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+            if (left.count() <= 0) return "";
+            pollfd p{from_, POLLIN, 0};
+            if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000))) <= 0) continue;
+            char b[4096];
+            const ssize_t n = ::read(from_, b, sizeof b);
+            if (n <= 0) return "";
+            buf_.append(b, static_cast<std::size_t>(n));
+        }
+    }
+    int wait() {
+        int st = 0;
+        ::waitpid(pid_, &st, 0);
+        reaped_ = true;
+        return st;
+    }
+    pid_t pid() const { return pid_; }
+
+private:
+    pid_t pid_ = -1;
+    int to_ = -1, from_ = -1;
+    bool reaped_ = false;
+    std::string buf_;
+};
+
+std::map<std::string, std::int64_t> fields_of(const std::string& line) {
+    std::map<std::string, std::int64_t> f;
+    std::istringstream s(line);
+    std::string w;
+    while (s >> w)
+        if (const auto eq = w.find('='); eq != std::string::npos) f[w.substr(0, eq)] = std::stoll(w.substr(eq + 1));
+    return f;
+}
+
+// ---- child modes ----------------------------------------------------------------------------------
+
+/// race: `threads` threads each walk all `keys` keys (own shuffled order) until every key has shown
+/// its outcome. An acquired key is executed (ledger line "E i node"), then succeeded with outcome
+/// node << 32 | i; a success is acknowledged (acks line "A i outcome") once succeed() returned {}.
+/// Writes "S i outcome" for every key to `seen` (all threads of this process must agree).
+int child_race(std::map<std::string, std::string> a) {
+    const std::uint64_t keys = std::stoull(a["keys"]);
+    const unsigned threads = static_cast<unsigned>(std::stoul(a["threads"]));
+    const std::uint64_t node = std::stoull(a["node"]);
+    idem::options o;
+    o.capacity = keys * 2 + 64;
+    o.lease = std::chrono::milliseconds(std::stoll(a["lease_ms"]));
+    idem::global_options go;
+    go.node = "node-" + std::to_string(node);
+    go.call_deadline = 3s;
+    go.wait_timeout = std::chrono::milliseconds(std::stoll(a["wait_ms"]));
+    idem::global_guard g(a["uri"], o, go);
+    appender ledger(a["ledger"]), acks(a["acks"]);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    std::string go_line;
+    if (!std::getline(std::cin, go_line)) return 3;
+
+    std::vector<std::vector<std::uint64_t>> seen(threads, std::vector<std::uint64_t>(keys, ~0ull));
+    std::atomic<std::uint64_t> executed{0}, acked{0}, unacked{0}, stale{0}, bad{0}, replays{0}, wrong{0}, unavailable{0};
+    std::mutex em;
+    std::string first_bad;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(std::stoll(a["seconds"]));
+    std::latch start(threads);
+    auto work = [&](unsigned t) {
+        std::vector<std::uint64_t> pending(keys);
+        for (std::uint64_t i = 0; i < keys; ++i) pending[i] = i;
+        std::mt19937_64 rng(std::stoull(a["seed"]) * 1000 + node * 100 + t);
+        std::shuffle(pending.begin(), pending.end(), rng);
+        start.arrive_and_wait();
+        while (!pending.empty() && std::chrono::steady_clock::now() < give_up) {
+            std::vector<std::uint64_t> again;
+            for (std::uint64_t i : pending) {
+                const idem::key k(race_key(i));
+                auto r = g.begin(k, fp_of(i));
+                switch (r.status) {
+                    case idem::begin_status::acquired: {
+                        const std::uint64_t outcome = node << 32 | i;
+                        ledger.line("E " + std::to_string(i) + " " + std::to_string(node));
+                        ++executed;
+                        const std::error_code ec = r.ticket.succeed(outcome);
+                        if (!ec) {
+                            acks.line("A " + std::to_string(i) + " " + std::to_string(outcome));
+                            ++acked;
+                            seen[t][i] = outcome;
+                        } else {
+                            if (ec == idem::errc::stale_ticket) ++stale;
+                            ++unacked;
+                            again.push_back(i);  // ask again: the store knows what became of it
+                        }
+                        break;
+                    }
+                    case idem::begin_status::succeeded:
+                        ++replays;
+                        if ((r.outcome & 0xffffffffu) != i) {
+                            ++wrong;
+                            std::lock_guard lk(em);
+                            if (first_bad.empty())
+                                first_bad = "key " + std::to_string(i) + " replayed outcome " + std::to_string(r.outcome);
+                        }
+                        seen[t][i] = r.outcome;
+                        break;
+                    case idem::begin_status::in_progress:
+                    case idem::begin_status::in_doubt: again.push_back(i); break;
+                    case idem::begin_status::store_unavailable:
+                        ++unavailable;
+                        again.push_back(i);
+                        break;
+                    default: {
+                        ++bad;
+                        std::lock_guard lk(em);
+                        if (first_bad.empty()) first_bad = "key " + std::to_string(i) + ": " + idem::to_string(r.status);
+                        break;
+                    }
+                }
+            }
+            pending.swap(again);
+            if (!pending.empty()) std::this_thread::sleep_for(2ms);
+        }
+    };
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; ++t) ts.emplace_back(work, t);
+    for (auto& t : ts) t.join();
+
+    std::uint64_t disagree = 0, unresolved = 0;
+    {
+        std::ofstream out(a["seen"]);
+        for (std::uint64_t i = 0; i < keys; ++i) {
+            const std::uint64_t v = seen[0][i];
+            for (unsigned t = 0; t < threads; ++t) {
+                if (seen[t][i] == ~0ull) ++unresolved;
+                else if (seen[t][i] != v) ++disagree;
+            }
+            out << "S " << i << ' ' << v << '\n';
+        }
+    }
+    const auto s = g.snapshot();
+    std::printf("done executed=%llu acked=%llu unacked=%llu stale=%llu replays=%llu wrong=%llu bad=%llu disagree=%llu "
+                "unresolved=%llu unavailable=%llu local=%llu sent=%llu won=%llu lost=%llu batches=%llu "
+                "completion_batches=%llu in_doubt=%llu errors=%llu timeouts=%llu withdrawn=%llu\n",
+                (unsigned long long)executed.load(), (unsigned long long)acked.load(), (unsigned long long)unacked.load(),
+                (unsigned long long)stale.load(), (unsigned long long)replays.load(), (unsigned long long)wrong.load(),
+                (unsigned long long)bad.load(), (unsigned long long)disagree, (unsigned long long)unresolved,
+                (unsigned long long)unavailable.load(), (unsigned long long)s.answered_locally,
+                (unsigned long long)s.claims_sent, (unsigned long long)s.claims_won, (unsigned long long)s.claims_lost,
+                (unsigned long long)s.claim_batches, (unsigned long long)s.completion_batches,
+                (unsigned long long)s.commits_in_doubt, (unsigned long long)s.store_errors,
+                (unsigned long long)s.timeouts, (unsigned long long)s.withdrawn);
+    if (!first_bad.empty()) std::printf("note %s\n", first_bad.c_str());
+    if (s.store_errors) std::printf("note last store error: %s\n", g.last_error().c_str());
+    std::fflush(stdout);
+    return 0;
+}
+
+/// holder: claims `n` fresh keys HK<i>, executes the even ones (ledger "E key outcome node"), says
+/// "holding", waits for "finish" on stdin, then tries to succeed every claim and reports the answers.
+int child_holder(std::map<std::string, std::string> a) {
+    const int n = std::stoi(a["n"]);
+    idem::options o;
+    o.capacity = 1024;
+    o.lease = std::chrono::milliseconds(std::stoll(a["lease_ms"]));
+    idem::global_options go;
+    go.node = "node-a";
+    idem::global_guard g(a["uri"], o, go);
+    appender ledger(a["ledger"]);
+    std::vector<idem::global_ticket> held;
+    for (int i = 0; i < n; ++i) {
+        const std::string k = "HK" + std::to_string(i) + "_PAY_v1";
+        auto r = g.begin(idem::key(k), 0);
+        if (r.status != idem::begin_status::acquired) {
+            std::printf("error %s: %s\n", k.c_str(), idem::to_string(r.status));
+            std::fflush(stdout);
+            return 1;
+        }
+        if (i % 2 == 0) ledger.line("E " + k + " " + std::to_string(1000 + i) + " node-a");
+        held.push_back(std::move(r.ticket));
+    }
+    std::printf("holding fence0=%llu\n", (unsigned long long)held[0].fence());
+    std::fflush(stdout);
+    std::string line;
+    if (!std::getline(std::cin, line)) return 3;
+    int ok = 0, stale = 0, other = 0;
+    // The paused node wakes up: its lease renewal and its completions must all be refused.
+    const std::error_code ext = held[1].extend(30s);
+    for (int i = 0; i < n; ++i) {
+        if (!held[i]) {
+            ++stale;  // emptied by the refused renewal
+            continue;
+        }
+        const std::error_code ec = held[i].succeed(1000 + i);
+        if (!ec) ++ok;
+        else if (ec == idem::errc::stale_ticket) ++stale;
+        else ++other;
+    }
+    std::printf("done ok=%d stale=%d other=%d extend_stale=%d\n", ok, stale, other, ext == idem::errc::stale_ticket ? 1 : 0);
+    std::fflush(stdout);
+    return 0;
+}
+
+/// idem::verify over every audit trail of the store: no violation, and at least one key.
+void expect_verified(const std::string& uri) {
+    idem::postgres_store st(uri, 10s);
+    const idem::verify_report vr = idem::verify(st);
+    EXPECT_TRUE(vr.violations.empty()) << vr.violations.size() << " violations, first: " << vr.violations.front();
+    EXPECT_GT(vr.keys, 0u);
+}
+
+// ---- the fixture ----------------------------------------------------------------------------------
+
+class Global : public ::testing::Test {
+protected:
+    void SetUp() override {
+        server_ = env("IDEM_TEST_PG_URI");
+        ASSERT_FALSE(server_.empty()) << "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
+                                         "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
+        std::random_device rd;
+        char name[32];
+        std::snprintf(name, sizeof name, "idem_g_%08x%08x", rd(), rd());
+        db_ = name;
+        try {
+            pqxx::connection c(server_ + (pg::is_uri(server_) ? (server_.find('?') == std::string::npos ? "?" : "&") : " ") +
+                               "connect_timeout=10");
+            pqxx::nontransaction n(c);
+            n.exec("CREATE DATABASE " + db_);  // hex digits only
+            created_ = true;
+        } catch (const std::exception& e) {
+            FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
+        }
+        uri_ = pg::with_database(server_, db_);
+        char tmpl[] = "/tmp/idem-global-XXXXXX";
+        ASSERT_NE(::mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+    }
+    void TearDown() override {
+        if (!dir_.empty() && !HasFailure()) std::filesystem::remove_all(dir_);
+        if (HasFailure() && !dir_.empty()) std::cerr << "files kept in " << dir_ << '\n';
+        if (!created_) return;
+        for (int attempt = 0; attempt < 30; ++attempt) {
+            try {
+                pqxx::connection c(server_);
+                pqxx::nontransaction n(c);
+                n.exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
+                return;
+            } catch (const std::exception& e) {
+                if (attempt == 29) ADD_FAILURE() << "cannot drop test database " << db_ << ": " << e.what();
+                std::this_thread::sleep_for(500ms);  // the server may still be restarting
+            }
+        }
+    }
+
+    std::int64_t sql_int(const std::string& text) {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        return n.exec(text)[0][0].as<std::int64_t>();
+    }
+
+    /// Waits (polling the store, 10 s at most) until `n` claims have expired on the SERVER's clock,
+    /// which is the clock compensation reads; false when they did not.
+    bool await_expired(std::int64_t n) {
+        const auto until = std::chrono::steady_clock::now() + 10s;
+        for (;;) {
+            const std::int64_t expired = sql_int(
+                "SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
+                "(extract(epoch FROM clock_timestamp()) * 1000)::bigint");
+            if (expired >= n) return true;
+            if (std::chrono::steady_clock::now() >= until) return false;
+            std::this_thread::sleep_for(20ms);  // a poll interval, not a synchronisation
+        }
+    }
+
+    void expect_verified() { ::expect_verified(uri_); }
+
+    idem::options opts(std::chrono::milliseconds lease = 30s) {
+        idem::options o;
+        o.capacity = 1 << 14;
+        o.lease = lease;
+        o.maintenance_interval = 0s;
+        return o;
+    }
+    idem::global_options gopts(const std::string& node) {
+        idem::global_options g;
+        g.node = node;
+        return g;
+    }
+
+    std::string server_, db_, uri_, dir_;
+    bool created_ = false;
+};
+
+// ---- one process ----------------------------------------------------------------------------------
+
+TEST_F(Global, ClaimReplayAndMismatch) {
+    idem::global_guard g(uri_, opts(), gopts("solo"));
+    const idem::key k("TX1_PAY_v1");
+    auto r = g.begin(k, 7);
+    ASSERT_EQ(r.status, idem::begin_status::acquired);
+    EXPECT_EQ(r.ticket.fence(), 1u);
+    EXPECT_EQ(g.begin(k, 7).status, idem::begin_status::in_progress);  // local: no round trip
+    EXPECT_FALSE(r.ticket.succeed(0));                                  // a falsy outcome is an outcome
+    auto d = g.begin(k, 7);
+    EXPECT_EQ(d.status, idem::begin_status::succeeded);
+    EXPECT_EQ(d.outcome, 0u);
+    EXPECT_EQ(g.begin(k, 8).status, idem::begin_status::payload_mismatch);
+
+    // A second guard (another node) learns the outcome from the store, then caches it.
+    idem::global_guard h(uri_, opts(), gopts("other"));
+    auto e = h.begin(k, 7);
+    EXPECT_EQ(e.status, idem::begin_status::succeeded);
+    EXPECT_EQ(e.fence, 1u);
+    EXPECT_EQ(h.begin(k, 8).status, idem::begin_status::payload_mismatch);
+    const auto before = h.snapshot().claims_sent;
+    EXPECT_EQ(h.begin(k, 7).status, idem::begin_status::succeeded);
+    EXPECT_EQ(h.snapshot().claims_sent, before) << "a known key must be answered locally";
+
+    const auto rec = g.lookup("TX1_PAY_v1");
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->state, idem::record_state::succeeded);
+    EXPECT_EQ(rec->biz_type, "PAY");
+    const auto trail = g.audit("TX1_PAY_v1");
+    ASSERT_EQ(trail.size(), 2u);
+    EXPECT_EQ(trail[0].node, "solo");
+    EXPECT_EQ(trail[1].detail, "succeed outcome=0");
+    expect_verified();
+}
+
+TEST_F(Global, ReleaseReclaimFailAndDrop) {
+    idem::global_guard g(uri_, opts(), gopts("n1"));
+    idem::global_guard h(uri_, opts(), gopts("n2"));
+    const idem::key k("TX2_PAY_v1");
+    {
+        auto r = g.begin(k);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        EXPECT_EQ(h.begin(k).status, idem::begin_status::in_progress);  // held by another node
+        EXPECT_FALSE(r.ticket.fail(5, idem::failure_policy::retryable));
+    }
+    auto r2 = h.begin(k);  // RELEASED rows are claimable again, fence + 1
+    ASSERT_EQ(r2.status, idem::begin_status::acquired);
+    EXPECT_EQ(r2.ticket.fence(), 2u);
+    { auto moved = std::move(r2.ticket); }  // dropped: released (options.on_failure = retryable)
+    auto r3 = g.begin(k);
+    ASSERT_EQ(r3.status, idem::begin_status::acquired);
+    EXPECT_EQ(r3.ticket.fence(), 3u);
+    EXPECT_FALSE(r3.ticket.fail(9, idem::failure_policy::terminal));
+    auto f = h.begin(k);
+    EXPECT_EQ(f.status, idem::begin_status::failed);
+    EXPECT_EQ(f.outcome, 9u);
+    EXPECT_EQ(g.run(idem::key("TX3_PAY_v1"), [] { return 11; }), 11u);
+    EXPECT_EQ(h.run(idem::key("TX3_PAY_v1"), [] { return 12; }), 11u);  // not run again: replayed
+    expect_verified();
+}
+
+TEST_F(Global, CompensationFencesTheStaleOwner) {
+    std::atomic<int> asked{0};
+    idem::options ro = opts(30s);
+    ro.resolve = [&](const idem::expired_claim& e) {
+        ++asked;
+        return e.key.starts_with("TXA") ? idem::resolver_answer{idem::resolution::succeeded, 77}
+                                        : idem::resolver_answer{idem::resolution::not_executed, 0};
+    };
+    idem::global_guard owner(uri_, opts(1000ms), gopts("owner"));
+    idem::global_guard other(uri_, ro, gopts("compensator"));
+    auto a = owner.begin(idem::key("TXA_PAY_v1"));
+    auto b = owner.begin(idem::key("TXB_PAY_v1"));
+    ASSERT_EQ(a.status, idem::begin_status::acquired);
+    ASSERT_EQ(b.status, idem::begin_status::acquired);
+    EXPECT_EQ(other.compensate(), 0u);  // not expired yet
+    ASSERT_TRUE(await_expired(2));
+    EXPECT_EQ(other.begin(idem::key("TXA_PAY_v1")).status, idem::begin_status::in_doubt);
+    EXPECT_EQ(other.compensate(), 2u);
+    EXPECT_EQ(asked.load(), 2);
+    EXPECT_EQ(other.compensate(), 0u);  // resolved once
+    EXPECT_EQ(a.ticket.succeed(1), idem::errc::stale_ticket);
+    EXPECT_EQ(b.ticket.extend(10s), idem::errc::stale_ticket);
+    EXPECT_FALSE(b.ticket.valid());
+    auto ra = owner.begin(idem::key("TXA_PAY_v1"));
+    EXPECT_EQ(ra.status, idem::begin_status::succeeded);
+    EXPECT_EQ(ra.outcome, 77u);
+    auto rb = owner.begin(idem::key("TXB_PAY_v1"));
+    ASSERT_EQ(rb.status, idem::begin_status::acquired);
+    EXPECT_EQ(rb.ticket.fence(), 2u);
+    EXPECT_FALSE(rb.ticket.extend(10s));
+    EXPECT_FALSE(rb.ticket.succeed(3));
+    expect_verified();
+}
+
+/// The in-doubt probe (gsql::batch_committed) is exact only if a claim batch writes its batch row
+/// before it can block on a key: then a probe that runs while the old statement is still blocked
+/// waits for it instead of answering "not committed" (after which the old statement commits its
+/// claims unseen). A batch is made to block on a key another transaction holds uncommitted; the
+/// probe must still be waiting after a second (its statement_timeout), and the batch must then win.
+TEST_F(Global, InDoubtProbeWaitsForABlockedBatch) {
+    { idem::global_guard schema(uri_, opts(), gopts("schema")); }  // creates the tables
+    namespace gsql = idem::detail::gsql;
+    pqxx::connection holder(uri_), batcher(uri_), prober(uri_);
+    pqxx::work hold(holder);
+    hold.exec("INSERT INTO idempotent_record VALUES ('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    batcher.prepare(std::string(gsql::claim_name), gsql::claim);
+    const int batcher_pid = batcher.backendpid();
+    std::vector<std::string> won;
+    std::string batch_error;
+    std::thread batch([&] {
+        try {
+            pqxx::nontransaction n(batcher);
+            for (const auto& row : n.exec_prepared(std::string(gsql::claim_name), std::int64_t{4242},
+                                                   std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{PAY,PAY}"),
+                                                   std::string("{0,0}"), std::int64_t{60000}, std::string("probe")))
+                won.push_back(row[0].c_str());
+        } catch (const std::exception& e) {
+            batch_error = e.what();
+        }
+    });
+    // Wait (polling the server, 10 s at most) until the batch is blocked on the held key.
+    bool blocked = false;
+    for (int i = 0; i < 500 && !blocked; ++i) {
+        blocked = sql_int("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(batcher_pid) +
+                          " AND wait_event_type = 'Lock'") == 1;
+        if (!blocked) std::this_thread::sleep_for(20ms);  // a poll interval
+    }
+    EXPECT_TRUE(blocked) << "the claim batch never blocked on the held key";
+    std::string probe;
+    try {
+        pqxx::work w(prober);
+        w.exec("SET LOCAL statement_timeout = 1000");
+        const auto r = w.exec_params(std::string(gsql::batch_committed), std::int64_t{4242});
+        probe = r.empty() ? "answered: committed" : "answered: not committed";
+    } catch (const pqxx::sql_error& e) {
+        probe = e.sqlstate() == "57014" ? "waited" : std::string("error ") + e.what();
+    }
+    hold.abort();  // the held key goes away: the batch proceeds and wins both keys
+    batch.join();
+    EXPECT_EQ(probe, "waited") << "the probe must wait for a batch that is still running";
+    EXPECT_EQ(batch_error, "");
+    std::sort(won.begin(), won.end());
+    EXPECT_EQ(won, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v1"}));
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_batch WHERE batch_id = 4242"), 1);
+}
+
+// ---- several processes ------------------------------------------------------------------------------
+
+struct race_result {
+    std::map<std::string, std::int64_t> total;  ///< the children's counters, summed
+};
+
+/// Starts `procs` race children, lets them go together, optionally runs `during` while they race,
+/// and checks the ledger, the acknowledgements, every process's view and the store.
+race_result run_race(const std::string& uri, const std::string& dir, int procs, int threads, std::uint64_t keys,
+                     int seconds, std::chrono::milliseconds wait, const std::function<void()>& during) {
+    std::vector<std::unique_ptr<child>> cs;
+    for (int p = 1; p <= procs; ++p)
+        cs.push_back(std::make_unique<child>(std::vector<std::string>{
+            "race", "uri=" + uri, "keys=" + std::to_string(keys), "threads=" + std::to_string(threads),
+            "node=" + std::to_string(p), "seed=7", "lease_ms=60000", "seconds=" + std::to_string(seconds),
+            "wait_ms=" + std::to_string(wait.count()),
+            "ledger=" + dir + "/ledger." + std::to_string(p), "acks=" + dir + "/acks." + std::to_string(p),
+            "seen=" + dir + "/seen." + std::to_string(p)}));
+    for (auto& c : cs) {
+        const bool ready = !c->expect("ready", 120s).empty();
+        EXPECT_TRUE(ready) << "a child did not start";
+        if (!ready) return {};
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& c : cs) c->send("go");
+    if (during) during();
+    std::vector<std::map<std::string, std::int64_t>> done;
+    for (auto& c : cs) {
+        const std::string l = c->expect("done", std::chrono::seconds(seconds + 120));
+        EXPECT_FALSE(l.empty()) << "a child did not finish";
+        if (l.empty()) return {};
+        done.push_back(fields_of(l));
+        const int st = c->wait();
+        EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // The independent ledger: every key exactly once, across all processes.
+    std::vector<int> runs(keys, 0);
+    std::vector<std::uint64_t> executor(keys, 0);
+    std::uint64_t effects = 0, doubles = 0;
+    for (int p = 1; p <= procs; ++p)
+        for (const auto& f : read_fields(dir + "/ledger." + std::to_string(p))) {
+            const std::uint64_t i = std::stoull(f.at(1));
+            ++effects;
+            if (++runs.at(i) > 1) ++doubles;
+            executor[i] = std::stoull(f.at(2));
+        }
+    EXPECT_EQ(doubles, 0u) << "keys executed more than once";
+    std::uint64_t not_once = 0;
+    for (std::uint64_t i = 0; i < keys; ++i)
+        if (runs[i] != 1 && not_once++ == 0) ADD_FAILURE() << "key " << i << " ran " << runs[i] << " times";
+    EXPECT_EQ(not_once, 0u) << "keys not executed exactly once";
+    // Every process saw the winner's outcome (all of its threads agreed; checked in the child).
+    for (int p = 1; p <= procs; ++p) {
+        const auto seen = read_fields(dir + "/seen." + std::to_string(p));
+        EXPECT_EQ(seen.size(), keys);
+        std::uint64_t wrong = 0;
+        for (const auto& f : seen) {
+            const std::uint64_t i = std::stoull(f.at(1)), v = std::stoull(f.at(2));
+            if (v != (executor[i] << 32 | i)) ++wrong;
+        }
+        EXPECT_EQ(wrong, 0u) << "process " << p << " saw outcomes other than the winner's";
+    }
+    for (const auto& d : done) {
+        EXPECT_EQ(d.at("wrong"), 0);
+        EXPECT_EQ(d.at("bad"), 0);
+        EXPECT_EQ(d.at("disagree"), 0);
+        EXPECT_EQ(d.at("unresolved"), 0);
+    }
+    // Every acknowledged success is SUCCESS in the store with the acknowledged outcome.
+    std::map<std::string, std::uint64_t> acked;
+    for (int p = 1; p <= procs; ++p)
+        for (const auto& f : read_fields(dir + "/acks." + std::to_string(p))) acked[race_key(std::stoull(f.at(1)))] = std::stoull(f.at(2));
+    std::uint64_t lost = 0, success = 0;
+    {
+        idem::postgres_store st(uri, 10s);
+        st.load([&](const idem::stored_record& r) {
+            if (r.state == idem::record_state::succeeded) ++success;
+            auto it = acked.find(r.key);
+            if (it != acked.end() && (r.state != idem::record_state::succeeded || r.outcome != it->second)) ++lost;
+            if (it != acked.end()) acked.erase(it);
+        });
+    }
+    EXPECT_EQ(lost + acked.size(), 0u) << "acknowledged successes lost";
+    EXPECT_EQ(success, keys);
+    race_result rr;
+    for (const auto& d : done)
+        for (const auto& [k, v] : d) rr.total[k] += v;
+    std::printf("[ race     ] %d processes x %d threads, %llu keys: %.1f s, %llu effects, %lld claims sent in %lld "
+                "batches, %lld answered locally; store errors %lld, commits in doubt %lld, caller timeouts %lld, "
+                "unacknowledged successes %lld, withdrawn claims %lld\n",
+                procs, threads, (unsigned long long)keys, secs, (unsigned long long)effects, (long long)rr.total["sent"],
+                (long long)rr.total["batches"], (long long)rr.total["local"], (long long)rr.total["errors"],
+                (long long)rr.total["in_doubt"], (long long)rr.total["timeouts"], (long long)rr.total["unacked"],
+                (long long)rr.total["withdrawn"]);
+    return rr;
+}
+
+TEST_F(Global, Race4x25) {
+    race_result r = run_race(uri_, dir_, 4, 25, 10'000, 400, 15s, nullptr);
+    EXPECT_GT(r.total["local"], 0) << "known keys must be answered without a round trip";
+    expect_verified();
+}
+
+TEST_F(Global, NodeDeath) {
+    const int n = 40;
+    const std::string ledger_path = dir_ + "/ledger";
+    child holder({"holder", "uri=" + uri_, "n=" + std::to_string(n), "lease_ms=800", "ledger=" + ledger_path});
+    const std::string h = holder.expect("holding", 60s);
+    ASSERT_FALSE(h.empty());
+    ASSERT_EQ(::kill(holder.pid(), SIGSTOP), 0);  // the node stops answering, holding 40 claims
+    ASSERT_TRUE(await_expired(n)) << "the stopped node's leases never expired";
+
+    // The resolver reads the ledger: an effect there ran (succeeded with its outcome), else not.
+    // Each node's first resolver call waits on `both_scanned` until the other node has scanned too:
+    // both nodes have then read all n expired claims, and both write their answers for every one of
+    // them, so the fenced UPDATEs really race (not one node finding nothing left to do).
+    std::latch both_scanned(2);
+    std::atomic<int> asked{0};
+    auto resolver_for = [&](std::shared_ptr<std::atomic<bool>> first) {
+        return [&, first](const idem::expired_claim& e) {
+            if (!first->exchange(true)) both_scanned.arrive_and_wait();
+            ++asked;
+            for (const auto& f : read_fields(ledger_path))
+                if (f.at(1) == e.key) return idem::resolver_answer{idem::resolution::succeeded, std::stoull(f.at(2))};
+            return idem::resolver_answer{idem::resolution::not_executed, 0};
+        };
+    };
+    idem::options rb = opts(), rc = opts();
+    rb.resolve = resolver_for(std::make_shared<std::atomic<bool>>(false));
+    rc.resolve = resolver_for(std::make_shared<std::atomic<bool>>(false));
+    idem::global_guard b(uri_, rb, gopts("node-b"));
+    idem::global_guard c(uri_, rc, gopts("node-c"));
+    std::atomic<std::size_t> resolved{0};
+    {
+        std::latch go(2);
+        std::thread tb([&] { go.arrive_and_wait(); resolved += b.compensate(); });
+        std::thread tc([&] { go.arrive_and_wait(); resolved += c.compensate(); });
+        tb.join();
+        tc.join();
+    }
+    EXPECT_EQ(asked.load(), 2 * n) << "both nodes must have tried to resolve every expired claim";
+    EXPECT_EQ(b.compensate() + c.compensate(), 0u) << "nothing is left to resolve";
+    EXPECT_EQ(resolved.load(), static_cast<std::size_t>(n)) << "each expired claim is resolved exactly once";
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_audit WHERE detail LIKE 'compensate%'"), n);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM (SELECT idempotent_key FROM idempotent_audit WHERE detail LIKE "
+                      "'compensate%' GROUP BY idempotent_key HAVING count(*) > 1) d"),
+              0);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'SUCCESS'"), n / 2);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'RELEASED'"), n / 2);
+
+    // Node b takes over: the executed half replays, the other half is claimed again (fence 2) and
+    // executed (once) on node b, which still holds those claims when the paused node comes back.
+    std::vector<idem::global_ticket> taken;
+    {
+        appender ledger(ledger_path);
+        for (int i = 0; i < n; ++i) {
+            const std::string k = "HK" + std::to_string(i) + "_PAY_v1";
+            auto r = b.begin(idem::key(k), 0);
+            if (i % 2 == 0) {
+                EXPECT_EQ(r.status, idem::begin_status::succeeded) << k;
+                EXPECT_EQ(r.outcome, 1000u + i) << k;
+            } else {
+                ASSERT_EQ(r.status, idem::begin_status::acquired) << k;
+                EXPECT_EQ(r.ticket.fence(), 2u);
+                ledger.line("E " + k + " " + std::to_string(2000 + i) + " node-b");
+                taken.push_back(std::move(r.ticket));
+            }
+        }
+    }
+
+    // The paused node comes back: every fence it holds is refused, both on the keys compensated as
+    // executed (status SUCCESS) and on those node b holds now (status PROCESSING, fence 2: only the
+    // fence tells the claims apart).
+    ASSERT_EQ(::kill(holder.pid(), SIGCONT), 0);
+    holder.send("finish");
+    const auto d = fields_of(holder.expect("done", 60s));
+    EXPECT_EQ(d.at("ok"), 0);
+    EXPECT_EQ(d.at("stale"), n);
+    EXPECT_EQ(d.at("other"), 0);
+    EXPECT_EQ(d.at("extend_stale"), 1);
+    holder.wait();
+    for (std::size_t j = 0; j < taken.size(); ++j) {
+        const int i = 2 * static_cast<int>(j) + 1;
+        EXPECT_FALSE(taken[j].succeed(2000 + i)) << "node b's own claim HK" << i;
+    }
+
+    std::map<std::string, int> runs;
+    for (const auto& f : read_fields(ledger_path)) ++runs[f.at(1)];
+    EXPECT_EQ(runs.size(), static_cast<std::size_t>(n));
+    for (const auto& [k, cnt] : runs) EXPECT_EQ(cnt, 1) << k;
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'SUCCESS'"), n);
+    // The trail names the nodes: node-a claimed, node-b (and maybe node-c) compensated, node-b re-ran.
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_audit WHERE node = 'node-a' AND detail LIKE 'claim%'"), n);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_audit WHERE node = 'node-b' AND detail LIKE 'succeed%'"), n / 2);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_audit WHERE node NOT IN ('node-a', 'node-b', 'node-c')"), 0);
+    expect_verified();
+}
+
+/// A PostgreSQL server of this test's own: scripts/lib/postgres.sh's pg_start (PG_BIN, a fresh data
+/// directory, a free loopback port, as the postgres user when we are root), stopped and removed by
+/// the destructor. The restart tests restart THIS server, so the tests that share IDEM_TEST_PG_URI
+/// (ctest runs them in parallel) never see it go down. uri() is empty when it did not start.
+class private_server {
+public:
+    private_server() {
+        const std::string out = shell("pg_start >&2 && printf '%s\\n%s\\n' \"$PG_URI\" \"$PG_DIR\"");
+        const auto nl = out.find('\n');
+        if (nl == std::string::npos) return;
+        uri_ = out.substr(0, nl);
+        dir_ = out.substr(nl + 1);
+        while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
+    }
+    ~private_server() {
+        if (!dir_.empty()) (void)shell("PG_DIR='" + dir_ + "' pg_stop");
+    }
+    private_server(const private_server&) = delete;
+    private_server& operator=(const private_server&) = delete;
+
+    const std::string& uri() const { return uri_; }
+    /// Restarts it in immediate mode (in-flight transactions are lost, unanswered commits happen);
+    /// pg_ctl restart keeps its port and socket directory. True when it is back up.
+    bool restart() {
+        const std::string cmd = "pg_as_postgres \"$PG_BIN/pg_ctl\" -D '" + dir_ + "/data' -l '" + dir_ +
+                                "/log' -m immediate -w -t 60 restart >/dev/null && echo restarted";
+        return shell(cmd) == "restarted\n";
+    }
+
+private:
+    /// Runs `cmd` in bash with scripts/lib/postgres.sh sourced; returns its standard output.
+    static std::string shell(const std::string& cmd) {
+        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/postgres.sh'; " + cmd;
+        std::string quoted = "'";
+        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+        quoted += "'";
+        std::string out;
+        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
+            char b[512];
+            while (std::fgets(b, sizeof b, f)) out += b;
+            ::pclose(f);
+        }
+        return out;
+    }
+    std::string uri_, dir_;
+};
+
+/// 3 processes x 8 threads race on 3000 keys while their server (a private one) is restarted twice
+/// in immediate mode. `wait` is how long callers wait for their batch: long (the restart is waited
+/// out) or short (callers give up mid-restart: claims are withdrawn, successes are acknowledged
+/// late or never, and asked about again).
+void restart_race(const std::string& dir, std::chrono::milliseconds wait) {
+    private_server server;
+    ASSERT_FALSE(server.uri().empty()) << "could not start a private PostgreSQL with scripts/lib/postgres.sh "
+                                          "(PG_BIN, default /usr/lib/postgresql/15/bin)";
+    int restarts = 0;
+    race_result rr = run_race(server.uri(), dir, 3, 8, 3'000, 300, wait, [&] {
+        // Restart while claims and completions are in flight: once the first effects are in the
+        // ledger (every connection of every process breaks), and again a little later.
+        for (const std::uint64_t after : {30u, 600u}) {
+            for (int i = 0; i < 400; ++i) {  // polls the ledgers for up to 10 s
+                std::uint64_t lines = 0;
+                for (int p = 1; p <= 3; ++p) lines += read_fields(dir + "/ledger." + std::to_string(p)).size();
+                if (lines > after) break;
+                std::this_thread::sleep_for(25ms);
+            }
+            EXPECT_TRUE(server.restart()) << "the private server did not restart";
+            ++restarts;
+        }
+    });
+    EXPECT_EQ(restarts, 2);
+    EXPECT_GT(rr.total["errors"], 0) << "the restarts were not felt by any process: the test proved nothing";
+    expect_verified(server.uri());
+}
+
+TEST_F(Global, ServerRestart) { restart_race(dir_, 15s); }
+
+TEST_F(Global, ServerRestartImpatientCallers) { restart_race(dir_, 300ms); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc >= 3 && std::string(argv[1]) == "child") {
+        const std::string mode = argv[2];
+        try {
+            if (mode == "race") return child_race(parse_args(argc, argv, 3));
+            if (mode == "holder") return child_holder(parse_args(argc, argv, 3));
+        } catch (const std::exception& e) {
+            std::printf("error %s\n", e.what());
+            std::fflush(stdout);
+            return 3;
+        }
+        return 2;
+    }
+    ::testing::InitGoogleTest(&argc, argv);
+    return RUN_ALL_TESTS();
+}
