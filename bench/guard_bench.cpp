@@ -359,8 +359,10 @@ void overhead_10us(benchmark::State& state) {
     const auto& fps = fingerprints();
     if (state.thread_index() == 0) {
         if constexpr (guarded) {
+            // Sized for the keys of the run, as a service sizes its table for its live set: a table
+            // for a million keys would charge the first touch of a fresh (huge) page to most claims.
             sh::guard.reset();
-            sh::guard = make_guard<G>(state, key_count);
+            sh::guard = make_guard<G>(state, n);
             connect_threads(sh::guard.get(), state);
         }
         sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);

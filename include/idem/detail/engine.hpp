@@ -647,6 +647,10 @@ public:
     void count(unsigned c, std::uint64_t n = 1) noexcept {
         stripes_[this_thread_stripe()].v[c].fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
     }
+    void uncount(unsigned c) noexcept {
+        // fetch_add of 2^64 - 1: the Atomic parameter need only offer fetch_add (unsigned wrap-around).
+        stripes_[this_thread_stripe()].v[c].fetch_add(~std::uint64_t{0}, std::memory_order_relaxed);  // relaxed: a statistic
+    }
 
 private:
     [[nodiscard]] std::uint64_t sum(unsigned c) const noexcept {
@@ -755,6 +759,13 @@ private:
             s.word.store(seen, std::memory_order_release);                    // (5)
             return std::nullopt;
         }
+        // Counted here, right after the CAS drained the store buffer: a locked add after the field
+        // and key writes below would wait for their cache misses (it is a full barrier on x86).
+        // Counting before publishing only makes outstanding() err on scanning; undone on refusal.
+        const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
+        const bool filled = state_word::state(seen) == slot_state::vacant;
+        count(granted);
+        if (filled) count(c_fill0 + static_cast<unsigned>(epoch & 1));
         const auto lease_until = now + opts_.lease;
         const std::uint64_t old_fp = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: we hold claiming
         const std::int64_t old_lease = s.lease_until.load(std::memory_order_relaxed);
@@ -769,14 +780,14 @@ private:
                 s.fingerprint.store(old_fp, std::memory_order_relaxed);  // relaxed: published by (5)
                 s.lease_until.store(old_lease, std::memory_order_relaxed);
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                uncount(granted);
+                if (filled) uncount(c_fill0 + static_cast<unsigned>(epoch & 1));
                 count(c_backpressure);
                 return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
         }
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
         s.word.store(processing, std::memory_order_release);  // (5)
-        if (state_word::state(seen) == slot_state::vacant) count(c_fill0 + static_cast<unsigned>(epoch & 1));
-        count(cause == transition_cause::reclaim ? c_reclaimed : c_acquired);
         claim_ref<Atomic> ref{&s, processing};
         if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) {
             // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise the
