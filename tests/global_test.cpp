@@ -61,6 +61,8 @@
 #include "idem/global_guard.hpp"
 #include "idem/verify.hpp"
 
+#include "support/private_pg.hpp"
+
 extern char** environ;
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks a PGresult per connection lost mid-transaction.
@@ -811,59 +813,12 @@ TEST_F(Global, NodeDeath) {
     expect_verified();
 }
 
-/// A PostgreSQL server of this test's own: scripts/lib/postgres.sh's pg_start (PG_BIN, a fresh data
-/// directory, a free loopback port, as the postgres user when we are root), stopped and removed by
-/// the destructor. The restart tests restart THIS server, so the tests that share IDEM_TEST_PG_URI
-/// (ctest runs them in parallel) never see it go down. uri() is empty when it did not start.
-class private_server {
-public:
-    private_server() {
-        const std::string out = shell("pg_start >&2 && printf '%s\\n%s\\n' \"$PG_URI\" \"$PG_DIR\"");
-        const auto nl = out.find('\n');
-        if (nl == std::string::npos) return;
-        uri_ = out.substr(0, nl);
-        dir_ = out.substr(nl + 1);
-        while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
-    }
-    ~private_server() {
-        if (!dir_.empty()) (void)shell("PG_DIR='" + dir_ + "' pg_stop");
-    }
-    private_server(const private_server&) = delete;
-    private_server& operator=(const private_server&) = delete;
-
-    const std::string& uri() const { return uri_; }
-    /// Restarts it in immediate mode (in-flight transactions are lost, unanswered commits happen);
-    /// pg_ctl restart keeps its port and socket directory. True when it is back up.
-    bool restart() {
-        const std::string cmd = "pg_as_postgres \"$PG_BIN/pg_ctl\" -D '" + dir_ + "/data' -l '" + dir_ +
-                                "/log' -m immediate -w -t 60 restart >/dev/null && echo restarted";
-        return shell(cmd) == "restarted\n";
-    }
-
-private:
-    /// Runs `cmd` in bash with scripts/lib/postgres.sh sourced; returns its standard output.
-    static std::string shell(const std::string& cmd) {
-        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/postgres.sh'; " + cmd;
-        std::string quoted = "'";
-        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-        quoted += "'";
-        std::string out;
-        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
-            char b[512];
-            while (std::fgets(b, sizeof b, f)) out += b;
-            ::pclose(f);
-        }
-        return out;
-    }
-    std::string uri_, dir_;
-};
-
 /// 3 processes x 8 threads race on 3000 keys while their server (a private one) is restarted twice
 /// in immediate mode. `wait` is how long callers wait for their batch: long (the restart is waited
 /// out) or short (callers give up mid-restart: claims are withdrawn, successes are acknowledged
 /// late or never, and asked about again).
 void restart_race(const std::string& dir, std::chrono::milliseconds wait) {
-    private_server server;
+    idem_test::private_server server;
     ASSERT_FALSE(server.uri().empty()) << "could not start a private PostgreSQL with scripts/lib/postgres.sh "
                                           "(PG_BIN, default /usr/lib/postgresql/15/bin)";
     int restarts = 0;

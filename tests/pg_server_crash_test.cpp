@@ -3,10 +3,9 @@
 // many threads, and is started again. The flusher must notice, back off, reconnect, and go on; no
 // thread may hang; nothing acknowledged may be lost; no key may run twice.
 //
-// The test owns its server (initdb in a temporary directory, a free loopback port, run as the
-// `postgres` user when the test runs as root), so crashing it disturbs no other test. It needs the
-// PostgreSQL 15 server binaries: PG_BIN (scripts/lib/postgres.sh exports it), else
-// /usr/lib/postgresql/15/bin. Without them the test FAILS; it never skips.
+// The test owns its server (tests/support/private_pg.hpp: scripts/lib/postgres.sh's pg_start,
+// pg_crash, pg_resume), so crashing it disturbs no other test. It needs the PostgreSQL 15 server
+// binaries (PG_BIN, default /usr/lib/postgresql/15/bin); without them the test FAILS, never skips.
 #include <idem/durable.hpp>
 #include <idem/postgres_store.hpp>
 #include <idem/verify.hpp>
@@ -16,8 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <latch>
 #include <map>
 #include <mutex>
@@ -26,10 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include "support/private_pg.hpp"
 #include "support/store_fixtures.hpp"
 
 namespace {
@@ -41,87 +36,11 @@ using idem::errc;
 using idem::record_state;
 using idem_test::wait_for;
 
-/// A throwaway PostgreSQL 15 cluster that the test may crash and restart.
-class own_server {
-public:
-    own_server() {
-        const char* bin = std::getenv("PG_BIN");
-        bin_ = bin && *bin ? bin : "/usr/lib/postgresql/15/bin";
-        char tmpl[] = "/tmp/idem-pgcrash.XXXXXX";
-        if (::mkdtemp(tmpl) == nullptr) return;
-        dir_ = tmpl;
-        std::filesystem::permissions(dir_, std::filesystem::perms::all & ~std::filesystem::perms::others_write &
-                                               ~std::filesystem::perms::group_write);
-        if (::getuid() == 0 && run("chown postgres:postgres " + dir_, false) != 0) return;
-        port_ = free_port();
-        ok_ = port_ != 0 && run(as_postgres(bin_ + "/initdb -D " + dir_ + "/data -A trust -U postgres") + " >" + dir_ +
-                                    "/initdb.log 2>&1",
-                                false) == 0;
-    }
-    ~own_server() {
-        if (dir_.empty()) return;
-        (void)crash();
-        std::error_code ec;
-        std::filesystem::remove_all(dir_, ec);
-    }
-    own_server(const own_server&) = delete;
-    own_server& operator=(const own_server&) = delete;
-
-    /// Why the cluster could not be made, or "".
-    [[nodiscard]] std::string problem() const {
-        if (dir_.empty()) return "cannot create a temporary directory";
-        if (!std::filesystem::exists(bin_ + "/initdb")) return "no PostgreSQL server binaries in " + bin_ + " (set PG_BIN)";
-        if (port_ == 0) return "no free loopback port";
-        return ok_ ? "" : "initdb failed (" + dir_ + "/initdb.log)";
-    }
-    [[nodiscard]] bool start() {
-        return run(as_postgres(bin_ + "/pg_ctl -D " + dir_ + "/data -l " + dir_ + "/log -w -t 60 -o \"-k " + dir_ +
-                               " -p " + std::to_string(port_) +
-                               " -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on\" start") +
-                       " >/dev/null",
-                   true) == 0;
-    }
-    /// Kills the postmaster and every backend at once: what a machine crash looks like to clients.
-    [[nodiscard]] bool crash() {
-        return run(as_postgres(bin_ + "/pg_ctl -D " + dir_ + "/data -m immediate stop") + " >/dev/null 2>&1", false) == 0;
-    }
-    [[nodiscard]] std::string uri() const { return "postgresql://postgres@127.0.0.1:" + std::to_string(port_) + "/postgres"; }
-
-private:
-    static std::string as_postgres(const std::string& cmd) {
-        return ::getuid() == 0 ? "runuser -u postgres -- " + cmd : cmd;
-    }
-    int run(const std::string& cmd, bool show) const {
-        const int rc = std::system(cmd.c_str());
-        if (rc != 0 && show) std::fprintf(stderr, "command failed (%d): %s\n", rc, cmd.c_str());
-        return rc;
-    }
-    static int free_port() {
-        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-        if (fd < 0) return 0;
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        int port = 0;
-        if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-            port = ntohs(a.sin_port);
-        ::close(fd);
-        return port;
-    }
-
-    std::string bin_, dir_;
-    int port_ = 0;
-    bool ok_ = false;
-};
-
 std::uint64_t outcome_of(std::size_t i) { return i * 7 + 1; }
 
 TEST(PostgresServerCrash, FlusherRidesThroughAServerCrashAndNothingAcknowledgedIsLost) {
-    own_server srv;
-    ASSERT_EQ(srv.problem(), "");
-    ASSERT_TRUE(srv.start()) << "cannot start the test's own PostgreSQL";
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
 
     idem::options o;
     o.capacity = 1u << 16;
@@ -182,13 +101,13 @@ TEST(PostgresServerCrash, FlusherRidesThroughAServerCrashAndNothingAcknowledgedI
 
     ASSERT_TRUE(wait_for([&] { return acks.load() >= 300; }, 60s)) << "no progress before the crash";
     const std::size_t errors_before = g->snapshot().store_errors;
-    ASSERT_TRUE(srv.crash()) << "pg_ctl stop -m immediate failed";
+    ASSERT_TRUE(srv.crash()) << "pg_crash (pg_ctl stop -m immediate) failed";
     const std::size_t acks_at_crash = acks.load();
     ASSERT_TRUE(wait_for([&] { return g->snapshot().store_errors > errors_before; }, 30s))
         << "the flusher never met the crashed server";
     // While the server is down, sync claims are refused rather than granted.
     ASSERT_TRUE(wait_for([&] { return refused.load() > 0; }, 30s)) << "claims were granted while the server was down";
-    ASSERT_TRUE(srv.start()) << "cannot restart PostgreSQL after the crash";
+    ASSERT_TRUE(srv.resume()) << "cannot start PostgreSQL again after the crash";
     ASSERT_TRUE(wait_for([&] { return acks.load() >= acks_at_crash + 300; }, 60s))
         << "no progress after the restart: " << g->last_store_error();
     stop = true;

@@ -939,9 +939,7 @@ TEST(sim, checker_has_teeth) {
     }
 }
 
-// ---- the real pipeline under a scripted store; reproducers of findings (docs/testing.md) ----------
-// Findings are DISABLED_ until the library is fixed. Run them with:
-//   sim_test --gtest_also_run_disabled_tests --gtest_filter='*finding*'
+// ---- the real pipeline under a scripted store; regression tests of fixed findings (docs/testing.md) --
 
 /// An idem::store over a memory_store whose answers follow a script: apply #n may commit and then
 /// throw commit_unknown, committed() may fail.

@@ -1,16 +1,10 @@
 # A throwaway redis-server on a free loopback port, no persistence (a per-request idempotency check
 # against Redis is usually run this way: a cache, not a store). Source this file, then redis_start /
 # redis_stop. Sets REDIS_PORT and REDIS_DIR. A failure to start is fatal.
-redis_free_port() {
-  local p
-  for p in $(seq 56379 56479); do
-    if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo "$p"; return 0; fi
-  done
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 redis_start() {
-  REDIS_PORT=$(redis_free_port) || { echo "redis: no free port" >&2; return 1; }
+  REDIS_PORT=$(free_port 56379) || { echo "redis: no free port" >&2; return 1; }
   REDIS_DIR=$(mktemp -d /tmp/idem-redis.XXXXXX)
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" \
