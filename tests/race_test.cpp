@@ -11,7 +11,9 @@
 #include <atomic>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/manual_guard.hpp"
@@ -232,6 +234,85 @@ TEST(Race, ConcurrentCompensationPassesResolveEachClaimOnce) {
             ASSERT_EQ(tickets[k].succeed(), errc::stale_ticket);
         }
     }
+}
+
+// The key text lives in a per-generation arena that threads append to in per-stripe chunks and that
+// recycling resets. Threads started on a latch claim keys of every length from 1 to 128 bytes (the
+// longest keys fill the arena's per-slot reserve), over several generations, each recycled while the
+// next one takes claims. Every record's text, as for_each and the compensation resolver read it,
+// must be its own key: an overlapping entry, a reset under a live claim or a torn read would give a
+// record another key's text (its outcome is a function of its own text, so that is checked too).
+TEST(Race, KeyTextOfEveryRecordSurvivesRacingAppendsAndRecycling) {
+    const std::size_t threads = idem_test::env_size("IDEM_THREADS", 8, 4);
+    const std::size_t per_thread = 48;
+    const std::size_t capacity = threads * per_thread;
+    auto text_of = [](std::size_t gen, std::size_t t, std::size_t i) {
+        // Length 1..128 spread over the keys; the prefix makes every key distinct.
+        std::string s = "G" + std::to_string(gen) + "T" + std::to_string(t) + "I" + std::to_string(i) + "-";
+        const std::size_t len = 1 + (t * per_thread + i) * 37 % idem::key::max_size;
+        if (s.size() < len) s.append(len - s.size(), static_cast<char>('a' + (t + i) % 26));
+        return s;  // never shorter than its prefix, so distinct even when len is small
+    };
+    auto outcome_for = [](std::string_view text) { return idem::fingerprint_of(text); };
+    idem::manual_clock clock;
+    auto opts = idem_test::test_options(capacity);
+    opts.retention = std::chrono::seconds(1);
+    opts.lease = std::chrono::seconds(10);
+    std::vector<std::string> asked;  // key texts the resolver was asked about (compensate() runs on this thread)
+    opts.resolve = [&asked](const idem::expired_claim& c) {
+        asked.emplace_back(c.key);
+        return idem::resolver_answer{idem::resolution::not_executed, 0};
+    };
+    idem_test::manual_guard g(opts, clock);
+    for (std::size_t gen = 0; gen < 6; ++gen) {
+        std::vector<std::vector<idem_test::manual_ticket>> held(threads);
+        std::atomic<std::size_t> refused{0};
+        idem_test::run_on_latch(threads, [&](std::size_t t) {
+            for (std::size_t i = 0; i < per_thread; ++i) {
+                const std::string text = text_of(gen, t, i);
+                auto r = g.begin(idem::key(text));
+                if (r.status != begin_status::acquired) {
+                    refused.fetch_add(1);
+                    continue;
+                }
+                if (i % 8 == 7) {
+                    held[t].push_back(std::move(r.ticket));  // left processing: compensation reads its text
+                } else if (r.ticket.succeed(outcome_for(text))) {
+                    refused.fetch_add(1);
+                }
+            }
+        });
+        ASSERT_EQ(refused.load(), 0u) << "generation " << gen;
+        // Every record of this generation, read back: own text, own outcome.
+        std::set<std::string> expected, seen;
+        for (std::size_t t = 0; t < threads; ++t)
+            for (std::size_t i = 0; i < per_thread; ++i) expected.insert(text_of(gen, t, i));
+        std::size_t wrong = 0;
+        g.for_each([&](std::string text, const idem::record_view& v) {
+            if (!expected.count(text)) return;  // a record of the previous generation, still in memory
+            seen.insert(text);
+            if (v.state == idem::record_state::succeeded && v.outcome != outcome_for(text)) ++wrong;
+        });
+        EXPECT_EQ(wrong, 0u) << "records whose outcome belongs to another key's text, generation " << gen;
+        EXPECT_EQ(seen, expected) << "generation " << gen;
+        // The held claims expire; the resolver must be asked about exactly their texts.
+        asked.clear();
+        clock.advance(std::chrono::seconds(11));
+        EXPECT_EQ(g.compensate(), threads * per_thread / 8);
+        std::set<std::string> want_asked;
+        for (std::size_t t = 0; t < threads; ++t)
+            for (std::size_t i = 7; i < per_thread; i += 8) want_asked.insert(text_of(gen, t, i));
+        EXPECT_EQ(std::set<std::string>(asked.begin(), asked.end()), want_asked) << "generation " << gen;
+        for (auto& h : held)
+            for (auto& tk : h) EXPECT_EQ(tk.succeed(), errc::stale_ticket);
+        // Older than the retention: the previous generation is recycled (its arena reset) and
+        // takes the next generation's claims.
+        clock.advance(std::chrono::seconds(2));
+        if (gen > 0) ASSERT_TRUE(g.collect()) << "generation " << gen;
+        else (void)g.collect();
+        if (HasFailure()) break;
+    }
+    EXPECT_GE(g.snapshot().rotations, 4u);
 }
 
 }  // namespace

@@ -129,13 +129,13 @@ inline rl::debug_info info(const std::source_location& l) noexcept {
     return rl::debug_info(l.function_name(), l.file_name(), l.line());
 }
 
-/// Bookkeeping accesses (statistics counters, the cold key bytes written beside a slot) are not
+/// Bookkeeping accesses (statistics counters, the key text appended to the arena) are not
 /// scheduling points: a context switch there is equivalent to one at the next protocol access, so
 /// the context-bound search spends its preemptions on the slot word and fields. They still go through
 /// Relacy's memory model (a relaxed load may read an old value), so the seqlock that validates the
 /// key bytes in compensation is still checked. Set IDEM_RELACY_ALL_POINTS=1 to preempt everywhere.
 inline bool classify(std::string_view f) noexcept {
-    for (std::string_view name : {"::count(", "::sum(", "::note_probe(", "write_key", "read_key", "::snapshot_stats(",
+    for (std::string_view name : {"::count(", "::sum(", "::note_probe(", "key_arena<", "::snapshot_stats(",
                                   "this_thread_stripe"})
         if (f.find(name) != std::string_view::npos) return true;
     return false;

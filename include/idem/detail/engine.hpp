@@ -134,64 +134,168 @@ inline unsigned this_thread_stripe() noexcept {
     return stripe;
 }
 
-/// Key bytes beside the slots (cold: read by compensation and recovery, not by lookups).
-template <template <class> class Atomic>
-struct key_cell {
-    Atomic<std::uint64_t> words[key::max_size / 8];
-    Atomic<std::uint64_t> size;
-};
-
 struct hash128 {
     std::uint64_t lo, hi;
+};
+
+/// Arrays of atomics for the record table. With std::atomic they come from anonymous mmap: zero
+/// pages, faulted in on first touch (or all at once with prefault). std::atomic<integer> is
+/// lock-free and its object representation is the integer's, so zero pages are atomics holding 0
+/// (static_asserts in slot.hpp). Other atomic types (test hooks, model checkers) are constructed.
+template <class T>
+T* map_words(std::size_t count, bool prefault) {
+    if constexpr (std::is_same_v<T, std::atomic<std::uint64_t>> || std::is_same_v<T, slot<std::atomic>>) {
+        const std::size_t bytes = count * sizeof(T);
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
+                                                    " bytes for the record table; lower options.capacity");
+        // Lookups land on random slots of a large table: with 4 KiB pages nearly every one is a TLB
+        // miss (a two-level page walk under virtualization). Transparent huge pages cut that; the
+        // advice is best effort (ignored where THP is off).
+        (void)::madvise(p, bytes, MADV_HUGEPAGE);
+        if (prefault) {
+            (void)::madvise(p, bytes, MADV_WILLNEED);
+            auto* c = static_cast<volatile char*>(p);
+            for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;  // fault every page in, now
+        }
+        return static_cast<T*>(p);
+    } else {
+        T* p = static_cast<T*>(::operator new[](count * sizeof(T), std::align_val_t{alignof(T)}));
+        for (std::size_t i = 0; i < count; ++i) new (&p[i]) T();
+        if constexpr (requires(T& t) { t.store(std::uint64_t{0}, std::memory_order_relaxed); })
+            for (std::size_t i = 0; i < count; ++i) p[i].store(0, std::memory_order_relaxed);  // relaxed: before publication
+        return p;
+    }
+}
+
+template <class T>
+void unmap_words(T* p, std::size_t count) noexcept {
+    if constexpr (std::is_same_v<T, std::atomic<std::uint64_t>> || std::is_same_v<T, slot<std::atomic>>) {
+        ::munmap(p, count * sizeof(T));
+    } else {
+        for (std::size_t i = 0; i < count; ++i) p[i].~T();
+        ::operator delete[](p, std::align_val_t{alignof(T)});
+    }
+}
+
+/// The key text of one generation's records, written once per record when it is first claimed and
+/// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
+///
+/// An append-only arena of words filled in chunks: each counter stripe (so, nearly always, each
+/// thread) has its own current chunk and appends to it, so a claim writes its key bytes into lines
+/// its thread wrote a moment ago instead of taking a write miss on a random cold line; the
+/// completion's CAS, a full barrier, then has no such miss to wait for. An entry is one word with
+/// the key's size, then the bytes. The whole arena is reset at once when the generation is recycled
+/// (no per-key frees). It holds at least max_size + 8 bytes for every slot, plus a chunk per
+/// stripe, so it cannot run out before the slots do.
+template <template <class> class Atomic>
+class key_arena {
+public:
+    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
+    /// Words per chunk: 4 KiB; with other atomic types (model checkers) one largest entry.
+    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : key::max_size / 8 + 1;
+    static constexpr unsigned cursor_count = zero_pages_ok ? stripe_count : 4;
+
+    key_arena(std::size_t slots, bool prefault) {
+        const std::uint64_t need = slots * (key::max_size / 8 + 1) + cursor_count * chunk_words;
+        chunks_ = (need + chunk_words - 1) / chunk_words;
+        words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words, prefault);
+        reset();
+    }
+    ~key_arena() { unmap_words(words_, chunks_ * chunk_words); }
+    key_arena(const key_arena&) = delete;
+    key_arena& operator=(const key_arena&) = delete;
+
+    /// Appends k; returns its reference (word index + 1), or 0 when the arena is full.
+    /// Progress: lock-free. Two threads on one stripe share its chunk through the cursor's CAS.
+    [[nodiscard]] std::uint64_t append(const key& k, unsigned stripe) noexcept {
+        const std::uint64_t n = 1 + (k.size() + 7) / 8;
+        const std::uint64_t at = alloc(n, stripe);
+        if (at == npos) return 0;
+        std::uint64_t bytes[key::max_size / 8] = {};
+        std::memcpy(bytes, k.view().data(), k.size());
+        words_[at].store(k.size(), std::memory_order_relaxed);  // relaxed: published by (5)
+        for (std::uint64_t i = 1; i < n; ++i)
+            words_[at + i].store(bytes[i - 1], std::memory_order_relaxed);  // relaxed: published by (5)
+        return at + 1;
+    }
+
+    /// The key text at ref, or "" when ref or the stored size is out of range (a torn read: the
+    /// caller validates the slot word afterwards and discards the result).
+    [[nodiscard]] std::string read(std::uint64_t ref) const {
+        const std::uint64_t total = chunks_ * chunk_words;
+        if (ref == 0 || ref > total) return {};
+        const std::uint64_t at = ref - 1;
+        const std::uint64_t size = words_[at].load(std::memory_order_relaxed);  // relaxed: caller validates
+        const std::uint64_t n = (size + 7) / 8;
+        if (size == 0 || size > key::max_size || at + 1 + n > total) return {};
+        std::uint64_t bytes[key::max_size / 8];
+        for (std::uint64_t i = 0; i < n; ++i)
+            bytes[i] = words_[at + 1 + i].load(std::memory_order_relaxed);  // relaxed: caller validates
+        return std::string(reinterpret_cast<const char*>(bytes), size);
+    }
+
+    /// Forgets every entry. Only while no thread can append (the generation is being recycled and
+    /// every one of its slots was reset); published to claimers by the epoch increment (7).
+    void reset() noexcept {
+        next_chunk_.store(0, std::memory_order_relaxed);  // relaxed: published by (7)
+        for (auto& c : cursors_) c.v.store(0, std::memory_order_relaxed);
+    }
+
+    [[nodiscard]] std::size_t bytes() const noexcept { return chunks_ * chunk_words * 8; }
+
+private:
+    static constexpr std::uint64_t npos = ~std::uint64_t{0};
+
+    /// A stripe's cursor: (chunk index + 1) << 32 | words used in it; 0 = no chunk yet.
+    std::uint64_t alloc(std::uint64_t n, unsigned stripe) noexcept {
+        auto& cursor = cursors_[stripe % cursor_count].v;
+        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: the RMWs below decide
+        for (;;) {
+            const std::uint64_t chunk = c >> 32;
+            const std::uint64_t used = c & 0xffffffffu;
+            if (chunk != 0 && used + n <= chunk_words) {
+                // relaxed: the range is ours by the RMW's modification order; nothing is published
+                if (cursor.compare_exchange_weak(c, c + n, std::memory_order_relaxed)) return (chunk - 1) * chunk_words + used;
+                continue;
+            }
+            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
+            if (fresh >= chunks_) return npos;
+            // Another thread on this stripe may have moved the cursor meanwhile: then this chunk is
+            // left unused (rare: only when two threads share a stripe and both fill it at once).
+            if (cursor.compare_exchange_strong(c, ((fresh + 1) << 32) | n, std::memory_order_relaxed))
+                return fresh * chunk_words;
+        }
+    }
+
+    struct alignas(64) cursor_line {
+        Atomic<std::uint64_t> v;
+    };
+
+    Atomic<std::uint64_t>* words_ = nullptr;
+    std::uint64_t chunks_ = 0;
+    alignas(64) Atomic<std::uint64_t> next_chunk_;
+    cursor_line cursors_[cursor_count];
 };
 
 template <template <class> class Atomic>
 class generation {
 public:
-    /// With std::atomic the arrays come from anonymous mmap: zero pages, faulted in on first touch
-    /// (or all at once with prefault, MAP_POPULATE). std::atomic<integer> is lock-free and its
-    /// object representation is the integer's, so zero pages are slots holding 0 (static_asserts
-    /// in slot.hpp). Other atomic types (test hooks, model checkers) are constructed normally.
-    generation(std::size_t slots, bool prefault) : mask_(slots - 1) {
-        if constexpr (zero_pages_ok) {
-            slots_ = static_cast<slot<Atomic>*>(map(slots * sizeof(slot<Atomic>), prefault));
-            keys_ = static_cast<key_cell<Atomic>*>(map(slots * sizeof(key_cell<Atomic>), prefault));
-        } else {
-            slots_ = static_cast<slot<Atomic>*>(::operator new[](slots * sizeof(slot<Atomic>), std::align_val_t{64}));
-            keys_ = static_cast<key_cell<Atomic>*>(::operator new[](slots * sizeof(key_cell<Atomic>)));
-            for (std::size_t i = 0; i < slots; ++i) new (&slots_[i]) slot<Atomic>();
-            for (std::size_t i = 0; i < slots; ++i) {
-                new (&keys_[i]) key_cell<Atomic>();
-                for (auto& w : keys_[i].words) w.store(0, std::memory_order_relaxed);  // relaxed: before publication
-                keys_[i].size.store(0, std::memory_order_relaxed);
-            }
-        }
+    generation(std::size_t slots, bool prefault) : mask_(slots - 1), keys_(slots, prefault) {
+        slots_ = map_words<slot<Atomic>>(slots, prefault);
     }
-    ~generation() {
-        const std::size_t slots = mask_ + 1;
-        if constexpr (zero_pages_ok) {
-            ::munmap(slots_, slots * sizeof(slot<Atomic>));
-            ::munmap(keys_, slots * sizeof(key_cell<Atomic>));
-        } else {
-            for (std::size_t i = 0; i < slots; ++i) slots_[i].~slot<Atomic>();
-            for (std::size_t i = 0; i < slots; ++i) keys_[i].~key_cell<Atomic>();
-            ::operator delete[](slots_, std::align_val_t{64});
-            ::operator delete[](keys_);
-        }
-    }
+    ~generation() { unmap_words(slots_, mask_ + 1); }
     generation(const generation&) = delete;
     generation& operator=(const generation&) = delete;
 
     [[nodiscard]] std::size_t size() const noexcept { return mask_ + 1; }
     [[nodiscard]] slot<Atomic>& at(std::size_t i) noexcept { return slots_[i & mask_]; }
-    [[nodiscard]] key_cell<Atomic>& key_at(const slot<Atomic>* s) noexcept {
-        return keys_[static_cast<std::size_t>(s - slots_)];
-    }
+    [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
+    [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
 
     /// Bytes of address space this generation maps.
-    [[nodiscard]] std::size_t bytes() const noexcept {
-        return (mask_ + 1) * (sizeof(slot<Atomic>) + sizeof(key_cell<Atomic>));
-    }
+    [[nodiscard]] std::size_t bytes() const noexcept { return (mask_ + 1) * sizeof(slot<Atomic>) + keys_.bytes(); }
 
     /// Finds the key's slot, giving it the identity when the probe reaches an empty one first.
     /// Returns nullptr when max_probe slots hold other keys. Progress: lock-free.
@@ -231,29 +335,9 @@ public:
     }
 
 private:
-    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
-
-    static void* map(std::size_t bytes, bool prefault) {
-        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-            throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
-                                                    " bytes for the record table; lower options.capacity");
-        // Lookups land on random slots of a large table: with 4 KiB pages nearly every one is a TLB
-        // miss (a two-level page walk under virtualization). Transparent huge pages cut that; the
-        // advice is best effort (ignored where THP is off).
-        (void)::madvise(p, bytes, MADV_HUGEPAGE);
-        if (prefault) (void)::madvise(p, bytes, MADV_WILLNEED), touch(p, bytes);
-        return p;
-    }
-
-    static void touch(void* p, std::size_t bytes) noexcept {
-        auto* c = static_cast<volatile char*>(p);
-        for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;  // fault every page in, now
-    }
-
     slot<Atomic>* slots_ = nullptr;
-    key_cell<Atomic>* keys_ = nullptr;
     std::size_t mask_;
+    key_arena<Atomic> keys_;
 };
 
 /// A seqlock snapshot of a slot's fields. valid == false when the word changed while reading.
@@ -281,24 +365,6 @@ snapshot read_slot(const slot<Atomic>& s) noexcept {
     std::atomic_thread_fence(std::memory_order_acquire);            // (8)
     r.valid = s.word.load(std::memory_order_relaxed) == r.word;     // relaxed: ordered by (8)
     return r;
-}
-
-template <template <class> class Atomic>
-void write_key(key_cell<Atomic>& cell, const key& k) noexcept {
-    std::uint64_t words[key::max_size / 8] = {};
-    std::memcpy(words, k.view().data(), k.size());
-    for (std::size_t i = 0; i < key::max_size / 8; ++i)
-        cell.words[i].store(words[i], std::memory_order_relaxed);  // relaxed: published by (5)
-    cell.size.store(k.size(), std::memory_order_relaxed);          // relaxed: published by (5)
-}
-
-template <template <class> class Atomic>
-std::string read_key(const key_cell<Atomic>& cell) {
-    std::uint64_t words[key::max_size / 8];
-    for (std::size_t i = 0; i < key::max_size / 8; ++i)
-        words[i] = cell.words[i].load(std::memory_order_relaxed);  // relaxed: caller validates the slot
-    const auto n = std::min<std::size_t>(cell.size.load(std::memory_order_relaxed), key::max_size);
-    return std::string(reinterpret_cast<const char*>(words), n);
 }
 
 [[nodiscard]] constexpr record_state durable_state(slot_state s) noexcept {
@@ -508,7 +574,7 @@ public:
                 const snapshot snap = read_slot(s);
                 if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
                 if (snap.lease_until > clock_.now().count()) continue;
-                const std::string text = read_key(g->key_at(&s));
+                const std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
                 std::atomic_thread_fence(std::memory_order_acquire);             // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // the key bytes may be newer
                 const auto k = key::parse(text);
@@ -565,8 +631,12 @@ public:
             s.hi.store(0, std::memory_order_relaxed);
             s.outcome.store(0, std::memory_order_relaxed);
             s.fingerprint.store(0, std::memory_order_relaxed);
+            s.key_ref.store(0, std::memory_order_relaxed);
             s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
         }
+        // No slot of the recycled generation is held by a claimer now (each was reset above, and a
+        // stale claimer appends only after its epoch check, which fails), so its keys can go.
+        prev.keys().reset();
         const unsigned recycled_fill = c_fill0 + static_cast<unsigned>((epoch + 1) & 1);
         for (auto& st : stripes_) st.v[recycled_fill].store(0, std::memory_order_relaxed);  // relaxed: a statistic
         count(c_evicted, evicted);
@@ -593,7 +663,11 @@ public:
                               : state == record_state::failed    ? slot_state::failed
                                                                  : slot_state::released;
         const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
-        write_key(cur.key_at(s), k);
+        if (s->key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: single-threaded here
+            const std::uint64_t ref = cur.keys().append(k, this_thread_stripe());
+            if (ref == 0) return begin_status::capacity_exhausted;
+            s->key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+        }
         s->outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
         s->fingerprint.store(fingerprint, std::memory_order_relaxed);
         s->lease_until.store(lease_until.count(), std::memory_order_relaxed);
@@ -614,7 +688,7 @@ public:
                 const snapshot snap = read_slot(s);
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
-                std::string text = read_key(g->key_at(&s));
+                std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
                 std::atomic_thread_fence(std::memory_order_acquire);             // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
                 fn(std::move(text), view_of(snap));
@@ -764,6 +838,17 @@ private:
         // Counting before publishing only makes outstanding() err on scanning; undone on refusal.
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
         const bool filled = state_word::state(seen) == slot_state::vacant;
+        if (filled) {
+            // First claim of the key in this generation: its text goes to the arena (a released or
+            // reclaimed record keeps the text of its first claim: same identity, same key).
+            const std::uint64_t ref = gen.keys().append(k, this_thread_stripe());
+            if (ref == 0) {
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                count(c_capacity);
+                return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
+            }
+            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+        }
         count(granted);
         if (filled) count(c_fill0 + static_cast<unsigned>(epoch & 1));
         const auto lease_until = now + opts_.lease;
@@ -772,7 +857,6 @@ private:
         s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
         s.lease_until.store(lease_until.count(), std::memory_order_relaxed);
         s.updated.store(now.count(), std::memory_order_relaxed);
-        write_key(gen.key_at(&s), k);
         std::uint64_t seq = 0;
         if (sink_ != nullptr) {
             seq = sink_->offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});

@@ -25,7 +25,7 @@
 //   processing --CAS--> processing+doubt                        (resolver answered unknown)
 //   terminal --CAS--> recycling --store--> vacant(incarnation+1) (generation recycle, identity reset)
 //
-// Fields other than the word (lease, outcome, fingerprint, updated) are written only while the
+// Fields other than the word (lease, outcome, fingerprint, updated, key_ref) are written only while the
 // writer holds a transient state (claiming / completing / recycling) and are published by the
 // release store that leaves it; readers validate with a seqlock read (word, fields, fence, word).
 #pragma once
@@ -97,7 +97,7 @@ struct alignas(64) slot {
     Atomic<std::uint64_t> outcome{0};      // recorded outcome code (success value or failure code)
     Atomic<std::uint64_t> fingerprint{0};  // request fingerprint of the claim; 0 = none given
     Atomic<std::int64_t> updated{0};       // nanoseconds on the guard's clock of the last transition
-    Atomic<std::uint64_t> spare{0};        // keeps the slot at one line; reserved
+    Atomic<std::uint64_t> key_ref{0};      // where the key text lives in the generation's arena; 0 = none
 };
 
 static_assert(sizeof(slot<std::atomic>) == 64, "a slot is exactly one cache line: one miss per lookup");
