@@ -460,6 +460,41 @@ struct durable_report {
     double verify_s = 0;
 };
 
+/// What every demo run reports, whatever its scope: the request counts, the checks and the rate.
+/// One helper so that the process and global scope summaries cannot drift apart.
+struct run_summary {
+    std::uint64_t requests, unique, executed, duplicates, concurrent, later, blocked, replayed, in_flight,
+        wait_timeouts, double_executions, lost, mismatches, unexpected, declined;
+    bool conserved, balances_match;
+    double ops, elapsed_s;
+};
+
+void add_run_summary(json_object& j, const run_summary& r, const demo_config& c) {
+    j.add("requests", r.requests)
+        .add("unique_keys", r.unique)
+        .add("executions", r.executed)
+        .add("duplicates_injected", r.duplicates)
+        .add("duplicates_concurrent", r.concurrent)
+        .add("duplicates_later", r.later)
+        .add("duplicates_blocked", r.blocked)
+        .add("duplicates_replayed", r.replayed)
+        .add("in_flight_hits", r.in_flight)
+        .add("wait_timeouts", r.wait_timeouts)
+        .add("double_executions", r.double_executions)
+        .add("lost_requests", r.lost)
+        .add("outcome_mismatches", r.mismatches)
+        .add("unexpected_answers", r.unexpected)
+        .add("declined", r.declined)
+        .add("money_conserved", r.conserved)
+        .add("balances_match", r.balances_match)
+        .add("ops_per_sec", r.ops)
+        .add("elapsed_s", r.elapsed_s)
+        .add("dup_rate", c.dup_rate)
+        .add("race_share", c.race_share)
+        .add("work_us", c.work_us)
+        .add("wait_ms", c.wait_ms);
+}
+
 /// The store checks of a report, as JSON fields (the first ten violations in full).
 void add_store_checks(json_object& j, const durable_report& dr) {
     std::vector<std::string> first_violations;
@@ -735,31 +770,15 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
             .add("processes", c.processes)
             .add("threads", c.threads)
             .add("seed", c.seed)
-            .add("run_id", c.run_id)
-            .add("requests", c.requests)
-            .add("unique_keys", unique)
-            .add("executions", executed)
-            .add("duplicates_injected", duplicates)
-            .add("duplicates_concurrent", w.concurrent)
-            .add("duplicates_later", w.later)
-            .add("duplicates_blocked", blocked)
-            .add("duplicates_replayed", static_cast<std::uint64_t>(sum["replayed"]))
-            .add("in_flight_hits", static_cast<std::uint64_t>(sum["in_flight"]))
-            .add("wait_timeouts", static_cast<std::uint64_t>(sum["wait_timeouts"]))
-            .add("double_executions", double_executions)
-            .add("lost_requests", lost)
-            .add("outcome_mismatches", mismatches)
-            .add("unexpected_answers", unexpected)
-            .add("declined", static_cast<std::uint64_t>(sum["declined"]))
-            .add("money_conserved", conserved)
-            .add("balances_match", sum["wrong_balances"] == 0)
-            .add("ops_per_sec", ops)
-            .add("elapsed_s", elapsed_s)
-            .add("wall_s", wall_s)
-            .add("dup_rate", c.dup_rate)
-            .add("race_share", c.race_share)
-            .add("work_us", c.work_us)
-            .add("wait_ms", c.wait_ms);
+            .add("run_id", c.run_id);
+        add_run_summary(j,
+                        {c.requests, unique, executed, duplicates, w.concurrent, w.later, blocked,
+                         static_cast<std::uint64_t>(sum["replayed"]), static_cast<std::uint64_t>(sum["in_flight"]),
+                         static_cast<std::uint64_t>(sum["wait_timeouts"]), double_executions, lost, mismatches,
+                         unexpected, static_cast<std::uint64_t>(sum["declined"]), conserved,
+                         sum["wrong_balances"] == 0, ops, elapsed_s},
+                        c);
+        j.add("wall_s", wall_s);
         add_store_checks(j, dr);
         j.add("guard", guard_stats).add("failures", failures);
         std::cout << j.str() << std::endl;
@@ -964,33 +983,15 @@ int run_demo(const demo_config& given) {
             .add("store", display_name(spec))
             .add("mode", mode_name)
             .add("threads", c.threads)
-            .add("seed", c.seed)
-            .add("requests", c.requests)
-            .add("unique_keys", unique)
-            .add("executions", executed)
-            .add("duplicates_injected", duplicates)
-            .add("duplicates_concurrent", w.concurrent)
-            .add("duplicates_later", w.later)
-            .add("duplicates_blocked", blocked)
-            .add("duplicates_replayed", replayed)
-            .add("in_flight_hits", in_flight)
-            .add("wait_timeouts", wait_timeouts)
-            .add("double_executions", double_executions)
-            .add("lost_requests", lost)
-            .add("outcome_mismatches", mismatches)
-            .add("unexpected_answers", unexpected)
-            .add("declined", declined)
-            .add("money_conserved", conserved)
-            .add("balances_match", wrong_balances == 0)
-            .add("accounts", c.accounts)
+            .add("seed", c.seed);
+        add_run_summary(j,
+                        {c.requests, unique, executed, duplicates, w.concurrent, w.later, blocked, replayed, in_flight,
+                         wait_timeouts, double_executions, lost, mismatches, unexpected, declined, conserved,
+                         wrong_balances == 0, ops, elapsed_s},
+                        c);
+        j.add("accounts", c.accounts)
             .add("total_money_cents", total)
-            .add("ops_per_sec", ops)
-            .add("elapsed_s", elapsed_s)
             .add("setup_s", setup_s)
-            .add("dup_rate", c.dup_rate)
-            .add("race_share", c.race_share)
-            .add("work_us", c.work_us)
-            .add("wait_ms", c.wait_ms)
             .add("peak_rss_mib", peak_rss_mib());
         if (durable) {
             j.add("durability", c.durability)
