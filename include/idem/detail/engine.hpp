@@ -142,9 +142,25 @@ struct hash128 {
 /// pages, faulted in on first touch (or all at once with prefault). std::atomic<integer> is
 /// lock-free and its object representation is the integer's, so zero pages are atomics holding 0
 /// (static_asserts in slot.hpp). Other atomic types (test hooks, model checkers) are constructed.
+/// One position of a generation's index: the key's hash low half and where its slot lives.
+/// ref: 0 = the position's first claim is being made (its slot is not published yet); 1 = withdrawn
+/// (no slot; lookups probe on); otherwise the slot's number in the generation's slot arena + 2.
+template <template <class> class Atomic>
+struct alignas(16) index_entry {
+    Atomic<std::uint64_t> lo{0};  // 0 = free
+    Atomic<std::uint64_t> ref{0};
+};
+inline constexpr std::uint64_t ref_pending = 0;
+inline constexpr std::uint64_t ref_withdrawn = 1;
+
+template <class T>
+inline constexpr bool zero_pages_ok_v = std::is_same_v<T, std::atomic<std::uint64_t>> ||
+                                        std::is_same_v<T, slot<std::atomic>> ||
+                                        std::is_same_v<T, index_entry<std::atomic>>;
+
 template <class T>
 T* map_words(std::size_t count, bool prefault) {
-    if constexpr (std::is_same_v<T, std::atomic<std::uint64_t>> || std::is_same_v<T, slot<std::atomic>>) {
+    if constexpr (zero_pages_ok_v<T>) {
         const std::size_t bytes = count * sizeof(T);
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
@@ -171,7 +187,7 @@ T* map_words(std::size_t count, bool prefault) {
 
 template <class T>
 void unmap_words(T* p, std::size_t count) noexcept {
-    if constexpr (std::is_same_v<T, std::atomic<std::uint64_t>> || std::is_same_v<T, slot<std::atomic>>) {
+    if constexpr (zero_pages_ok_v<T>) {
         ::munmap(p, count * sizeof(T));
     } else {
         for (std::size_t i = 0; i < count; ++i) p[i].~T();
@@ -179,40 +195,84 @@ void unmap_words(T* p, std::size_t count) noexcept {
     }
 }
 
+/// Hands out units of an arena in chunks, one current chunk per counter stripe (so, nearly always,
+/// per thread): consecutive allocations of a thread are neighbours in memory. A stripe's cursor is
+/// (chunk + 1) << 32 | units used, advanced by CAS; a new chunk comes from a shared counter (two
+/// threads sharing a stripe may leave one chunk unused, never share a unit). Reset all at once.
+template <template <class> class Atomic, unsigned Cursors>
+class chunk_allocator {
+public:
+    static constexpr std::uint64_t npos = ~std::uint64_t{0};
+
+    chunk_allocator(std::uint64_t chunk_units, std::uint64_t chunks) : chunk_units_(chunk_units), chunks_(chunks) {
+        reset();
+    }
+
+    /// n consecutive units (n <= chunk_units), or npos when the arena is full. Progress: lock-free.
+    std::uint64_t alloc(std::uint64_t n, unsigned stripe) noexcept {
+        auto& cursor = cursors_[stripe % Cursors].v;
+        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: the RMWs below decide
+        for (;;) {
+            const std::uint64_t chunk = c >> 32;
+            const std::uint64_t used = c & 0xffffffffu;
+            if (chunk != 0 && used + n <= chunk_units_) {
+                // relaxed: the range is ours by the RMW's modification order; nothing is published
+                if (cursor.compare_exchange_weak(c, c + n, std::memory_order_relaxed)) return (chunk - 1) * chunk_units_ + used;
+                continue;
+            }
+            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
+            if (fresh >= chunks_) return npos;
+            if (cursor.compare_exchange_strong(c, ((fresh + 1) << 32) | n, std::memory_order_relaxed))
+                return fresh * chunk_units_;
+        }
+    }
+
+    /// Only while no thread can allocate; published to allocators by the epoch increment (7).
+    void reset() noexcept {
+        next_chunk_.store(0, std::memory_order_relaxed);  // relaxed: published by (7)
+        for (auto& c : cursors_) c.v.store(0, std::memory_order_relaxed);
+    }
+
+private:
+    struct alignas(64) cursor_line {
+        Atomic<std::uint64_t> v;
+    };
+    std::uint64_t chunk_units_;
+    std::uint64_t chunks_;
+    alignas(64) Atomic<std::uint64_t> next_chunk_;
+    cursor_line cursors_[Cursors];
+};
+
+/// Cursors per arena: one per counter stripe; with other atomic types (model checkers) a few.
+template <template <class> class Atomic>
+inline constexpr unsigned arena_cursors =
+    std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>> ? stripe_count : 4;
+
 /// The key text of one generation's records, written once per record when it is first claimed and
 /// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
-///
-/// An append-only arena of words filled in chunks: each counter stripe (so, nearly always, each
-/// thread) has its own current chunk and appends to it, so a claim writes its key bytes into lines
-/// its thread wrote a moment ago instead of taking a write miss on a random cold line; the
-/// completion's CAS, a full barrier, then has no such miss to wait for. An entry is one word with
-/// the key's size, then the bytes. The whole arena is reset at once when the generation is recycled
-/// (no per-key frees). It holds at least max_size + 8 bytes for every slot, plus a chunk per
-/// stripe, so it cannot run out before the slots do.
+/// An entry is one word with the key's size, then the bytes, in 4 KiB chunks per stripe: a claim
+/// writes its key into lines its own thread wrote a moment ago. It holds at least max_size + 8
+/// bytes for every index position, plus a chunk per stripe, so it cannot fill before the index does.
 template <template <class> class Atomic>
 class key_arena {
 public:
     static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
-    /// Words per chunk: 4 KiB; with other atomic types (model checkers) one largest entry.
     static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : key::max_size / 8 + 1;
-    static constexpr unsigned cursor_count = zero_pages_ok ? stripe_count : 4;
 
-    key_arena(std::size_t slots, bool prefault) {
-        const std::uint64_t need = slots * (key::max_size / 8 + 1) + cursor_count * chunk_words;
-        chunks_ = (need + chunk_words - 1) / chunk_words;
+    key_arena(std::size_t positions, bool prefault)
+        : chunks_((positions * (key::max_size / 8 + 1) + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
+          alloc_(chunk_words, chunks_) {
         words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words, prefault);
-        reset();
     }
     ~key_arena() { unmap_words(words_, chunks_ * chunk_words); }
     key_arena(const key_arena&) = delete;
     key_arena& operator=(const key_arena&) = delete;
 
     /// Appends k; returns its reference (word index + 1), or 0 when the arena is full.
-    /// Progress: lock-free. Two threads on one stripe share its chunk through the cursor's CAS.
     [[nodiscard]] std::uint64_t append(const key& k, unsigned stripe) noexcept {
         const std::uint64_t n = 1 + (k.size() + 7) / 8;
-        const std::uint64_t at = alloc(n, stripe);
-        if (at == npos) return 0;
+        const std::uint64_t at = alloc_.alloc(n, stripe);
+        if (at == alloc_.npos) return 0;
         std::uint64_t bytes[key::max_size / 8] = {};
         std::memcpy(bytes, k.view().data(), k.size());
         words_[at].store(k.size(), std::memory_order_relaxed);  // relaxed: published by (5)
@@ -236,107 +296,121 @@ public:
         return std::string(reinterpret_cast<const char*>(bytes), size);
     }
 
-    /// Forgets every entry. Only while no thread can append (the generation is being recycled and
-    /// every one of its slots was reset); published to claimers by the epoch increment (7).
-    void reset() noexcept {
-        next_chunk_.store(0, std::memory_order_relaxed);  // relaxed: published by (7)
-        for (auto& c : cursors_) c.v.store(0, std::memory_order_relaxed);
-    }
-
-    [[nodiscard]] std::size_t bytes() const noexcept { return chunks_ * chunk_words * 8; }
+    void reset() noexcept { alloc_.reset(); }
 
 private:
-    static constexpr std::uint64_t npos = ~std::uint64_t{0};
-
-    /// A stripe's cursor: (chunk index + 1) << 32 | words used in it; 0 = no chunk yet.
-    std::uint64_t alloc(std::uint64_t n, unsigned stripe) noexcept {
-        auto& cursor = cursors_[stripe % cursor_count].v;
-        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: the RMWs below decide
-        for (;;) {
-            const std::uint64_t chunk = c >> 32;
-            const std::uint64_t used = c & 0xffffffffu;
-            if (chunk != 0 && used + n <= chunk_words) {
-                // relaxed: the range is ours by the RMW's modification order; nothing is published
-                if (cursor.compare_exchange_weak(c, c + n, std::memory_order_relaxed)) return (chunk - 1) * chunk_words + used;
-                continue;
-            }
-            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
-            if (fresh >= chunks_) return npos;
-            // Another thread on this stripe may have moved the cursor meanwhile: then this chunk is
-            // left unused (rare: only when two threads share a stripe and both fill it at once).
-            if (cursor.compare_exchange_strong(c, ((fresh + 1) << 32) | n, std::memory_order_relaxed))
-                return fresh * chunk_words;
-        }
-    }
-
-    struct alignas(64) cursor_line {
-        Atomic<std::uint64_t> v;
-    };
-
+    std::uint64_t chunks_;
+    chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
     Atomic<std::uint64_t>* words_ = nullptr;
-    std::uint64_t chunks_ = 0;
-    alignas(64) Atomic<std::uint64_t> next_chunk_;
-    cursor_line cursors_[cursor_count];
 };
 
+/// The slots of one generation's records, handed out in chunks per stripe (consecutive claims of a
+/// thread write neighbouring lines) and recycled all at once with the generation. A slot keeps its
+/// state word across recycles, so its incarnation keeps counting up (see begin()'s fresh claim).
+template <template <class> class Atomic>
+class slot_arena {
+public:
+    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
+    static constexpr std::uint64_t chunk_slots = zero_pages_ok ? 64 : 1;  // 4 KiB
+
+    slot_arena(std::size_t positions, bool prefault)
+        : chunks_((positions + arena_cursors<Atomic> * chunk_slots + chunk_slots - 1) / chunk_slots),
+          alloc_(chunk_slots, chunks_) {
+        slots_ = map_words<slot<Atomic>>(chunks_ * chunk_slots, prefault);
+    }
+    ~slot_arena() { unmap_words(slots_, chunks_ * chunk_slots); }
+    slot_arena(const slot_arena&) = delete;
+    slot_arena& operator=(const slot_arena&) = delete;
+
+    /// A slot number, or npos when the arena is full (it holds one slot per index position plus a
+    /// chunk per stripe, so it cannot fill before the index does).
+    [[nodiscard]] std::uint64_t alloc(unsigned stripe) noexcept { return alloc_.alloc(1, stripe); }
+    [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
+    [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
+    void reset() noexcept { alloc_.reset(); }
+    static constexpr std::uint64_t npos = chunk_allocator<Atomic, 1>::npos;
+
+private:
+    std::uint64_t chunks_;
+    chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
+    slot<Atomic>* slots_ = nullptr;
+};
+
+/// One generation: an index of 16-byte positions (open addressing, linear probing, power-of-two
+/// size) in front of the slot and key arenas. A lookup reads one index line and then its slot; a
+/// new key's claim takes a free position and writes a slot its thread's chunk holds in cache.
 template <template <class> class Atomic>
 class generation {
 public:
-    generation(std::size_t slots, bool prefault) : mask_(slots - 1), keys_(slots, prefault) {
-        slots_ = map_words<slot<Atomic>>(slots, prefault);
+    generation(std::size_t positions, bool prefault)
+        : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault) {
+        index_ = map_words<index_entry<Atomic>>(positions, prefault);
     }
-    ~generation() { unmap_words(slots_, mask_ + 1); }
+    ~generation() { unmap_words(index_, mask_ + 1); }
     generation(const generation&) = delete;
     generation& operator=(const generation&) = delete;
 
     [[nodiscard]] std::size_t size() const noexcept { return mask_ + 1; }
-    [[nodiscard]] slot<Atomic>& at(std::size_t i) noexcept { return slots_[i & mask_]; }
+    [[nodiscard]] index_entry<Atomic>& entry(std::size_t i) noexcept { return index_[i & mask_]; }
+    [[nodiscard]] slot_arena<Atomic>& slots() noexcept { return slots_; }
     [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
     [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
+    /// The slot an entry's ref names (ref >= 2).
+    [[nodiscard]] slot<Atomic>& slot_at(std::uint64_t ref) noexcept { return slots_.at(ref - 2); }
 
-    /// Bytes of address space this generation maps.
-    [[nodiscard]] std::size_t bytes() const noexcept { return (mask_ + 1) * sizeof(slot<Atomic>) + keys_.bytes(); }
-
-    /// Finds the key's slot, giving it the identity when the probe reaches an empty one first.
-    /// Returns nullptr when max_probe slots hold other keys. Progress: lock-free.
-    slot<Atomic>* find_or_insert(hash128 h, std::size_t max_probe, std::size_t& probes) noexcept {
-        const std::size_t start = h.lo & mask_;
-        const std::size_t limit = std::min(max_probe, mask_ + 1);
-        for (std::size_t n = 0; n < limit; ++n) {
-            slot<Atomic>& s = slots_[(start + n) & mask_];
-            std::uint64_t lo = s.lo.load(std::memory_order_acquire);  // (1) pairs with (2)
-            if (lo == 0 && s.lo.compare_exchange_strong(lo, h.lo, std::memory_order_seq_cst))  // (2)
-                lo = h.lo;
-            if (lo != h.lo) continue;
-            std::uint64_t hi = s.hi.load(std::memory_order_acquire);  // (1) pairs with (2)
-            // (2) Any thread with the same low half may write the high half: the first CAS fixes the
-            // identity, and a thread whose high half lost moves on (lock-free helping, no waiting).
-            if (hi == 0 && s.hi.compare_exchange_strong(hi, h.hi, std::memory_order_seq_cst)) hi = h.hi;
-            if (hi != h.hi) continue;
-            probes = n + 1;
-            return &s;
-        }
-        probes = limit;
-        return nullptr;
-    }
+    struct found {
+        slot<Atomic>* s = nullptr;
+        bool pending = false;  ///< the key's first claim here is being made right now
+    };
 
     /// Finds the key's slot without inserting. Progress: wait-free (bounded by max_probe).
-    slot<Atomic>* find(hash128 h, std::size_t max_probe) noexcept {
+    found find(hash128 h, std::size_t max_probe) noexcept {
         const std::size_t start = h.lo & mask_;
         const std::size_t limit = std::min(max_probe, mask_ + 1);
         for (std::size_t n = 0; n < limit; ++n) {
-            slot<Atomic>& s = slots_[(start + n) & mask_];
-            const std::uint64_t lo = s.lo.load(std::memory_order_seq_cst);  // (1) pairs with (2)
-            if (lo == 0) return nullptr;
+            index_entry<Atomic>& e = index_[(start + n) & mask_];
+            const std::uint64_t lo = e.lo.load(std::memory_order_seq_cst);  // (1) pairs with (2)
+            if (lo == 0) return {};
             if (lo != h.lo) continue;
-            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return &s;  // (1) pairs with (2)
+            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1) pairs with (2')
+            if (ref == ref_pending) return {nullptr, true};
+            if (ref == ref_withdrawn) continue;
+            slot<Atomic>& s = slot_at(ref);
+            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return {&s, false};  // validated by the caller's snapshot
         }
-        return nullptr;
+        return {};
+    }
+
+    struct taken {
+        index_entry<Atomic>* e = nullptr;  ///< a free position now holding h.lo, ours to publish a slot in
+        found existing;                    ///< or the key's slot / pending claim met on the way
+        std::size_t probes = 0;
+    };
+
+    /// Takes the first free position of the key's probe sequence (CAS lo 0 -> h.lo), unless the key
+    /// is met first. Neither: max_probe positions hold other keys. Progress: lock-free.
+    taken take(hash128 h, std::size_t max_probe) noexcept {
+        const std::size_t start = h.lo & mask_;
+        const std::size_t limit = std::min(max_probe, mask_ + 1);
+        for (std::size_t n = 0; n < limit; ++n) {
+            index_entry<Atomic>& e = index_[(start + n) & mask_];
+            std::uint64_t lo = e.lo.load(std::memory_order_seq_cst);  // (1)
+            if (lo == 0 && e.lo.compare_exchange_strong(lo, h.lo, std::memory_order_seq_cst))  // (2)
+                return {&e, {}, n + 1};
+            if (lo != h.lo) continue;  // (after a lost CAS, lo is the winner's)
+            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
+            if (ref == ref_pending) return {nullptr, {nullptr, true}, n + 1};
+            if (ref == ref_withdrawn) continue;
+            slot<Atomic>& s = slot_at(ref);
+            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return {nullptr, {&s, false}, n + 1};
+        }
+        return {nullptr, {}, limit};
     }
 
 private:
-    slot<Atomic>* slots_ = nullptr;
+    index_entry<Atomic>* index_ = nullptr;
     std::size_t mask_;
+    slot_arena<Atomic> slots_;
     key_arena<Atomic> keys_;
 };
 
@@ -439,7 +513,9 @@ public:
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
             generation<Atomic>& cur = *gens_[epoch & 1];
-            slot_type* s = cur.find(h, opts_.max_probe);
+            const auto f = cur.find(h, opts_.max_probe);
+            if (f.pending) return pending_claim();
+            slot_type* s = f.s;
             snapshot snap;
             if (s != nullptr) {
                 snap = read_slot(*s);
@@ -468,27 +544,32 @@ public:
             // (until the first rotation it is empty, and skipping it saves a cache miss).
             std::uint64_t next_fence = first_fence(epoch);
             record_state from = record_state::absent;
-            if (slot_type* p = epoch == 0 ? nullptr : gens_[(epoch + 1) & 1]->find(h, opts_.max_probe)) {
-                const snapshot ps = read_slot(*p);
-                if (!ps.is(h)) continue;
-                const slot_state pst = state_word::state(ps.word);
-                if (pst == slot_state::released) {
-                    next_fence = state_word::fence(ps.word) + 1;
-                    from = record_state::released;
-                } else if (pst != slot_state::vacant && pst != slot_state::recycling) {
-                    return existing(ps, fingerprint);
+            if (epoch != 0) {
+                const auto pf = gens_[(epoch + 1) & 1]->find(h, opts_.max_probe);
+                if (pf.pending) return pending_claim();
+                if (slot_type* p = pf.s) {
+                    const snapshot ps = read_slot(*p);
+                    if (!ps.is(h)) continue;
+                    const slot_state pst = state_word::state(ps.word);
+                    if (pst == slot_state::released) {
+                        next_fence = state_word::fence(ps.word) + 1;
+                        from = record_state::released;
+                    } else if (pst != slot_state::vacant && pst != slot_state::recycling) {
+                        return existing(ps, fingerprint);
+                    }
                 }
             }
             if (s == nullptr) {
-                std::size_t probes = 0;
-                s = cur.find_or_insert(h, opts_.max_probe, probes);
-                note_probe(probes);
-                if (s == nullptr) {
+                const auto t = cur.take(h, opts_.max_probe);
+                note_probe(t.probes);
+                if (t.existing.pending) return pending_claim();
+                if (t.existing.s != nullptr) continue;  // placed by another caller meanwhile: look again
+                if (t.e == nullptr) {
                     count(c_capacity);
                     return {begin_status::capacity_exhausted, {}, 0, 0};
                 }
-                snap = read_slot(*s);
-                if (!snap.is(h) || state_word::state(snap.word) != slot_state::vacant) continue;
+                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch)) return *a;
+                continue;
             }
             if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim))
                 return *a;
@@ -545,7 +626,13 @@ public:
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
             bool retry = false;
             for (std::uint64_t g : {epoch & 1, (epoch + 1) & 1}) {
-                slot_type* s = gens_[g]->find(h, opts_.max_probe);
+                const auto f = gens_[g]->find(h, opts_.max_probe);
+                if (f.pending) {  // a first claim being made: processing, its fence not yet known
+                    record_view v;
+                    v.state = record_state::processing;
+                    return v;
+                }
+                slot_type* s = f.s;
                 if (s == nullptr) continue;
                 const snapshot snap = read_slot(*s);
                 if (!snap.is(h)) {
@@ -569,8 +656,9 @@ public:
         if (outstanding() == 0) return 0;
         for (auto& g : gens_) {
             for (std::size_t i = 0; i < g->size(); ++i) {
-                slot_type& s = g->at(i);
-                if (s.lo.load(std::memory_order_relaxed) == 0) continue;  // relaxed: a hint; the snapshot decides
+                slot_type* sp = published_slot(*g, i);
+                if (sp == nullptr) continue;
+                slot_type& s = *sp;
                 const snapshot snap = read_slot(s);
                 if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
                 if (snap.lease_until > clock_.now().count()) continue;
@@ -603,8 +691,16 @@ public:
             const slot_state st = state_word::state(snap.word);
             return snap.valid && (is_claimable(st) || (is_terminal(st) && snap.updated <= horizon));
         };
+        // A position whose first claim is being placed (ref pending) blocks the rotation like a
+        // claim in progress; withdrawn positions are free.
+        auto entry_evictable = [&](index_entry<Atomic>& e) {
+            if (e.lo.load(std::memory_order_seq_cst) == 0) return true;  // (1)
+            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
+            if (ref == ref_pending) return false;
+            return ref == ref_withdrawn || evictable(read_slot(prev.slot_at(ref)));
+        };
         for (std::size_t i = 0; i < prev.size(); ++i) {
-            if (!evictable(read_slot(prev.at(i)))) {
+            if (!entry_evictable(prev.entry(i))) {
                 count(c_rotation_blocked);
                 return false;
             }
@@ -617,25 +713,39 @@ public:
         }
         std::uint64_t evicted = 0;
         for (std::size_t i = 0; i < prev.size(); ++i) {
-            slot_type& s = prev.at(i);
-            const snapshot snap = read_slot(s);
-            if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
-            const std::uint64_t inc = state_word::incarnation(snap.word) + 1;
-            std::uint64_t expected = snap.word;
-            if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
-                                                std::memory_order_seq_cst))  // (4)
-                return false;
-            std::atomic_thread_fence(std::memory_order_release);  // (9)
-            if (is_terminal(state_word::state(snap.word))) ++evicted;
-            s.lo.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
-            s.hi.store(0, std::memory_order_relaxed);
-            s.outcome.store(0, std::memory_order_relaxed);
-            s.fingerprint.store(0, std::memory_order_relaxed);
-            s.key_ref.store(0, std::memory_order_relaxed);
-            s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
+            index_entry<Atomic>& e = prev.entry(i);
+            if (e.lo.load(std::memory_order_seq_cst) == 0) continue;  // (1)
+            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
+            if (ref == ref_pending) return false;  // a stale claimer is placing a slot: try again later
+            if (ref != ref_withdrawn) {
+                slot_type& s = prev.slot_at(ref);
+                const snapshot snap = read_slot(s);
+                if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
+                const std::uint64_t inc = state_word::incarnation(snap.word) + 1;
+                std::uint64_t expected = snap.word;
+                if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
+                                                    std::memory_order_seq_cst))  // (4)
+                    return false;
+                std::atomic_thread_fence(std::memory_order_release);  // (9)
+                if (is_terminal(state_word::state(snap.word))) ++evicted;
+                s.lo.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
+                s.hi.store(0, std::memory_order_relaxed);
+                s.outcome.store(0, std::memory_order_relaxed);
+                s.fingerprint.store(0, std::memory_order_relaxed);
+                s.key_ref.store(0, std::memory_order_relaxed);
+                // The word keeps its incarnation when the slot is handed out again, so a stale
+                // thread's CAS with a word of this life fails.
+                s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
+            }
+            // Free the position: ref first (meanwhile it reads as pending: in progress), then lo. A
+            // stale claimer may take it again at once; its epoch check fails and it withdraws.
+            e.ref.store(ref_pending, std::memory_order_seq_cst);
+            e.lo.store(0, std::memory_order_seq_cst);
         }
-        // No slot of the recycled generation is held by a claimer now (each was reset above, and a
-        // stale claimer appends only after its epoch check, which fails), so its keys can go.
+        // No slot of the recycled generation is held by a claimer now (each was reset above), and no
+        // claimer can be taking slots or appending keys here: a claimer takes them only after its
+        // epoch check, which fails for every thread that sees this generation as current until (7).
+        prev.slots().reset();
         prev.keys().reset();
         const unsigned recycled_fill = c_fill0 + static_cast<unsigned>((epoch + 1) & 1);
         for (auto& st : stripes_) st.v[recycled_fill].store(0, std::memory_order_relaxed);  // relaxed: a statistic
@@ -654,14 +764,26 @@ public:
             return begin_status::payload_mismatch;
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         generation<Atomic>& cur = *gens_[epoch & 1];
-        std::size_t probes = 0;
-        slot_type* s = cur.find_or_insert(hash(k), opts_.max_probe, probes);
-        note_probe(probes);
-        if (s == nullptr) return begin_status::capacity_exhausted;
+        const hash128 h = hash(k);
+        const auto t = cur.take(h, opts_.max_probe);
+        note_probe(t.probes);
         const slot_state st = state == record_state::processing  ? slot_state::processing
                               : state == record_state::succeeded ? slot_state::succeeded
                               : state == record_state::failed    ? slot_state::failed
                                                                  : slot_state::released;
+        slot_type* s = t.existing.s;
+        if (s == nullptr) {
+            if (t.e == nullptr) return begin_status::capacity_exhausted;
+            const std::uint64_t n = cur.slots().alloc(this_thread_stripe());
+            if (n == slot_arena<Atomic>::npos) {
+                t.e->ref.store(ref_withdrawn, std::memory_order_seq_cst);
+                return begin_status::capacity_exhausted;
+            }
+            s = &cur.slots().at(n);
+            s->lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by the ref store below
+            s->hi.store(h.hi, std::memory_order_relaxed);
+            t.e->ref.store(n + 2, std::memory_order_seq_cst);  // (2')
+        }
         const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
         if (s->key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: single-threaded here
             const std::uint64_t ref = cur.keys().append(k, this_thread_stripe());
@@ -683,8 +805,9 @@ public:
     void for_each(Fn&& fn) const {
         for (auto& g : gens_) {
             for (std::size_t i = 0; i < g->size(); ++i) {
-                slot_type& s = g->at(i);
-                if (s.lo.load(std::memory_order_relaxed) == 0) continue;  // relaxed: a hint; the snapshot decides
+                slot_type* sp = published_slot(*g, i);
+                if (sp == nullptr) continue;
+                slot_type& s = *sp;
                 const snapshot snap = read_slot(s);
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
@@ -731,6 +854,14 @@ private:
         std::uint64_t v = 0;
         for (auto& st : stripes_) v += st.v[c].load(std::memory_order_relaxed);  // relaxed: a statistic
         return v;
+    }
+
+    /// The slot published at index position i, or nullptr (free, pending or withdrawn position).
+    static slot_type* published_slot(generation<Atomic>& g, std::size_t i) noexcept {
+        index_entry<Atomic>& e = g.entry(i);
+        if (e.lo.load(std::memory_order_relaxed) == 0) return nullptr;  // relaxed: a hint; the snapshot decides
+        const std::uint64_t ref = e.ref.load(std::memory_order_acquire);  // (1) pairs with (2')
+        return ref < 2 ? nullptr : &g.slot_at(ref);
     }
 
     /// Claims granted (or restored) minus claims completed: zero means nothing can have expired.
@@ -833,12 +964,68 @@ private:
             s.word.store(seen, std::memory_order_release);                    // (5)
             return std::nullopt;
         }
+        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, cause, now);
+    }
+
+    /// A first claim of the key in this generation: the position `e` of its probe sequence is ours
+    /// (its lo CAS (2) is the claim's first step); checks the epoch, takes a slot from this thread's
+    /// chunk, moves it vacant -> claiming, writes its identity and publishes it in the position
+    /// (2'). nullopt: withdrawn (a rotation overtook us; the position stays withdrawn), retry.
+    std::optional<begin_answer> claim_fresh(index_entry<Atomic>& e, generation<Atomic>& gen, hash128 h,
+                                            std::uint64_t fence, record_state from, const key& k,
+                                            std::uint64_t fingerprint, std::uint64_t epoch) noexcept {
+        if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
+            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);
+            return std::nullopt;
+        }
+        // The epoch is current, so this generation cannot be recycled (its arenas reset) while the
+        // position is pending: a pending position blocks recycling like a claim in progress.
+        const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos
+                                                              : gen.slots().alloc(this_thread_stripe());
+        if (n == slot_arena<Atomic>::npos) {
+            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);
+            count(c_capacity);
+            return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
+        }
+        slot_type& s = gen.slots().at(n);
+        // A slot handed out is vacant, without identity (zero page, or reset by a recycle that left
+        // its incarnation counting). The CAS comes before the identity is written: a stale thread
+        // still holding this slot from an earlier life acts only on a matching identity, and after
+        // this CAS only on a claiming word, which it leaves alone.
+        std::uint64_t seen = s.word.load(std::memory_order_acquire);  // (3)
+        const std::uint64_t inc = state_word::incarnation(seen);
+        if (state_word::state(seen) != slot_state::vacant ||
+            !s.word.compare_exchange_strong(seen, state_word::make(slot_state::claiming, inc, fence),
+                                            std::memory_order_seq_cst)) {  // (4)
+            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);  // never expected; the slot is left unused
+            return std::nullopt;
+        }
+        std::atomic_thread_fence(std::memory_order_release);  // (9)
+        s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
+        s.hi.store(h.hi, std::memory_order_relaxed);
+        s.key_ref.store(0, std::memory_order_relaxed);
+        e.ref.store(n + 2, std::memory_order_seq_cst);  // (2') publishes the slot, claiming, with its identity
+        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, transition_cause::claim, clock_.now());
+    }
+
+    /// Another caller is placing the key's first slot in this generation right now.
+    begin_answer pending_claim() noexcept {
+        count(c_in_progress);
+        return {begin_status::in_progress, {}, 0, 0};
+    }
+
+    /// The claim is ours (the slot holds claiming(fence), replacing `seen`): writes its fields,
+    /// offers it to the sink and publishes it as processing, or undoes it (backpressure, full arena).
+    std::optional<begin_answer> grant(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
+                                      record_state from, const key& k, std::uint64_t fingerprint,
+                                      std::uint64_t epoch, transition_cause cause, std::chrono::nanoseconds now) noexcept {
+        const std::uint64_t inc = state_word::incarnation(seen);
         // Counted here, right after the CAS drained the store buffer: a locked add after the field
-        // and key writes below would wait for their cache misses (it is a full barrier on x86).
+        // writes below would wait for their cache misses (it is a full barrier on x86).
         // Counting before publishing only makes outstanding() err on scanning; undone on refusal.
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
         const bool filled = state_word::state(seen) == slot_state::vacant;
-        if (filled) {
+        if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
             // reclaimed record keeps the text of its first claim: same identity, same key).
             const std::uint64_t ref = gen.keys().append(k, this_thread_stripe());

@@ -1,8 +1,10 @@
 // idem/detail/slot.hpp: one record slot and its packed state word.
 //
-// A slot is one cache line. Its identity is the key's keyed 128-bit hash (lo, hi), written once per
-// incarnation by compare-and-swap from zero; its life is the packed state word below, changed only
-// by compare-and-swap (or by a release store from a transient state that only one thread can hold).
+// A slot is one cache line in a generation's slot arena. Its identity is the key's keyed 128-bit
+// hash (lo, hi), written once per incarnation by the claimer that took it, while it holds claiming,
+// and published with the slot's number in the generation's index (engine.hpp, (2')); its life is
+// the packed state word below, changed only by compare-and-swap (or by a release store from a
+// transient state that only one thread can hold).
 //
 // State word, 64 bits:
 //
