@@ -328,7 +328,7 @@ public:
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
     [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
     void reset() noexcept { alloc_.reset(); }
-    static constexpr std::uint64_t npos = chunk_allocator<Atomic, 1>::npos;
+    static constexpr std::uint64_t npos = chunk_allocator<Atomic, arena_cursors<Atomic>>::npos;
 
 private:
     std::uint64_t chunks_;
@@ -372,11 +372,7 @@ public:
             const std::uint64_t lo = e.lo.load(std::memory_order_seq_cst);  // (1) pairs with (2)
             if (lo == 0) return {};
             if (lo != h.lo) continue;
-            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1) pairs with (2')
-            if (ref == ref_pending) return {nullptr, true};
-            if (ref == ref_withdrawn) continue;
-            slot<Atomic>& s = slot_at(ref);
-            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return {&s, false};  // validated by the caller's snapshot
+            if (auto m = match(e, h)) return *m;
         }
         return {};
     }
@@ -398,16 +394,24 @@ public:
             if (lo == 0 && e.lo.compare_exchange_strong(lo, h.lo, std::memory_order_seq_cst))  // (2)
                 return {&e, {}, n + 1};
             if (lo != h.lo) continue;  // (after a lost CAS, lo is the winner's)
-            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
-            if (ref == ref_pending) return {nullptr, {nullptr, true}, n + 1};
-            if (ref == ref_withdrawn) continue;
-            slot<Atomic>& s = slot_at(ref);
-            if (s.hi.load(std::memory_order_seq_cst) == h.hi) return {nullptr, {&s, false}, n + 1};
+            if (auto m = match(e, h)) return {nullptr, *m, n + 1};
         }
         return {nullptr, {}, limit};
     }
 
 private:
+    /// What a position holding the key's low half says about the key: its slot (if the slot's high
+    /// half matches; the caller validates it with a snapshot), a pending first claim, or nullopt
+    /// (withdrawn, or another key with the same low half: probe on).
+    std::optional<found> match(index_entry<Atomic>& e, hash128 h) noexcept {
+        const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1) pairs with (2')
+        if (ref == ref_pending) return found{nullptr, true};
+        if (ref == ref_withdrawn) return std::nullopt;
+        slot<Atomic>& s = slot_at(ref);
+        if (s.hi.load(std::memory_order_seq_cst) == h.hi) return found{&s, false};
+        return std::nullopt;
+    }
+
     index_entry<Atomic>* index_ = nullptr;
     std::size_t mask_;
     slot_arena<Atomic> slots_;
