@@ -289,7 +289,7 @@ TEST(Options, InvalidOptionsThrowNamingTheOption) {
     };
     const bad cases[] = {
         {"capacity", [](idem::options& o) { o.capacity = 0; }},
-        {"capacity", [](idem::options& o) { o.capacity = (std::size_t{1} << 40) + 1; }},
+        {"capacity", [](idem::options& o) { o.capacity = (std::size_t{1} << 30) + 1; }},
         {"max_probe", [](idem::options& o) { o.max_probe = 0; }},
         {"lease", [](idem::options& o) { o.lease = std::chrono::nanoseconds(0); }},
         {"lease", [](idem::options& o) { o.lease = std::chrono::seconds(-1); }},

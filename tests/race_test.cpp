@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <atomic>
+#include <latch>
 #include <memory>
 #include <random>
 #include <set>
@@ -18,6 +20,7 @@
 
 #include "support/manual_guard.hpp"
 #include "support/threads.hpp"
+#include "support/yielding_atomic.hpp"
 
 namespace {
 
@@ -313,6 +316,101 @@ TEST(Race, KeyTextOfEveryRecordSurvivesRacingAppendsAndRecycling) {
         if (HasFailure()) break;
     }
     EXPECT_GE(g.snapshot().rotations, 4u);
+}
+
+// Counters and arena cursors live in per-thread stripes: 64 a thread owns alone (plain adds) and 8
+// shared by the threads beyond them (locked adds). Two waves of 80 threads (so 16 share, and the
+// second wave takes over the stripes the first gave back when its threads ended) each claim fresh
+// keys across many 64-slot chunks. Two threads writing one owned stripe would lose counts or hand
+// one slot or key-arena range to two keys: every key must come back with its own outcome and text,
+// and every counter must be exact.
+template <template <class> class Atomic>
+void more_threads_than_owned_stripes(std::uint32_t yield_period) {
+    const std::size_t threads = idem_test::env_size("IDEM_THREADS", 80, 80);
+    const std::size_t per_thread = idem_test::env_size("IDEM_KEYS", 200, 70);
+    constexpr std::size_t waves = 2;
+    const std::size_t total = waves * threads * per_thread;
+    idem::basic_guard<Atomic, idem::steady_clock_source> g(idem_test::test_options(total + 16));
+    idem_test::yield_injector::period.store(yield_period);
+    auto name = [&](std::size_t wave, std::size_t t, std::size_t j) {
+        return "W" + std::to_string(wave) + "_T" + std::to_string(t) + "_" + std::to_string(j);
+    };
+    std::atomic<std::size_t> refused{0};
+    for (std::size_t wave = 0; wave < waves; ++wave) {
+        idem_test::run_on_latch(threads, [&](std::size_t t) {
+            for (std::size_t j = 0; j < per_thread; ++j) {
+                const std::string text = name(wave, t, j);
+                auto r = g.begin(idem::key(text), mix(j));
+                if (r.status != begin_status::acquired || r.ticket.succeed(mix(text.size() * 1000003u + t * 131u + j)))
+                    refused.fetch_add(1);
+            }
+        });
+    }
+    idem_test::yield_injector::period.store(0);
+    EXPECT_EQ(refused.load(), 0u);
+    std::size_t seen = 0, wrong = 0;
+    g.for_each([&](const std::string& text, const idem::record_view& v) {
+        ++seen;
+        // Parse W<wave>_T<t>_<j> back and recompute what that key's owner recorded.
+        std::size_t wave = 0, t = 0, j = 0;
+        if (std::sscanf(text.c_str(), "W%zu_T%zu_%zu", &wave, &t, &j) != 3 || name(wave, t, j) != text ||
+            v.state != idem::record_state::succeeded || v.outcome != mix(text.size() * 1000003u + t * 131u + j) ||
+            v.fingerprint != mix(j))
+            ++wrong;
+    });
+    EXPECT_EQ(seen, total);
+    EXPECT_EQ(wrong, 0u);
+    const auto s = g.snapshot();
+    EXPECT_EQ(s.acquired, total);
+    EXPECT_EQ(s.succeeded, total);
+    EXPECT_EQ(s.duplicates + s.in_progress_hits + s.capacity_exhausted, 0u);
+}
+
+TEST(Race, MoreThreadsThanOwnedStripesKeepArenasAndCountersExact) { more_threads_than_owned_stripes<std::atomic>(0); }
+
+// With a yield before about one atomic access in four, a thread is often descheduled between the
+// load and the store of a plain add: a stripe with two writers would lose counts here.
+TEST(Race, MoreThreadsThanOwnedStripesWithInjectedYields) {
+    more_threads_than_owned_stripes<idem_test::yielding_atomic>(4);
+}
+
+// Stripe ownership itself: of threads alive at the same time, at most 64 own a stripe, no two own
+// the same one, the rest share the 8 shared stripes (and are not told they own them), and stripes
+// come back when their threads end: a second wave owns as many as the first. (Lost counts from two
+// writers on one owned stripe need a preemption between a load and its store to show, so the test
+// above cannot be relied on to catch them; this one checks the rule that prevents them.)
+TEST(Race, StripesAreOwnedByOneLiveThreadEach) {
+    using engine = idem::detail::engine<std::atomic, idem::steady_clock_source>;
+    const idem::detail::stripe_ref mine = engine::stripe();  // this thread may own one already
+    const std::size_t threads = idem::detail::stripe_count + 8;
+    std::size_t owned_first_wave = 0;
+    for (int wave = 0; wave < 2; ++wave) {
+        std::vector<idem::detail::stripe_ref> got(threads);
+        std::latch all_alive(static_cast<std::ptrdiff_t>(threads));
+        idem_test::run_on_latch(threads, [&](std::size_t i) {
+            got[i] = engine::stripe();
+            all_alive.arrive_and_wait();  // nobody ends (and gives its stripe back) before all took one
+        });
+        std::set<unsigned> owned;
+        std::size_t shared = 0;
+        for (const auto& st : got) {
+            if (st.owned) {
+                EXPECT_LT(st.index, idem::detail::owned_stripes);
+                EXPECT_TRUE(owned.insert(st.index).second) << "stripe " << st.index << " owned twice";
+                EXPECT_FALSE(mine.owned && st.index == mine.index) << "stripe " << st.index << " is the main thread's";
+            } else {
+                ++shared;
+                EXPECT_GE(st.index, idem::detail::owned_stripes);
+                EXPECT_LT(st.index, idem::detail::stripe_count);
+            }
+        }
+        EXPECT_EQ(owned.size() + shared, threads);
+        EXPECT_GE(owned.size(), idem::detail::owned_stripes - 2) << "wave " << wave;  // the main thread's, a spare
+        if (wave == 0) owned_first_wave = owned.size();
+        else EXPECT_EQ(owned.size(), owned_first_wave) << "stripes of ended threads were not given back";
+    }
+    // Atomics built on std::atomic run on real threads and own stripes like it.
+    EXPECT_EQ((idem::detail::engine<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned), mine.owned);
 }
 
 }  // namespace

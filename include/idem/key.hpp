@@ -124,7 +124,7 @@ private:
         std::memcpy(bytes_.data(), text.data(), text.size());
     }
 
-    std::array<char, max_size> bytes_{};
+    std::array<char, max_size> bytes_{};  // zero past size_: the key arena copies whole words
     std::uint8_t size_ = 0;
 };
 

@@ -2,9 +2,9 @@
 //
 // Algorithm
 // ---------
-// Two generations of open-addressed slot arrays (linear probing, power-of-two size, bounded probe
-// length). `epoch_` picks the current generation (epoch & 1); the other one is the previous
-// generation. Keys are identified by a keyed 128-bit XXH3 hash with a per-instance random secret.
+// Two generations, each an open-addressed index of 8-byte positions (linear probing, power-of-two
+// size, bounded probe length) in front of a slot arena and a key arena. `epoch_` picks the current
+// generation (epoch & 1); the other one is the previous generation. Keys are identified by a keyed 128-bit XXH3 hash with a per-instance random secret.
 //
 // * Claims are decided only in the current generation, by CAS on the slot's state word (slot.hpp).
 // * The previous generation is read-only for lookups; claims that were made there while it was
@@ -18,8 +18,9 @@
 //
 // Linearization points
 // --------------------
-//   begin() acquired      the CAS (vacant|released) -> claiming, provided the epoch re-read after it
-//                         is unchanged (otherwise the claim is withdrawn and begin() retries)
+//   begin() acquired      new key: the position CAS (2); known key: the CAS released -> claiming (4);
+//                         provided the epoch re-read after it is unchanged (otherwise the claim is
+//                         withdrawn and begin() retries)
 //   begin() duplicate     the acquire load of a terminal word that a later validation load confirms
 //   succeed()/fail()      the CAS processing(fence) -> completing(fence)
 //   compensation          the CAS processing(fence) -> completing(fence) after the resolver answered
@@ -27,11 +28,14 @@
 //
 // Memory ordering (numbers are referred to at each atomic below)
 // ---------------------------------------------------------------
-//   (1) identity load, seq_cst        pairs with (2); seq_cst so that the previous-generation
-//                                     consult takes part in the (4)/(6)/(7) total order
-//   (2) identity CAS 0 -> hash, seq_cst
+//   (1) index position load, seq_cst  pairs with (2) and (2'); seq_cst so that the previous-generation
+//                                     consult takes part in the (2)/(4)/(6)/(7) total order
+//   (2) position CAS free -> tag|pending, seq_cst: a new key's claim
+//   (2') position store tag|slot, release: publishes the slot's identity, written before it
 //   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
 //   (4) word CAS, seq_cst             total order with the epoch load (6) and increment (7)
+//   (4') word store vacant -> claiming on a slot just taken from the thread's chunk: nobody else can
+//        change that word (design.md), so a plain store; ordered before the identity by (9)
 //   (5) word store leaving a transient state, release: publishes the fields written while holding it
 //   (6) epoch load, seq_cst           a claim whose (6) after (4) still sees the epoch of its start was
 //                                     made before the rotation (7), so every reader that loads the new
@@ -39,18 +43,20 @@
 //   (7) epoch increment, seq_cst
 //   (8) acquire fence before a seqlock validation load of the word, so the field loads before it
 //       cannot be reordered after it
-//   (9) release fence right after a CAS into a transient state (claiming, completing, recycling),
+//   (9) release fence right after a CAS (or (4')) into a transient state (claiming, completing, recycling),
 //       so the field stores that follow cannot become visible before the transient word (the
 //       seqlock writer side; free on x86, a store barrier on ARM)
 // Readers validate (word, identity, fields, word): identity changes only under `recycling`, which
 // bumps the incarnation, so an unchanged word proves the identity and fields belong together.
-// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), and counters.
+// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), counters and arena cursors
+// (plain load + store on a stripe the thread owns: see stripe_owner).
 #pragma once
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -125,13 +131,66 @@ struct alignas(64) counter_stripe {
     Atomic<std::uint64_t> v[c_count];
 };
 
-inline constexpr unsigned stripe_count = 64;
+/// Stripes a thread can own (one writer), and stripes shared by the threads beyond them.
+inline constexpr unsigned owned_stripes = 64;
+inline constexpr unsigned shared_stripes = 8;
+inline constexpr unsigned stripe_count = owned_stripes + shared_stripes;
 
-/// Each thread adds to its own stripe (round robin), so counters cost an uncontended RMW.
-inline unsigned this_thread_stripe() noexcept {
-    static std::atomic<unsigned> next{0};
-    thread_local unsigned stripe = next.fetch_add(1, std::memory_order_relaxed) % stripe_count;  // relaxed: any distinct value will do
-    return stripe;
+/// The stripe of counters (and arena cursors) a thread writes. `owned`: no other thread writes it
+/// while this thread lives, so an add is a plain load and store instead of a locked RMW (which on
+/// x86 is a full barrier: it waits for the thread's pending stores, such as a new slot's cache
+/// misses, at every counter and cursor).
+struct stripe_ref {
+    unsigned index;
+    bool owned;
+};
+
+/// Hands each thread, at its first use, one of the 64 ownable stripes nobody holds, and takes it
+/// back when the thread exits (release; the next owner's acquire sees every value written). Threads
+/// beyond 64 live ones share the 8 shared stripes round robin and use RMWs there.
+class stripe_owner {
+public:
+    stripe_owner() noexcept {
+        std::atomic<std::uint64_t>& held = taken();
+        std::uint64_t seen = held.load(std::memory_order_relaxed);  // relaxed: the CAS decides
+        while (seen != ~std::uint64_t{0}) {
+            const auto i = static_cast<unsigned>(std::countr_one(seen));
+            if (held.compare_exchange_weak(seen, seen | (std::uint64_t{1} << i), std::memory_order_acquire,
+                                           std::memory_order_relaxed)) {
+                ref_ = {i, true};
+                return;
+            }
+        }
+        static std::atomic<unsigned> next{0};
+        ref_ = {owned_stripes + next.fetch_add(1, std::memory_order_relaxed) % shared_stripes, false};  // relaxed: any value will do
+    }
+    ~stripe_owner() {
+        if (ref_.owned) taken().fetch_and(~(std::uint64_t{1} << ref_.index), std::memory_order_release);
+    }
+    stripe_owner(const stripe_owner&) = delete;
+    stripe_owner& operator=(const stripe_owner&) = delete;
+    [[nodiscard]] stripe_ref ref() const noexcept { return ref_; }
+
+private:
+    static std::atomic<std::uint64_t>& taken() noexcept {
+        static std::atomic<std::uint64_t> bits{0};
+        static_assert(owned_stripes == 64, "one bit per ownable stripe");
+        return bits;
+    }
+    stripe_ref ref_{0, false};
+};
+
+inline stripe_ref this_thread_stripe() noexcept {
+    thread_local stripe_owner owner;
+    return owner.ref();
+}
+
+/// Adds n to a counter or cursor of a stripe: a plain load and store when the calling thread owns
+/// the stripe (engine::stripe() says when), else a relaxed RMW.
+template <class A>
+void stripe_add(A& a, std::uint64_t n, bool owned) noexcept {
+    if (owned) a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // relaxed: one writer; a statistic
+    else a.fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
 }
 
 struct hash128 {
@@ -142,21 +201,32 @@ struct hash128 {
 /// pages, faulted in on first touch (or all at once with prefault). std::atomic<integer> is
 /// lock-free and its object representation is the integer's, so zero pages are atomics holding 0
 /// (static_asserts in slot.hpp). Other atomic types (test hooks, model checkers) are constructed.
-/// One position of a generation's index: the key's hash low half and where its slot lives.
-/// ref: 0 = the position's first claim is being made (its slot is not published yet); 1 = withdrawn
-/// (no slot; lookups probe on); otherwise the slot's number in the generation's slot arena + 2.
+/// One position of a generation's index: one 64-bit word, tag << 32 | ref; 0 = free.
+/// tag: the top 32 bits of the key's hash high half (never 0: 0 is remapped to 1); the position in
+/// the index comes from the low half, so the two are independent bits.
+/// ref: 0 = pending (the position's first claim is being made; its slot is not published yet);
+/// 1 = withdrawn (no slot; lookups probe on); otherwise the slot's number in the slot arena + 2.
 template <template <class> class Atomic>
-struct alignas(16) index_entry {
-    Atomic<std::uint64_t> lo{0};  // 0 = free
-    Atomic<std::uint64_t> ref{0};
-};
-inline constexpr std::uint64_t ref_pending = 0;
-inline constexpr std::uint64_t ref_withdrawn = 1;
+using index_entry = Atomic<std::uint64_t>;
+
+namespace position {
+inline constexpr std::uint64_t free = 0;
+inline constexpr std::uint64_t pending = 0;
+inline constexpr std::uint64_t withdrawn = 1;
+/// Slot numbers a position can name: ref is 32 bits and 0, 1 are taken.
+inline constexpr std::uint64_t max_slots = (std::uint64_t{1} << 32) - 2;
+[[nodiscard]] constexpr std::uint64_t tag(hash128 h) noexcept {
+    const std::uint64_t t = h.hi >> 32;
+    return t == 0 ? 1 : t;
+}
+[[nodiscard]] constexpr std::uint64_t make(std::uint64_t tag, std::uint64_t ref) noexcept { return tag << 32 | ref; }
+[[nodiscard]] constexpr std::uint64_t tag_of(std::uint64_t word) noexcept { return word >> 32; }
+[[nodiscard]] constexpr std::uint64_t ref_of(std::uint64_t word) noexcept { return word & 0xffffffffu; }
+}  // namespace position
 
 template <class T>
 inline constexpr bool zero_pages_ok_v = std::is_same_v<T, std::atomic<std::uint64_t>> ||
-                                        std::is_same_v<T, slot<std::atomic>> ||
-                                        std::is_same_v<T, index_entry<std::atomic>>;
+                                        std::is_same_v<T, slot<std::atomic>>;
 
 template <class T>
 T* map_words(std::size_t count, bool prefault) {
@@ -197,8 +267,9 @@ void unmap_words(T* p, std::size_t count) noexcept {
 
 /// Hands out units of an arena in chunks, one current chunk per counter stripe (so, nearly always,
 /// per thread): consecutive allocations of a thread are neighbours in memory. A stripe's cursor is
-/// (chunk + 1) << 32 | units used, advanced by CAS; a new chunk comes from a shared counter (two
-/// threads sharing a stripe may leave one chunk unused, never share a unit). Reset all at once.
+/// (chunk + 1) << 32 | units used, advanced by a plain store on an owned stripe and by CAS on a
+/// shared one; a new chunk comes from a shared counter (two threads sharing a stripe may leave one
+/// chunk unused, never share a unit). Reset all at once.
 template <template <class> class Atomic, unsigned Cursors>
 class chunk_allocator {
 public:
@@ -209,9 +280,22 @@ public:
     }
 
     /// n consecutive units (n <= chunk_units), or npos when the arena is full. Progress: lock-free.
-    std::uint64_t alloc(std::uint64_t n, unsigned stripe) noexcept {
-        auto& cursor = cursors_[stripe % Cursors].v;
+    std::uint64_t alloc(std::uint64_t n, stripe_ref stripe) noexcept {
+        auto& cursor = cursors_[stripe.index % Cursors].v;
         std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: the RMWs below decide
+        if (stripe.owned && Cursors == stripe_count) {
+            // Only this thread advances this cursor (reset happens only while nobody allocates).
+            const std::uint64_t chunk = c >> 32;
+            const std::uint64_t used = c & 0xffffffffu;
+            if (chunk != 0 && used + n <= chunk_units_) {
+                cursor.store(c + n, std::memory_order_relaxed);  // relaxed: one writer; nothing is published
+                return (chunk - 1) * chunk_units_ + used;
+            }
+            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as below
+            if (fresh >= chunks_) return npos;
+            cursor.store(((fresh + 1) << 32) | n, std::memory_order_relaxed);
+            return fresh * chunk_units_;
+        }
         for (;;) {
             const std::uint64_t chunk = c >> 32;
             const std::uint64_t used = c & 0xffffffffu;
@@ -269,15 +353,20 @@ public:
     key_arena& operator=(const key_arena&) = delete;
 
     /// Appends k; returns its reference (word index + 1), or 0 when the arena is full.
-    [[nodiscard]] std::uint64_t append(const key& k, unsigned stripe) noexcept {
+    [[nodiscard]] std::uint64_t append(const key& k, stripe_ref stripe) noexcept {
         const std::uint64_t n = 1 + (k.size() + 7) / 8;
         const std::uint64_t at = alloc_.alloc(n, stripe);
         if (at == alloc_.npos) return 0;
-        std::uint64_t bytes[key::max_size / 8] = {};
-        std::memcpy(bytes, k.view().data(), k.size());
+        if constexpr (zero_pages_ok)  // the next keys' line
+            if (at + n + 16 < chunks_ * chunk_words) __builtin_prefetch(words_ + at + n + 16, 1);
+        // Whole words straight from the key's buffer: it holds max_size bytes, zero past size().
+        const char* text = k.view().data();
         words_[at].store(k.size(), std::memory_order_relaxed);  // relaxed: published by (5)
-        for (std::uint64_t i = 1; i < n; ++i)
-            words_[at + i].store(bytes[i - 1], std::memory_order_relaxed);  // relaxed: published by (5)
+        for (std::uint64_t i = 1; i < n; ++i) {
+            std::uint64_t w;
+            std::memcpy(&w, text + 8 * (i - 1), 8);
+            words_[at + i].store(w, std::memory_order_relaxed);  // relaxed: published by (5)
+        }
         return at + 1;
     }
 
@@ -312,6 +401,7 @@ class slot_arena {
 public:
     static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
     static constexpr std::uint64_t chunk_slots = zero_pages_ok ? 64 : 1;  // 4 KiB
+    static constexpr std::uint64_t prefetch_ahead = 2;
 
     slot_arena(std::size_t positions, bool prefault)
         : chunks_((positions + arena_cursors<Atomic> * chunk_slots + chunk_slots - 1) / chunk_slots),
@@ -324,7 +414,14 @@ public:
 
     /// A slot number, or npos when the arena is full (it holds one slot per index position plus a
     /// chunk per stripe, so it cannot fill before the index does).
-    [[nodiscard]] std::uint64_t alloc(unsigned stripe) noexcept { return alloc_.alloc(1, stripe); }
+    [[nodiscard]] std::uint64_t alloc(stripe_ref stripe) noexcept {
+        const std::uint64_t n = alloc_.alloc(1, stripe);
+        // The thread's next claims write the next slots of its chunk: ask for their lines now, so
+        // the next claim does not wait for them (a hint: never faults, harmless past the chunk).
+        if constexpr (zero_pages_ok)
+            if (n + prefetch_ahead < size()) __builtin_prefetch(slots_ + n + prefetch_ahead, 1);
+        return n;
+    }
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
     [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
     void reset() noexcept { alloc_.reset(); }
@@ -336,7 +433,7 @@ private:
     slot<Atomic>* slots_ = nullptr;
 };
 
-/// One generation: an index of 16-byte positions (open addressing, linear probing, power-of-two
+/// One generation: an index of 8-byte positions (open addressing, linear probing, power-of-two
 /// size) in front of the slot and key arenas. A lookup reads one index line and then its slot; a
 /// new key's claim takes a free position and writes a slot its thread's chunk holds in cache.
 template <template <class> class Atomic>
@@ -355,7 +452,7 @@ public:
     [[nodiscard]] slot_arena<Atomic>& slots() noexcept { return slots_; }
     [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
     [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
-    /// The slot an entry's ref names (ref >= 2).
+    /// The slot a position's ref names (ref >= 2).
     [[nodiscard]] slot<Atomic>& slot_at(std::uint64_t ref) noexcept { return slots_.at(ref - 2); }
 
     struct found {
@@ -363,52 +460,59 @@ public:
         bool pending = false;  ///< the key's first claim here is being made right now
     };
 
+    /// Starts loading the line where the key's probe sequence begins.
+    void prefetch(hash128 h) const noexcept { __builtin_prefetch(&index_[h.lo & mask_]); }
+
     /// Finds the key's slot without inserting. Progress: wait-free (bounded by max_probe).
     found find(hash128 h, std::size_t max_probe) noexcept {
         const std::size_t start = h.lo & mask_;
         const std::size_t limit = std::min(max_probe, mask_ + 1);
+        const std::uint64_t tag = position::tag(h);
         for (std::size_t n = 0; n < limit; ++n) {
-            index_entry<Atomic>& e = index_[(start + n) & mask_];
-            const std::uint64_t lo = e.lo.load(std::memory_order_seq_cst);  // (1) pairs with (2)
-            if (lo == 0) return {};
-            if (lo != h.lo) continue;
-            if (auto m = match(e, h)) return *m;
+            const std::uint64_t w = index_[(start + n) & mask_].load(std::memory_order_seq_cst);  // (1) pairs with (2), (2')
+            if (w == position::free) return {};
+            if (position::tag_of(w) != tag) continue;
+            if (auto m = match(w, h)) return *m;
         }
         return {};
     }
 
     struct taken {
-        index_entry<Atomic>* e = nullptr;  ///< a free position now holding h.lo, ours to publish a slot in
+        index_entry<Atomic>* e = nullptr;  ///< a free position now pending with the key's tag, ours to publish a slot in
         found existing;                    ///< or the key's slot / pending claim met on the way
         std::size_t probes = 0;
     };
 
-    /// Takes the first free position of the key's probe sequence (CAS lo 0 -> h.lo), unless the key
-    /// is met first. Neither: max_probe positions hold other keys. Progress: lock-free.
+    /// Takes the first free position of the key's probe sequence (CAS free -> tag|pending), unless
+    /// the key is met first. Neither: max_probe positions hold other keys. Progress: lock-free.
     taken take(hash128 h, std::size_t max_probe) noexcept {
         const std::size_t start = h.lo & mask_;
         const std::size_t limit = std::min(max_probe, mask_ + 1);
+        const std::uint64_t tag = position::tag(h);
         for (std::size_t n = 0; n < limit; ++n) {
             index_entry<Atomic>& e = index_[(start + n) & mask_];
-            std::uint64_t lo = e.lo.load(std::memory_order_seq_cst);  // (1)
-            if (lo == 0 && e.lo.compare_exchange_strong(lo, h.lo, std::memory_order_seq_cst))  // (2)
+            std::uint64_t w = e.load(std::memory_order_seq_cst);  // (1)
+            if (w == position::free &&
+                e.compare_exchange_strong(w, position::make(tag, position::pending), std::memory_order_seq_cst))  // (2)
                 return {&e, {}, n + 1};
-            if (lo != h.lo) continue;  // (after a lost CAS, lo is the winner's)
-            if (auto m = match(e, h)) return {nullptr, *m, n + 1};
+            if (position::tag_of(w) != tag) continue;  // (after a lost CAS, w is the winner's)
+            if (auto m = match(w, h)) return {nullptr, *m, n + 1};
         }
         return {nullptr, {}, limit};
     }
 
 private:
-    /// What a position holding the key's low half says about the key: its slot (if the slot's high
-    /// half matches; the caller validates it with a snapshot), a pending first claim, or nullopt
-    /// (withdrawn, or another key with the same low half: probe on).
-    std::optional<found> match(index_entry<Atomic>& e, hash128 h) noexcept {
-        const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1) pairs with (2')
-        if (ref == ref_pending) return found{nullptr, true};
-        if (ref == ref_withdrawn) return std::nullopt;
-        slot<Atomic>& s = slot_at(ref);
-        if (s.hi.load(std::memory_order_seq_cst) == h.hi) return found{&s, false};
+    /// What a position word carrying the key's tag says about the key: its slot (if the slot's
+    /// identity is the key's hash; the caller validates it with a snapshot), a pending first claim
+    /// (of this key, or, with probability 2^-32, of another key with the same tag: see design.md),
+    /// or nullopt (withdrawn, or another key with the same tag: probe on).
+    std::optional<found> match(std::uint64_t w, hash128 h) noexcept {
+        const std::uint64_t ref = position::ref_of(w);
+        if (ref == position::pending) return found{nullptr, true};
+        if (ref == position::withdrawn) return std::nullopt;
+        slot<Atomic>& s = slot_at(ref);  // its identity was written before (2'), which w comes from
+        if (s.hi.load(std::memory_order_seq_cst) == h.hi && s.lo.load(std::memory_order_seq_cst) == h.lo)
+            return found{&s, false};
         return std::nullopt;
     }
 
@@ -469,11 +573,16 @@ class engine {
 public:
     using slot_type = slot<Atomic>;
 
+    /// Largest options.capacity: a generation has next_pow2(2 * capacity) <= 2^31 index positions,
+    /// and its slot arena (one slot per position plus a chunk per stripe) must stay within the
+    /// slot numbers a 32-bit position ref can name.
+    static constexpr std::size_t max_capacity = std::size_t{1} << 30;
+
     engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
         if (opts_.capacity == 0) throw error(errc::invalid_argument, "options.capacity is 0; it must be at least 1");
-        if (opts_.capacity > (std::size_t{1} << 40))
+        if (opts_.capacity > max_capacity)
             throw error(errc::invalid_argument, "options.capacity " + std::to_string(opts_.capacity) +
-                                                    " exceeds the limit of 2^40 records");
+                                                    " exceeds the limit of 2^30 records");
         if (opts_.max_probe == 0) throw error(errc::invalid_argument, "options.max_probe is 0; it must be at least 1");
         if (opts_.lease <= std::chrono::nanoseconds::zero())
             throw error(errc::invalid_argument, "options.lease must be positive");
@@ -487,6 +596,7 @@ public:
         for (auto& b : secret_) b = static_cast<unsigned char>(rd());
         for (auto& st : stripes_)
             for (auto& c : st.v) c.store(0, std::memory_order_relaxed);  // relaxed: before publication
+        for (auto& b : fill_base_) b.store(0, std::memory_order_relaxed);  // relaxed: before publication
     }
 
     [[nodiscard]] hash128 hash(const key& k) const noexcept {
@@ -517,6 +627,10 @@ public:
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
             generation<Atomic>& cur = *gens_[epoch & 1];
+            // The key's index line is nearly always a cache miss: start it, and read the clock (a
+            // claim's lease starts now) while it is on its way.
+            cur.prefetch(h);
+            const std::chrono::nanoseconds now = clock_.now();
             const auto f = cur.find(h, opts_.max_probe);
             if (f.pending) return pending_claim();
             slot_type* s = f.s;
@@ -572,7 +686,7 @@ public:
                     count(c_capacity);
                     return {begin_status::capacity_exhausted, {}, 0, 0};
                 }
-                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch)) return *a;
+                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch, now)) return *a;
                 continue;
             }
             if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim))
@@ -698,10 +812,11 @@ public:
         // A position whose first claim is being placed (ref pending) blocks the rotation like a
         // claim in progress; withdrawn positions are free.
         auto entry_evictable = [&](index_entry<Atomic>& e) {
-            if (e.lo.load(std::memory_order_seq_cst) == 0) return true;  // (1)
-            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
-            if (ref == ref_pending) return false;
-            return ref == ref_withdrawn || evictable(read_slot(prev.slot_at(ref)));
+            const std::uint64_t w = e.load(std::memory_order_seq_cst);  // (1)
+            if (w == position::free) return true;
+            const std::uint64_t ref = position::ref_of(w);
+            if (ref == position::pending) return false;
+            return ref == position::withdrawn || evictable(read_slot(prev.slot_at(ref)));
         };
         for (std::size_t i = 0; i < prev.size(); ++i) {
             if (!entry_evictable(prev.entry(i))) {
@@ -718,10 +833,11 @@ public:
         std::uint64_t evicted = 0;
         for (std::size_t i = 0; i < prev.size(); ++i) {
             index_entry<Atomic>& e = prev.entry(i);
-            if (e.lo.load(std::memory_order_seq_cst) == 0) continue;  // (1)
-            const std::uint64_t ref = e.ref.load(std::memory_order_seq_cst);  // (1)
-            if (ref == ref_pending) return false;  // a stale claimer is placing a slot: try again later
-            if (ref != ref_withdrawn) {
+            const std::uint64_t w = e.load(std::memory_order_seq_cst);  // (1)
+            if (w == position::free) continue;
+            const std::uint64_t ref = position::ref_of(w);
+            if (ref == position::pending) return false;  // a stale claimer is placing a slot: try again later
+            if (ref != position::withdrawn) {
                 slot_type& s = prev.slot_at(ref);
                 const snapshot snap = read_slot(s);
                 if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
@@ -741,18 +857,21 @@ public:
                 // thread's CAS with a word of this life fails.
                 s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
             }
-            // Free the position: ref first (meanwhile it reads as pending: in progress), then lo. A
-            // stale claimer may take it again at once; its epoch check fails and it withdraws.
-            e.ref.store(ref_pending, std::memory_order_seq_cst);
-            e.lo.store(0, std::memory_order_seq_cst);
+            // Free the position. Only its pending claimer writes a position besides this mutex's
+            // holder, and it is not pending, so a plain store cannot lose a write. A stale claimer
+            // may take it again at once; its epoch check fails and it withdraws.
+            e.store(position::free, std::memory_order_seq_cst);
         }
         // No slot of the recycled generation is held by a claimer now (each was reset above), and no
         // claimer can be taking slots or appending keys here: a claimer takes them only after its
         // epoch check, which fails for every thread that sees this generation as current until (7).
         prev.slots().reset();
         prev.keys().reset();
-        const unsigned recycled_fill = c_fill0 + static_cast<unsigned>((epoch + 1) & 1);
-        for (auto& st : stripes_) st.v[recycled_fill].store(0, std::memory_order_relaxed);  // relaxed: a statistic
+        // The recycled generation's fill restarts from here. Its counters are not reset: only their
+        // owners write them. Nobody counts a fill there now (a claimer counts while it holds a
+        // claiming slot or a pending position, and every one of them blocked the scan above).
+        const unsigned recycled = static_cast<unsigned>((epoch + 1) & 1);
+        fill_base_[recycled].store(sum(c_fill0 + recycled), std::memory_order_relaxed);  // relaxed: published by (7)
         count(c_evicted, evicted);
         std::uint64_t expected_epoch = epoch;
         epoch_.compare_exchange_strong(expected_epoch, epoch + 1, std::memory_order_seq_cst);  // (7) pairs with (6)
@@ -778,19 +897,19 @@ public:
         slot_type* s = t.existing.s;
         if (s == nullptr) {
             if (t.e == nullptr) return begin_status::capacity_exhausted;
-            const std::uint64_t n = cur.slots().alloc(this_thread_stripe());
+            const std::uint64_t n = cur.slots().alloc(stripe());
             if (n == slot_arena<Atomic>::npos) {
-                t.e->ref.store(ref_withdrawn, std::memory_order_seq_cst);
+                t.e->store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
                 return begin_status::capacity_exhausted;
             }
             s = &cur.slots().at(n);
-            s->lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by the ref store below
+            s->lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2') below
             s->hi.store(h.hi, std::memory_order_relaxed);
-            t.e->ref.store(n + 2, std::memory_order_seq_cst);  // (2')
+            t.e->store(position::make(position::tag(h), n + 2), std::memory_order_release);  // (2')
         }
         const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
         if (s->key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: single-threaded here
-            const std::uint64_t ref = cur.keys().append(k, this_thread_stripe());
+            const std::uint64_t ref = cur.keys().append(k, stripe());
             if (ref == 0) return begin_status::capacity_exhausted;
             s->key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
         }
@@ -846,11 +965,23 @@ public:
     }
 
     void count(unsigned c, std::uint64_t n = 1) noexcept {
-        stripes_[this_thread_stripe()].v[c].fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
+        const stripe_ref st = stripe();
+        stripe_add(stripes_[st.index].v[c], n, st.owned);
     }
     void uncount(unsigned c) noexcept {
-        // fetch_add of 2^64 - 1: the Atomic parameter need only offer fetch_add (unsigned wrap-around).
-        stripes_[this_thread_stripe()].v[c].fetch_add(~std::uint64_t{0}, std::memory_order_relaxed);  // relaxed: a statistic
+        // Adding 2^64 - 1: the Atomic parameter need only offer fetch_add (unsigned wrap-around).
+        const stripe_ref st = stripe();
+        stripe_add(stripes_[st.index].v[c], ~std::uint64_t{0}, st.owned);
+    }
+
+
+    /// The stripe this thread writes counters and arena cursors in; owned (plain adds) only when
+    /// Atomic is std::atomic or built on it (real threads; a model checker runs its threads on one
+    /// OS thread, which would own one stripe for all of them). Public for tests.
+    static stripe_ref stripe() noexcept {
+        constexpr bool real_threads = std::is_base_of_v<std::atomic<std::uint64_t>, Atomic<std::uint64_t>>;
+        const stripe_ref st = this_thread_stripe();
+        return {st.index, real_threads && st.owned};
     }
 
 private:
@@ -862,9 +993,7 @@ private:
 
     /// The slot published at index position i, or nullptr (free, pending or withdrawn position).
     static slot_type* published_slot(generation<Atomic>& g, std::size_t i) noexcept {
-        index_entry<Atomic>& e = g.entry(i);
-        if (e.lo.load(std::memory_order_relaxed) == 0) return nullptr;  // relaxed: a hint; the snapshot decides
-        const std::uint64_t ref = e.ref.load(std::memory_order_acquire);  // (1) pairs with (2')
+        const std::uint64_t ref = position::ref_of(g.entry(i).load(std::memory_order_acquire));  // (1) pairs with (2')
         return ref < 2 ? nullptr : &g.slot_at(ref);
     }
 
@@ -916,8 +1045,10 @@ private:
     }
 
     [[nodiscard]] std::uint64_t fill(std::uint64_t g) const noexcept {
-        return sum(c_fill0 + static_cast<unsigned>(g));
+        return sum(c_fill0 + static_cast<unsigned>(g)) - fill_base_[g & 1].load(std::memory_order_relaxed);  // relaxed: a statistic
     }
+
+
 
     void note_probe(std::size_t probes) noexcept {
         std::uint64_t seen = max_probe_.load(std::memory_order_relaxed);  // relaxed: a statistic
@@ -972,44 +1103,46 @@ private:
     }
 
     /// A first claim of the key in this generation: the position `e` of its probe sequence is ours
-    /// (its lo CAS (2) is the claim's first step); checks the epoch, takes a slot from this thread's
+    /// (its CAS (2) is the claim's first step); checks the epoch, takes a slot from this thread's
     /// chunk, moves it vacant -> claiming, writes its identity and publishes it in the position
     /// (2'). nullopt: withdrawn (a rotation overtook us; the position stays withdrawn), retry.
     std::optional<begin_answer> claim_fresh(index_entry<Atomic>& e, generation<Atomic>& gen, hash128 h,
                                             std::uint64_t fence, record_state from, const key& k,
-                                            std::uint64_t fingerprint, std::uint64_t epoch) noexcept {
+                                            std::uint64_t fingerprint, std::uint64_t epoch,
+                                            std::chrono::nanoseconds now) noexcept {
         if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
-            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);
+            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
             return std::nullopt;
         }
         // The epoch is current, so this generation cannot be recycled (its arenas reset) while the
         // position is pending: a pending position blocks recycling like a claim in progress.
         const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos
-                                                              : gen.slots().alloc(this_thread_stripe());
+                                                              : gen.slots().alloc(stripe());
         if (n == slot_arena<Atomic>::npos) {
-            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);
+            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
             count(c_capacity);
             return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
         }
         slot_type& s = gen.slots().at(n);
         // A slot handed out is vacant, without identity (zero page, or reset by a recycle that left
-        // its incarnation counting). The CAS comes before the identity is written: a stale thread
-        // still holding this slot from an earlier life acts only on a matching identity, and after
-        // this CAS only on a claiming word, which it leaves alone.
-        std::uint64_t seen = s.word.load(std::memory_order_acquire);  // (3)
+        // its incarnation counting), and nobody else can change its word now: a CAS needs a
+        // snapshot with the caller's identity (this slot has none yet), and a stale thread holding
+        // the slot from an earlier life has a word of an earlier incarnation. So a plain store
+        // (4') moves it to claiming, before the identity is written: afterwards a stale thread acts
+        // only on a matching identity and a claiming word, which it leaves alone.
+        const std::uint64_t seen = s.word.load(std::memory_order_acquire);  // (3)
         const std::uint64_t inc = state_word::incarnation(seen);
-        if (state_word::state(seen) != slot_state::vacant ||
-            !s.word.compare_exchange_strong(seen, state_word::make(slot_state::claiming, inc, fence),
-                                            std::memory_order_seq_cst)) {  // (4)
-            e.ref.store(ref_withdrawn, std::memory_order_seq_cst);  // never expected; the slot is left unused
+        if (state_word::state(seen) != slot_state::vacant) {
+            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);  // never expected; the slot is left unused
             return std::nullopt;
         }
+        s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_relaxed);  // (4') ordered by (9)
         std::atomic_thread_fence(std::memory_order_release);  // (9)
         s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
         s.hi.store(h.hi, std::memory_order_relaxed);
         s.key_ref.store(0, std::memory_order_relaxed);
-        e.ref.store(n + 2, std::memory_order_seq_cst);  // (2') publishes the slot, claiming, with its identity
-        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, transition_cause::claim, clock_.now());
+        e.store(position::make(position::tag(h), n + 2), std::memory_order_release);  // (2') publishes the slot, claiming, with its identity
+        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, transition_cause::claim, now);
     }
 
     /// Another caller is placing the key's first slot in this generation right now.
@@ -1032,7 +1165,7 @@ private:
         if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
             // reclaimed record keeps the text of its first claim: same identity, same key).
-            const std::uint64_t ref = gen.keys().append(k, this_thread_stripe());
+            const std::uint64_t ref = gen.keys().append(k, stripe());
             if (ref == 0) {
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
                 count(c_capacity);
@@ -1116,6 +1249,7 @@ private:
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];
+    Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
 };
 
 }  // namespace detail

@@ -1,0 +1,92 @@
+// tests/index_test.cpp: the index's 32-bit tags (docs/design.md, "Index positions and publication").
+//
+// An index position carries only 32 bits of the key's hash (the tag) besides the slot's number, so
+// keys whose tags are equal are common enough to meet in a large guard. Two such keys must stay two
+// records: a lookup that meets a position with its tag compares the slot's whole 128-bit identity and
+// probes on when it is another key's. The keys below share the tag *and* the first position of their
+// probe sequence, found by a birthday search under the engine's own secret (about 2^19 hashes for
+// 32 + 6 bits), so each one's probe must pass the other's position.
+#include <idem/idem.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace {
+
+using engine = idem::detail::engine<std::atomic, idem::manual_clock>;
+using idem::begin_status;
+using idem::detail::slot_state;
+
+constexpr std::size_t capacity = 32;  // each generation: next_pow2(2 * 32) = 64 positions
+constexpr std::uint64_t mask = 63;
+
+std::uint64_t signature(const engine& e, const idem::key& k) {
+    const auto h = e.hash(k);
+    return idem::detail::position::tag(h) << 32 | (h.lo & mask);
+}
+
+/// Two distinct keys with equal tags and equal first positions under e's secret.
+std::pair<idem::key, idem::key> colliding_keys(const engine& e) {
+    std::unordered_map<std::uint64_t, std::uint64_t> seen;
+    for (std::uint64_t i = 0; i < (std::uint64_t{1} << 26); ++i) {
+        const idem::key k("collide-" + std::to_string(i));
+        const auto [it, fresh] = seen.emplace(signature(e, k), i);
+        if (!fresh) return {idem::key("collide-" + std::to_string(it->second)), k};
+    }
+    ADD_FAILURE() << "no two keys with the same tag and position among 2^26";
+    return {idem::key("a"), idem::key("b")};
+}
+
+idem::options small() {
+    idem::options o;
+    o.capacity = capacity;
+    return o;
+}
+
+TEST(Index, KeysSharingATagAndAPositionStayTwoRecords) {
+    engine e(small(), idem::manual_clock{}, nullptr);
+    const auto [a, b] = colliding_keys(e);
+    const auto ha = e.hash(a), hb = e.hash(b);
+    ASSERT_EQ(idem::detail::position::tag(ha), idem::detail::position::tag(hb));
+    ASSERT_TRUE(ha.lo != hb.lo || ha.hi != hb.hi) << "a real 128-bit collision; pick other keys";
+
+    auto ra = e.begin(a, 1);
+    ASSERT_EQ(ra.status, begin_status::acquired);
+    // b's probe meets a's position (same tag, a's claim published) and must not take it for b's.
+    auto rb = e.begin(b, 2);
+    ASSERT_EQ(rb.status, begin_status::acquired) << "b was answered from a's record";
+
+    EXPECT_FALSE(e.complete(a, ra.claim, slot_state::succeeded, 11, idem::transition_cause::succeed));
+    EXPECT_FALSE(e.complete(b, rb.claim, slot_state::failed, 22, idem::transition_cause::fail));
+
+    const auto da = e.begin(a, 1);
+    EXPECT_EQ(da.status, begin_status::succeeded);
+    EXPECT_EQ(da.outcome, 11u);
+    const auto db = e.begin(b, 2);
+    EXPECT_EQ(db.status, begin_status::failed);
+    EXPECT_EQ(db.outcome, 22u);
+    // Fingerprints are per record too: a's fingerprint is not b's.
+    EXPECT_EQ(e.begin(a, 2).status, begin_status::payload_mismatch);
+    EXPECT_EQ(e.begin(b, 1).status, begin_status::payload_mismatch);
+}
+
+TEST(Index, TheSecondKeyOfATagIsFoundWhenTheFirstIsInProgress) {
+    engine e(small(), idem::manual_clock{}, nullptr);
+    const auto [a, b] = colliding_keys(e);
+    auto rb = e.begin(b, 7);  // b first this time: a's probe passes b's position
+    ASSERT_EQ(rb.status, begin_status::acquired);
+    auto ra = e.begin(a, 8);
+    ASSERT_EQ(ra.status, begin_status::acquired);
+    // Both claims are live: each key's duplicate sees its own claim in progress, not the other's state.
+    EXPECT_FALSE(e.complete(a, ra.claim, slot_state::succeeded, 5, idem::transition_cause::succeed));
+    EXPECT_EQ(e.begin(b, 7).status, begin_status::in_progress);
+    const auto da = e.begin(a, 8);
+    EXPECT_EQ(da.status, begin_status::succeeded);
+    EXPECT_EQ(da.outcome, 5u);
+}
+
+}  // namespace
