@@ -12,6 +12,7 @@
 #include <atomic>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -411,6 +412,45 @@ TEST(Race, StripesAreOwnedByOneLiveThreadEach) {
     }
     // Atomics built on std::atomic run on real threads and own stripes like it.
     EXPECT_EQ((idem::detail::engine<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned), mine.owned);
+}
+
+// A ticket held in a thread_local that was built before the thread's first guard call is dropped
+// at thread exit after the thread gave its stripe back (thread_locals die in reverse order of
+// construction). The release it records must count on a shared stripe: by then another thread may
+// own the stripe this one had. 64 such threads end while 64 others start claiming.
+std::atomic<int> g_owned_at_drop{0};
+
+struct ticket_held_at_exit {
+    std::optional<idem::ticket> t;
+    ~ticket_held_at_exit() {
+        if (idem::detail::engine<std::atomic, idem::steady_clock_source>::stripe().owned) g_owned_at_drop.fetch_add(1);
+        t.reset();  // drops the claim: a release, counted
+    }
+};
+
+TEST(Race, ATicketDroppedAtThreadExitCountsOnASharedStripe) {
+    const std::size_t threads = idem::detail::owned_stripes;
+    idem::guard g(idem_test::test_options(4 * threads + 16));
+    g_owned_at_drop.store(0);
+    idem_test::run_on_latch(2 * threads, [&](std::size_t i) {
+        if (i < threads) {
+            thread_local ticket_held_at_exit held;  // built before this thread's first guard call
+            auto r = g.begin(idem_test::key_n("EXIT", i));
+            if (r.status == begin_status::acquired) held.t.emplace(std::move(r.ticket));
+        } else {
+            for (std::size_t j = 0; j < 2; ++j) {
+                auto r = g.begin(idem_test::key_n("LIVE", i * 2 + j));
+                if (r.status == begin_status::acquired) (void)r.ticket.succeed(1);
+            }
+        }
+    });
+    EXPECT_EQ(g_owned_at_drop.load(), 0) << "a ticket dropped at thread exit counted on an owned stripe";
+    const auto s = g.snapshot();
+    EXPECT_EQ(s.acquired, threads + 2 * threads);
+    EXPECT_EQ(s.released, threads) << "every ticket dropped at thread exit is recorded";
+    EXPECT_EQ(s.succeeded, 2 * threads);
+    for (std::size_t i = 0; i < threads; ++i)  // released: claimable again (query reports it absent)
+        EXPECT_EQ(g.begin(idem_test::key_n("EXIT", i)).status, begin_status::acquired);
 }
 
 }  // namespace

@@ -34,8 +34,8 @@
 //   (2') position store tag|slot, release: publishes the slot's identity, written before it
 //   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
 //   (4) word CAS, seq_cst             total order with the epoch load (6) and increment (7)
-//   (4') word store vacant -> claiming on a slot just taken from the thread's chunk: nobody else can
-//        change that word (design.md), so a plain store; ordered before the identity by (9)
+//   (4') word store vacant -> claiming on a slot just taken from the thread's chunk, release: nobody
+//        else can change that word (design.md), so no CAS; ordered before the identity by (9)
 //   (5) word store leaving a transient state, release: publishes the fields written while holding it
 //   (6) epoch load, seq_cst           a claim whose (6) after (4) still sees the epoch of its start was
 //                                     made before the rotation (7), so every reader that loads the new
@@ -148,41 +148,60 @@ struct stripe_ref {
 /// Hands each thread, at its first use, one of the 64 ownable stripes nobody holds, and takes it
 /// back when the thread exits (release; the next owner's acquire sees every value written). Threads
 /// beyond 64 live ones share the 8 shared stripes round robin and use RMWs there.
+///
+/// The thread's stripe_ref is a trivially destructible thread_local, so it stays readable while the
+/// thread's other thread_locals (and, on the main thread, statics) are destroyed; a separate
+/// releaser's destructor first turns it into a shared stripe and only then gives the owned one
+/// back, so a guard or ticket destroyed later on this thread never writes a stripe that another
+/// thread may own by then.
 class stripe_owner {
 public:
-    stripe_owner() noexcept {
+    [[nodiscard]] static stripe_ref take() noexcept {
         std::atomic<std::uint64_t>& held = taken();
         std::uint64_t seen = held.load(std::memory_order_relaxed);  // relaxed: the CAS decides
         while (seen != ~std::uint64_t{0}) {
             const auto i = static_cast<unsigned>(std::countr_one(seen));
             if (held.compare_exchange_weak(seen, seen | (std::uint64_t{1} << i), std::memory_order_acquire,
-                                           std::memory_order_relaxed)) {
-                ref_ = {i, true};
-                return;
-            }
+                                           std::memory_order_relaxed))
+                return {i, true};
         }
-        static std::atomic<unsigned> next{0};
-        ref_ = {owned_stripes + next.fetch_add(1, std::memory_order_relaxed) % shared_stripes, false};  // relaxed: any value will do
+        return shared(next_shared().fetch_add(1, std::memory_order_relaxed));  // relaxed: any value will do
     }
-    ~stripe_owner() {
-        if (ref_.owned) taken().fetch_and(~(std::uint64_t{1} << ref_.index), std::memory_order_release);
-    }
-    stripe_owner(const stripe_owner&) = delete;
-    stripe_owner& operator=(const stripe_owner&) = delete;
-    [[nodiscard]] stripe_ref ref() const noexcept { return ref_; }
+
+    /// Gives `ref` back at thread exit, after making it a shared stripe.
+    struct releaser {
+        stripe_ref* ref;
+        ~releaser() {
+            const stripe_ref was = *ref;
+            if (!was.owned) return;
+            *ref = shared(was.index);
+            taken().fetch_and(~(std::uint64_t{1} << was.index), std::memory_order_release);
+        }
+    };
 
 private:
+    [[nodiscard]] static stripe_ref shared(unsigned n) noexcept { return {owned_stripes + n % shared_stripes, false}; }
     static std::atomic<std::uint64_t>& taken() noexcept {
-        static std::atomic<std::uint64_t> bits{0};
+        static std::atomic<std::uint64_t> bits{0};  // trivially destructible: usable until the end
         static_assert(owned_stripes == 64, "one bit per ownable stripe");
         return bits;
     }
-    stripe_ref ref_{0, false};
+    static std::atomic<unsigned>& next_shared() noexcept {
+        static std::atomic<unsigned> next{0};
+        return next;
+    }
 };
 
 inline stripe_ref this_thread_stripe() noexcept {
-    thread_local stripe_owner owner;
-    return owner.ref();
+    thread_local stripe_ref ref{0, false};  // constant-initialized, never destroyed
+    thread_local bool assigned = false;
+    if (!assigned) [[unlikely]] {
+        assigned = true;
+        ref = stripe_owner::take();
+        thread_local stripe_owner::releaser give_back{&ref};
+        (void)give_back;
+    }
+    return ref;
 }
 
 /// Adds n to a counter or cursor of a stripe: a plain load and store when the calling thread owns
@@ -268,8 +287,9 @@ void unmap_words(T* p, std::size_t count) noexcept {
 /// Hands out units of an arena in chunks, one current chunk per counter stripe (so, nearly always,
 /// per thread): consecutive allocations of a thread are neighbours in memory. A stripe's cursor is
 /// (chunk + 1) << 32 | units used, advanced by a plain store on an owned stripe and by CAS on a
-/// shared one; a new chunk comes from a shared counter (two threads sharing a stripe may leave one
-/// chunk unused, never share a unit). Reset all at once.
+/// shared one; a new chunk comes from a shared counter (threads racing for a new chunk on a shared
+/// stripe give theirs back when they lose, unless another chunk was taken meanwhile: rarely a chunk
+/// is left unused; a unit is never shared). Reset all at once.
 template <template <class> class Atomic, unsigned Cursors>
 class chunk_allocator {
 public:
@@ -308,6 +328,10 @@ public:
             if (fresh >= chunks_) return npos;
             if (cursor.compare_exchange_strong(c, ((fresh + 1) << 32) | n, std::memory_order_relaxed))
                 return fresh * chunk_units_;
+            // Another sharer installed a chunk first: give ours back if nobody took one since, so
+            // threads racing on a shared stripe do not leak a chunk each time.
+            std::uint64_t after = fresh + 1;
+            next_chunk_.compare_exchange_strong(after, fresh, std::memory_order_relaxed);  // relaxed: as above
         }
     }
 
@@ -419,7 +443,7 @@ public:
         // The thread's next claims write the next slots of its chunk: ask for their lines now, so
         // the next claim does not wait for them (a hint: never faults, harmless past the chunk).
         if constexpr (zero_pages_ok)
-            if (n + prefetch_ahead < size()) __builtin_prefetch(slots_ + n + prefetch_ahead, 1);
+            if (n != npos && n + prefetch_ahead < size()) __builtin_prefetch(slots_ + n + prefetch_ahead, 1);
         return n;
     }
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
@@ -1136,7 +1160,9 @@ private:
             e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);  // never expected; the slot is left unused
             return std::nullopt;
         }
-        s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_relaxed);  // (4') ordered by (9)
+        // release: a reader that acquires this word also sees the recycle's reset of the identity
+        // (which this thread saw through (6)), so it cannot validate the identity of an earlier life.
+        s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_release);  // (4')
         std::atomic_thread_fence(std::memory_order_release);  // (9)
         s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
         s.hi.store(h.hi, std::memory_order_relaxed);
@@ -1187,9 +1213,11 @@ private:
             if (seq == 0) {
                 s.fingerprint.store(old_fp, std::memory_order_relaxed);  // relaxed: published by (5)
                 s.lease_until.store(old_lease, std::memory_order_relaxed);
-                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                // Uncounted before the undo publishes the slot as vacant again: from then on a
+                // rotation may recycle this generation and take its fill as the new base.
                 uncount(granted);
                 if (filled) uncount(c_fill0 + static_cast<unsigned>(epoch & 1));
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
                 count(c_backpressure);
                 return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
