@@ -98,17 +98,23 @@ SELECT a.idempotent_key, a.fencing_token FROM idempotent_audit a
 // status, $5 outcomes, $6 audit details; $7 node; $8 true for compensation: the lease must have
 // expired (re-checked under the row lock: the owner may have renewed it since the scan).
 // A doubt mark is the same statement with status PROCESSING (an audited no-op on the record).
-// Returns the keys whose fenced UPDATE won.
+// Returns the keys whose fenced UPDATE won. The rows are locked first, in key order (`lk`): the
+// UPDATE's join would lock them in whatever order its plan reads them, and an owner's completion and
+// another node's compensation of overlapping keys could then deadlock (PostgreSQL breaks that after
+// deadlock_timeout, 1 s by default; the batch is retried, but the batch's callers wait).
 inline constexpr std::string_view complete_name = "idem_g_complete";
 inline const std::string complete = R"sql(
 WITH b AS (
   INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
 ), u AS (
   SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
+), lk AS MATERIALIZED (
+  SELECT r.idempotent_key AS k FROM idempotent_record AS r
+   WHERE r.idempotent_key = ANY($2::text[]) ORDER BY r.idempotent_key FOR UPDATE
 ), upd AS (
   UPDATE idempotent_record AS r
      SET status = u.st, outcome = u.oc, updated_time = )sql" IDEM_GSQL_NOW R"sql(
-    FROM u
+    FROM u JOIN lk ON lk.k = u.k
    WHERE r.idempotent_key = u.k AND r.fencing_token = u.f AND r.status = 'PROCESSING'
      AND (NOT $8::boolean OR r.lease_until < )sql" IDEM_GSQL_NOW R"sql()
   RETURNING r.idempotent_key AS k, r.fencing_token AS f, u.st AS st, u.d AS d
@@ -130,11 +136,16 @@ SELECT u.k FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(k,
                   AND a.to_status = u.st AND a.detail = u.d AND a.node = $5)
 )sql";
 
-// Lease renewal: $1 keys, $2 fences, $3 lease (ms from now). Not a transition: no audit row.
+// Lease renewal: $1 keys, $2 fences, $3 lease (ms from now). Not a transition: no audit row. Rows
+// locked in key order first, as for completions.
 inline constexpr std::string_view extend_name = "idem_g_extend";
 inline const std::string extend = R"sql(
+WITH lk AS MATERIALIZED (
+  SELECT r.idempotent_key AS k FROM idempotent_record AS r
+   WHERE r.idempotent_key = ANY($1::text[]) ORDER BY r.idempotent_key FOR UPDATE
+)
 UPDATE idempotent_record AS r SET lease_until = )sql" IDEM_GSQL_NOW R"sql( + u.ms
-  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, f, ms)
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, f, ms) JOIN lk ON lk.k = u.k
  WHERE r.idempotent_key = u.k AND r.fencing_token = u.f AND r.status = 'PROCESSING'
 RETURNING r.idempotent_key
 )sql";
