@@ -5,7 +5,8 @@
 // records: a lookup that meets a position with its tag compares the slot's whole 128-bit identity and
 // probes on when it is another key's. The keys below share the tag *and* the first position of their
 // probe sequence, found by a birthday search under the engine's own secret (about 2^19 hashes for
-// 32 + 6 bits), so each one's probe must pass the other's position.
+// 32 + 6 bits), so each one's probe must pass the other's position. The last test covers the other
+// kind of position a probe passes: a withdrawn one.
 #include <idem/idem.hpp>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,28 @@ TEST(Index, TheSecondKeyOfATagIsFoundWhenTheFirstIsInProgress) {
     const auto da = e.begin(a, 8);
     EXPECT_EQ(da.status, begin_status::succeeded);
     EXPECT_EQ(da.outcome, 5u);
+}
+
+// A withdrawn position (its claim gave up: here because the fence space was exhausted, which makes
+// a fresh claim withdraw its position and answer capacity_exhausted) keeps the key's tag and has no
+// slot. A claim of the same key must probe past it to a position of its own, and a lookup must probe
+// past it to that claim.
+TEST(Index, AWithdrawnPositionIsProbedPast) {
+    engine e(small(), idem::manual_clock{}, nullptr);
+    const idem::key k("withdrawn-then-claimed");
+    e.set_fence_floor(((std::uint64_t{1} << 20) - 1) << 32);  // the next fence generation overflows 52 bits
+    EXPECT_EQ(e.begin(k, 1).status, begin_status::capacity_exhausted);
+    EXPECT_EQ(e.snapshot_stats().max_probe, 1u);
+    e.set_fence_floor(0);
+    auto r = e.begin(k, 1);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    EXPECT_EQ(e.snapshot_stats().max_probe, 2u) << "the claim did not take the position after the withdrawn one";
+    ASSERT_EQ(e.query(k).state, idem::record_state::processing) << "the lookup stopped at the withdrawn position";
+    EXPECT_EQ(e.begin(k, 1).status, begin_status::in_progress);
+    EXPECT_FALSE(e.complete(k, r.claim, slot_state::succeeded, 9, idem::transition_cause::succeed));
+    const auto d = e.begin(k, 1);
+    EXPECT_EQ(d.status, begin_status::succeeded);
+    EXPECT_EQ(d.outcome, 9u);
 }
 
 }  // namespace
