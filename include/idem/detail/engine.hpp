@@ -919,7 +919,8 @@ public:
                               : state == record_state::failed    ? slot_state::failed
                                                                  : slot_state::released;
         slot_type* s = t.existing.s;
-        if (s == nullptr) {
+        const bool new_slot = s == nullptr;  // a key restored twice keeps its slot: one fill
+        if (new_slot) {
             if (t.e == nullptr) return begin_status::capacity_exhausted;
             const std::uint64_t n = cur.slots().alloc(stripe());
             if (n == slot_arena<Atomic>::npos) {
@@ -942,7 +943,7 @@ public:
         s->lease_until.store(lease_until.count(), std::memory_order_relaxed);
         s->updated.store(updated.count(), std::memory_order_relaxed);
         s->word.store(state_word::make(st, inc, fence), std::memory_order_release);  // (5)
-        count(c_fill0 + static_cast<unsigned>(epoch & 1));
+        if (new_slot) count(c_fill0 + static_cast<unsigned>(epoch & 1));
         if (st == slot_state::processing) count(c_restored_processing);
         return begin_status::acquired;
     }
