@@ -68,7 +68,8 @@ private:
 };
 
 struct options {
-    /// Live records each generation is sized for. Each generation holds next_pow2(2 * capacity) slots.
+    /// Live records each generation is sized for, 1 to 2^30. Each generation holds next_pow2(2 *
+    /// capacity) index positions and slots.
     std::size_t capacity = 1u << 20;
     /// Fault in every page of the table at construction (MAP_POPULATE) instead of on first touch:
     /// slower start and full memory at once, but no page fault on the hot path. Latency-critical
