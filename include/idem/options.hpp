@@ -71,9 +71,9 @@ struct options {
     /// Live records each generation is sized for, 1 to 2^30. Each generation holds next_pow2(2 *
     /// capacity) index positions and slots.
     std::size_t capacity = 1u << 20;
-    /// Fault in every page of the table at construction (MAP_POPULATE) instead of on first touch:
-    /// slower start and full memory at once, but no page fault on the hot path. Latency-critical
-    /// users turn it on.
+    /// Fault in every page of the table at construction instead of on first touch: slower start
+    /// and the whole mapping resident at once (0.8 to 1.7 KB per unit of capacity, README), but no
+    /// page fault on the hot path. Latency-critical users turn it on.
     bool prefault = false;
     /// Longest probe sequence; begin() answers capacity_exhausted when no free slot is found within it.
     std::size_t max_probe = 64;
