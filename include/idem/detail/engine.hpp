@@ -4,7 +4,8 @@
 // ---------
 // Two generations, each an open-addressed index of 8-byte positions (linear probing, power-of-two
 // size, bounded probe length) in front of a slot arena and a key arena. `epoch_` picks the current
-// generation (epoch & 1); the other one is the previous generation. Keys are identified by a keyed 128-bit XXH3 hash with a per-instance random secret.
+// generation (epoch & 1); the other one is the previous generation. Keys are identified by a keyed
+// 128-bit XXH3 hash with a per-instance random secret.
 //
 // * Claims are decided only in the current generation, by CAS on the slot's state word (slot.hpp).
 // * The previous generation is read-only for lookups; claims that were made there while it was
@@ -241,6 +242,17 @@ inline constexpr std::uint64_t max_slots = (std::uint64_t{1} << 32) - 2;
 [[nodiscard]] constexpr std::uint64_t make(std::uint64_t tag, std::uint64_t ref) noexcept { return tag << 32 | ref; }
 [[nodiscard]] constexpr std::uint64_t tag_of(std::uint64_t word) noexcept { return word >> 32; }
 [[nodiscard]] constexpr std::uint64_t ref_of(std::uint64_t word) noexcept { return word & 0xffffffffu; }
+/// Publishes slot n in a position its caller holds pending (2'): the slot's identity, written
+/// before, is visible to whoever loads the word.
+template <class Entry>
+void publish(Entry& e, hash128 h, std::uint64_t n) noexcept {
+    e.store(make(tag(h), n + 2), std::memory_order_release);  // (2')
+}
+/// Gives up a position its caller holds pending: lookups probe past it; the next recycle frees it.
+template <class Entry>
+void withdraw(Entry& e, hash128 h) noexcept {
+    e.store(make(tag(h), withdrawn), std::memory_order_seq_cst);
+}
 }  // namespace position
 
 template <class T>
@@ -302,32 +314,28 @@ public:
     /// n consecutive units (n <= chunk_units), or npos when the arena is full. Progress: lock-free.
     std::uint64_t alloc(std::uint64_t n, stripe_ref stripe) noexcept {
         auto& cursor = cursors_[stripe.index % Cursors].v;
-        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: the RMWs below decide
-        if (stripe.owned && Cursors == stripe_count) {
-            // Only this thread advances this cursor (reset happens only while nobody allocates).
-            const std::uint64_t chunk = c >> 32;
-            const std::uint64_t used = c & 0xffffffffu;
-            if (chunk != 0 && used + n <= chunk_units_) {
-                cursor.store(c + n, std::memory_order_relaxed);  // relaxed: one writer; nothing is published
-                return (chunk - 1) * chunk_units_ + used;
+        // An owned stripe's cursor has one writer (reset happens only while nobody allocates), so
+        // it is advanced by a plain store; a shared one by CAS.
+        const bool owned = stripe.owned && Cursors == stripe_count;
+        auto advance = [&](std::uint64_t& seen, std::uint64_t next) {
+            if (owned) {
+                cursor.store(next, std::memory_order_relaxed);  // relaxed: one writer; nothing is published
+                return true;
             }
-            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as below
-            if (fresh >= chunks_) return npos;
-            cursor.store(((fresh + 1) << 32) | n, std::memory_order_relaxed);
-            return fresh * chunk_units_;
-        }
+            // relaxed: the range is ours by the RMW's modification order; nothing is published
+            return cursor.compare_exchange_strong(seen, next, std::memory_order_relaxed);
+        };
+        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: as above
         for (;;) {
             const std::uint64_t chunk = c >> 32;
             const std::uint64_t used = c & 0xffffffffu;
             if (chunk != 0 && used + n <= chunk_units_) {
-                // relaxed: the range is ours by the RMW's modification order; nothing is published
-                if (cursor.compare_exchange_weak(c, c + n, std::memory_order_relaxed)) return (chunk - 1) * chunk_units_ + used;
+                if (advance(c, c + n)) return (chunk - 1) * chunk_units_ + used;
                 continue;
             }
             const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
             if (fresh >= chunks_) return npos;
-            if (cursor.compare_exchange_strong(c, ((fresh + 1) << 32) | n, std::memory_order_relaxed))
-                return fresh * chunk_units_;
+            if (advance(c, ((fresh + 1) << 32) | n)) return fresh * chunk_units_;
             // Another sharer installed a chunk first: give ours back if nobody took one since, so
             // threads racing on a shared stripe do not leak a chunk each time.
             std::uint64_t after = fresh + 1;
@@ -601,6 +609,8 @@ public:
     /// and its slot arena (one slot per position plus a chunk per stripe) must stay within the
     /// slot numbers a 32-bit position ref can name.
     static constexpr std::size_t max_capacity = std::size_t{1} << 30;
+    static_assert(2 * max_capacity + stripe_count * 64 <= position::max_slots,
+                  "a 32-bit position ref must name every slot of the largest generation");
 
     engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
         if (opts_.capacity == 0) throw error(errc::invalid_argument, "options.capacity is 0; it must be at least 1");
@@ -924,13 +934,13 @@ public:
             if (t.e == nullptr) return begin_status::capacity_exhausted;
             const std::uint64_t n = cur.slots().alloc(stripe());
             if (n == slot_arena<Atomic>::npos) {
-                t.e->store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
+                position::withdraw(*t.e, h);
                 return begin_status::capacity_exhausted;
             }
             s = &cur.slots().at(n);
             s->lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2') below
             s->hi.store(h.hi, std::memory_order_relaxed);
-            t.e->store(position::make(position::tag(h), n + 2), std::memory_order_release);  // (2')
+            position::publish(*t.e, h, n);
         }
         const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
         if (s->key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: single-threaded here
@@ -998,7 +1008,6 @@ public:
         const stripe_ref st = stripe();
         stripe_add(stripes_[st.index].v[c], ~std::uint64_t{0}, st.owned);
     }
-
 
     /// The stripe this thread writes counters and arena cursors in; owned (plain adds) only when
     /// Atomic is std::atomic or built on it (real threads; a model checker runs its threads on one
@@ -1073,8 +1082,6 @@ private:
         return sum(c_fill0 + static_cast<unsigned>(g)) - fill_base_[g & 1].load(std::memory_order_relaxed);  // relaxed: a statistic
     }
 
-
-
     void note_probe(std::size_t probes) noexcept {
         std::uint64_t seen = max_probe_.load(std::memory_order_relaxed);  // relaxed: a statistic
         while (probes > seen && !max_probe_.compare_exchange_weak(seen, probes, std::memory_order_relaxed)) {
@@ -1136,7 +1143,7 @@ private:
                                             std::uint64_t fingerprint, std::uint64_t epoch,
                                             std::chrono::nanoseconds now) noexcept {
         if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
-            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
+            position::withdraw(e, h);
             return std::nullopt;
         }
         // The epoch is current, so this generation cannot be recycled (its arenas reset) while the
@@ -1144,7 +1151,7 @@ private:
         const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos
                                                               : gen.slots().alloc(stripe());
         if (n == slot_arena<Atomic>::npos) {
-            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);
+            position::withdraw(e, h);
             count(c_capacity);
             return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
         }
@@ -1158,7 +1165,7 @@ private:
         const std::uint64_t seen = s.word.load(std::memory_order_acquire);  // (3)
         const std::uint64_t inc = state_word::incarnation(seen);
         if (state_word::state(seen) != slot_state::vacant) {
-            e.store(position::make(position::tag(h), position::withdrawn), std::memory_order_seq_cst);  // never expected; the slot is left unused
+            position::withdraw(e, h);  // never expected; the slot is left unused
             return std::nullopt;
         }
         // release: a reader that acquires this word also sees the recycle's reset of the identity
@@ -1168,7 +1175,7 @@ private:
         s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
         s.hi.store(h.hi, std::memory_order_relaxed);
         s.key_ref.store(0, std::memory_order_relaxed);
-        e.store(position::make(position::tag(h), n + 2), std::memory_order_release);  // (2') publishes the slot, claiming, with its identity
+        position::publish(e, h, n);  // (2') the slot, claiming, with its identity
         return grant(s, gen, seen, fence, from, k, fingerprint, epoch, transition_cause::claim, now);
     }
 
