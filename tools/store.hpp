@@ -4,7 +4,10 @@
 // URI forms:
 //   memory              no durability: a plain idem::guard (demo only; nothing to inspect afterwards)
 //   sqlite:PATH         idem::sqlite_store, one database file (WAL); PATH is created when missing,
-//                       except by the read-only subcommands (audit, verify, stats)
+//                       except by the read-only subcommands (audit, verify, stats). PATH follows the
+//                       store's rules (sqlite_store::check_path): ":memory:" and "file:" URIs are
+//                       refused, since the tool offers no temporary SQLite store (`memory` is the
+//                       store that keeps nothing)
 //   postgresql://...    idem::postgres_store (also postgres://...), when this build has it
 //                       (IDEM_HAVE_POSTGRES, set by tools/CMakeLists.txt when the idem::postgres
 //                       target exists)
@@ -60,7 +63,7 @@ struct store_spec {
 };
 
 /// Parses a store URI. On failure returns nullopt and, if why != nullptr, a message naming the value
-/// and listing the accepted forms.
+/// and listing the accepted forms (for a SQLite path the store refuses: the store's own message).
 inline std::optional<store_spec> parse_store(std::string_view uri, std::string* why = nullptr) {
     auto refuse = [&](const std::string& reason) -> std::optional<store_spec> {
         if (why) *why = "'" + std::string(uri) + "' " + reason + "; accepted: " + accepted_stores;
@@ -72,6 +75,15 @@ inline std::optional<store_spec> parse_store(std::string_view uri, std::string* 
         if (path.starts_with("//")) path.remove_prefix(2);  // sqlite://PATH is accepted too
         if (path.empty()) return refuse("names no database file (write sqlite:PATH)");
         if (path.find('\0') != std::string_view::npos) return refuse("holds a NUL byte");
+        std::string rule;
+        if (!idem::sqlite_store::check_path(path, false, &rule)) {
+            if (why)
+                *why = rule + (idem::sqlite_store::is_temporary_path(path)
+                                   ? "; the tool has no temporary SQLite store: use --store memory for a run that "
+                                     "keeps nothing"
+                                   : "");
+            return std::nullopt;
+        }
         return store_spec{store_spec::kind::sqlite, std::string(uri), std::string(path)};
     }
     if (uri.starts_with("postgresql://") || uri.starts_with("postgres://")) {
@@ -126,7 +138,7 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
                               "store 'memory' keeps nothing to open; name a durable store: " + std::string(durable_stores));
         case store_spec::kind::sqlite:
             if (how == open_mode::existing && ::access(spec.path.c_str(), F_OK) != 0)
-                throw idem::error(idem::errc::store_unavailable,
+                throw idem::error(idem::errc::invalid_argument,
                                   "sqlite:" + spec.path + ": no such database file (nothing to read; check the path)");
             return std::make_unique<idem::sqlite_store>(spec.path, mode == idem::durability::sync);
         case store_spec::kind::postgres:

@@ -6,29 +6,115 @@
 // crash; the last commits may roll back on power loss, which async mode already allows).
 // Thread-safety: one thread at a time (the flusher); the connection is opened with
 // SQLITE_OPEN_NOMUTEX.
+//
+// Paths. The path names one database file, created when missing. Refused with invalid_argument:
+//   ""            SQLite makes a temporary on-disk database, deleted when the connection closes
+//   ":memory:"    SQLite makes an in-memory database, gone when the connection closes
+//   "file:..."    SQLite builds with URI filenames enabled read it as a URI, whose parameters
+//                 (mode=memory, vfs=memdb, nolock=1, immutable=1, ...) drop durability or locking;
+//                 this store opens plain paths only ("./file:x.db" names a file called "file:x.db")
+//   a NUL byte    SQLite would open the path cut at that byte
+// The first two are accepted when the caller asks for a temporary database explicitly:
+// sqlite_store::temporary(), or sqlite_options::allow_temporary.
+//
+// Errors while opening (constructor, reconnect()): invalid_argument when the file system shows a
+// configuration fault (a missing parent directory, a directory at the path, no permission to read
+// and write the file or to create files beside it, a read-only file system), naming the path and
+// the fault; otherwise store_unavailable (busy, cannot open) or store_error, as for any call.
 #pragma once
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "idem/key.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
 
+/// How a sqlite_store opens its database.
+struct sqlite_options {
+    /// synchronous=FULL (a commit survives power loss) instead of NORMAL (a commit survives a
+    /// process crash). Sync durability mode wants FULL.
+    bool full_sync = true;
+    /// How long a statement waits for another connection's lock before failing with SQLITE_BUSY.
+    std::chrono::milliseconds busy_timeout{5000};
+    /// Accept "" and ":memory:", the paths for which SQLite makes a temporary database. Such a
+    /// store keeps nothing once it is destroyed: a guard over it recovers nothing after a restart,
+    /// whatever its durability mode. Off by default: those paths are refused as invalid_argument.
+    bool allow_temporary = false;
+};
+
 class sqlite_store final : public store {
 public:
-    /// Opens (creating if needed) the database at `path` and its schema. Throws idem::error
-    /// (store_unavailable) naming the path and SQLite's message.
+    /// Opens (creating if needed) the database file at `path` and its schema. Throws idem::error:
+    /// invalid_argument for a path that names no durable file (see the paths above) or a
+    /// configuration fault (missing directory, directory at the path, no permission), naming the
+    /// path and the rule; store_unavailable / store_error naming the path and SQLite's message.
     explicit sqlite_store(std::string path, bool full_sync = true,
                           std::chrono::milliseconds busy_timeout = std::chrono::milliseconds(5000))
-        : path_(std::move(path)), full_sync_(full_sync), busy_timeout_(busy_timeout) {
+        : sqlite_store(std::move(path), sqlite_options{full_sync, busy_timeout, false}) {}
+
+    /// The same, with every option by name; with `opts.allow_temporary` the temporary paths "" and
+    /// ":memory:" are accepted too.
+    sqlite_store(std::string path, const sqlite_options& opts)
+        : path_(std::move(path)),
+          full_sync_(opts.full_sync),
+          busy_timeout_(opts.busy_timeout),
+          temporary_(is_temporary_path(path_)) {
+        std::string why;
+        if (!check_path(path_, opts.allow_temporary, &why))
+            throw error(errc::invalid_argument,
+                        temporary_ ? why + "; to ask for a temporary database, use sqlite_store::temporary() or "
+                                           "sqlite_options::allow_temporary"
+                                   : why);
         open();
+    }
+
+    /// An explicitly temporary store: an in-memory database (":memory:") that is dropped when the
+    /// store is destroyed. For tests and demos that want the SQLite code path without a file; a
+    /// guard over it keeps nothing across a restart, whatever its durability mode.
+    [[nodiscard]] static std::unique_ptr<sqlite_store> temporary() {
+        return std::make_unique<sqlite_store>(":memory:", sqlite_options{.full_sync = false, .allow_temporary = true});
+    }
+
+    /// True for the paths SQLite turns into a temporary database: "" and ":memory:".
+    [[nodiscard]] static bool is_temporary_path(std::string_view path) noexcept {
+        return path.empty() || path == ":memory:";
+    }
+
+    /// Whether `path` may name this store's database (the rules in the header comment; the file
+    /// system is not consulted). On refusal fills *why (if given) with the path and the rule.
+    static bool check_path(std::string_view path, bool allow_temporary, std::string* why = nullptr) {
+        const bool nul = path.find('\0') != std::string_view::npos;
+        auto refuse = [&](const std::string& rule) {
+            if (why) *why = "sqlite path '" + (nul ? key::printable(path) : std::string(path)) + "' " + rule;
+            return false;
+        };
+        if (nul) return refuse("holds a NUL byte; SQLite would open the path cut at that byte");
+        if (path.starts_with("file:"))
+            return refuse(
+                "begins with 'file:', so SQLite may read it as a URI, whose parameters (mode=memory, vfs=memdb, "
+                "nolock=1, immutable=1, ...) drop durability or locking; this store opens plain paths only (write "
+                "'./" + std::string(path) + "' for a file of that name)");
+        if (allow_temporary) return true;
+        if (path.empty())
+            return refuse("is empty, which makes SQLite create a temporary database that it deletes when the store "
+                          "closes: nothing would survive a reopen; name a database file");
+        if (path == ":memory:")
+            return refuse("makes SQLite create an in-memory database that is gone when the store closes: nothing "
+                          "would survive a reopen; name a database file");
+        return true;
     }
     ~sqlite_store() override { close(); }
     sqlite_store(const sqlite_store&) = delete;
@@ -168,7 +254,10 @@ public:
         return v;
     }
 
+    /// Closes and reopens the connection. A temporary database lives only as long as its
+    /// connection, so while one is open it is kept (closing it would drop every record).
     void reconnect() override {
+        if (temporary_ && db_ != nullptr) return;
         close();
         open();
     }
@@ -182,14 +271,24 @@ private:
     }
 
     void open() {
+        opening_ = true;
+        struct end_opening {
+            bool& flag;
+            ~end_opening() { flag = false; }
+        } end{opening_};
         const int rc = sqlite3_open_v2(path_.c_str(), &db_,
                                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
         if (rc != SQLITE_OK) {
             std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
             close();
-            throw error(errc::store_unavailable, "sqlite:" + path_ + ": cannot open database: " + msg);
+            raise(rc, "cannot open database: " + msg);
         }
         try {
+            // SQLite falls back to read-only when it cannot open the file for writing; every batch
+            // would then fail. Refuse here, where the cause can still be named.
+            if (sqlite3_db_readonly(db_, "main") == 1)
+                raise(SQLITE_READONLY,
+                      std::string("cannot open database for writing: ") + sqlite3_errstr(SQLITE_READONLY));
             sqlite3_busy_timeout(db_, static_cast<int>(busy_timeout_.count()));
             sqlite3_extended_result_codes(db_, 1);
             exec("PRAGMA journal_mode=WAL", "enable WAL");
@@ -276,12 +375,64 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     }
 
     [[noreturn]] void fail(int rc, const char* step) const {
+        raise(rc, std::string(step) + " failed: " + (db_ ? sqlite3_errmsg(db_) : "") + " (" + sqlite3_errstr(rc) +
+                      ")");
+    }
+
+    /// Throws the error for SQLite result `rc`, with `cause` after the path. While opening, a
+    /// failure to open or write the file is first checked against the file system: a
+    /// configuration fault found there is invalid_argument (retrying cannot help), not an outage.
+    [[noreturn]] void raise(int rc, const std::string& cause) const {
         const int primary = rc & 0xff;
-        const std::string msg = "sqlite:" + path_ + ": " + step + " failed: " + (db_ ? sqlite3_errmsg(db_) : "") +
-                                " (" + sqlite3_errstr(rc) + ")";
+        const std::string where = "sqlite:" + path_ + ": ";
+        if (opening_ && !temporary_ &&
+            (primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY || primary == SQLITE_PERM ||
+             primary == SQLITE_IOERR)) {
+            const std::string fault = configuration_fault(path_);
+            if (!fault.empty()) throw error(errc::invalid_argument, where + fault + " (SQLite: " + cause + ")");
+        }
         if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED || primary == SQLITE_CANTOPEN)
-            throw error(errc::store_unavailable, msg);
-        throw error(errc::store_error, msg);  // SQLITE_FULL (disk full), SQLITE_IOERR, ...
+            throw error(errc::store_unavailable, where + cause);
+        throw error(errc::store_error, where + cause);  // SQLITE_FULL (disk full), SQLITE_IOERR, ...
+    }
+
+    /// What in the file system keeps this process from opening `path` read-write in WAL mode
+    /// (SQLite creates PATH-wal and PATH-shm beside it), or "" when nothing shows. Checked with
+    /// faccessat(AT_EACCESS), so it reflects what the process can really do: root is refused too
+    /// by a read-only file system or an immutable file.
+    static std::string configuration_fault(const std::string& path) {
+        auto denied = [](const std::string& p, int mode) {  // errno of the refusal, or 0
+            return ::faccessat(AT_FDCWD, p.c_str(), mode, AT_EACCESS) == 0 ? 0 : errno;
+        };
+        auto because = [](int e) { return " (" + std::string(std::strerror(e)) + ")"; };
+        const std::size_t slash = path.find_last_of('/');
+        const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+        struct stat st {};
+        if (::stat(path.c_str(), &st) == 0) {
+            if (S_ISDIR(st.st_mode)) return "the path is a directory, not a database file";
+            if (!S_ISREG(st.st_mode)) return "the path is not a regular file";
+            if (const int e = denied(path, R_OK | W_OK)) return "no permission to read and write the file" + because(e);
+            bool creates = false;  // a -wal or -shm file SQLite must create
+            for (const char* suffix : {"-wal", "-shm"}) {
+                const std::string side = path + suffix;
+                if (denied(side, F_OK) != 0) creates = true;
+                else if (const int e = denied(side, R_OK | W_OK))
+                    return "no permission to read and write " + side + because(e);
+            }
+            if (const int e = creates ? denied(dir, W_OK | X_OK) : 0)
+                return "no permission to create the -wal and -shm files in directory " + dir + because(e);
+            return {};
+        }
+        if (const int e = errno; e != ENOENT && e != ENOTDIR) return "the path cannot be reached" + because(e);
+        if (::stat(dir.c_str(), &st) != 0) {
+            const int e = errno;
+            return e == ENOENT ? "directory " + dir + " does not exist"
+                               : "directory " + dir + " cannot be reached" + because(e);
+        }
+        if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+        if (const int e = denied(dir, W_OK | X_OK))
+            return "no permission to create files in directory " + dir + because(e);
+        return {};
     }
 
     void exec(const char* sql, const char* step) {
@@ -371,6 +522,8 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     std::string path_;
     bool full_sync_;
     std::chrono::milliseconds busy_timeout_;
+    bool temporary_;         // "" or ":memory:", accepted by explicit request
+    bool opening_ = false;   // inside open(): failures are checked for a configuration fault
     sqlite3* db_ = nullptr;
     sqlite3_stmt* audit_stmt_ = nullptr;
     sqlite3_stmt* upsert_stmt_ = nullptr;
