@@ -771,10 +771,10 @@ TEST(DurableBackpressure, OfferWaitWaitsForRoomInsteadOfRefusing) {
         }
     });
     // The pipeline holds queue_capacity rows in the queue plus max_batch in the flusher's hands.
-    // Once that many begins returned, the next one is blocked inside offer: its transition holds
-    // a sequence number (queue_depth counts it) but cannot be pushed while the store is down.
+    // Once that many begins returned, the next one waits for room before it changes anything:
+    // admission is by reservation, so it holds no sequence number (queue_depth is exact).
     const std::size_t room = so.queue_capacity + so.max_batch;
-    ASSERT_TRUE(wait_for([&] { return returned.load() >= room && g->snapshot().queue_depth == room + 1; }))
+    ASSERT_TRUE(wait_for([&] { return returned.load() >= room && g->snapshot().queue_depth == room; }))
         << "the worker never filled the pipeline (" << returned.load() << " begins returned)";
     EXPECT_EQ(returned.load(), room) << "the pipeline held more than queue_capacity + max_batch rows";
     EXPECT_EQ(g->snapshot().backpressure, 0u);

@@ -243,12 +243,19 @@ constexpr auto lease = std::chrono::seconds(1);
 /// audit trail the durable pipeline would write, checked with idem::verify's trail checker.
 class recording_sink final : public idem::transition_sink {
 public:
+    bool reserve() noexcept override {
+        if (n_ + held_ == rows_.size()) return false;
+        ++held_;
+        return true;
+    }
+    void unreserve() noexcept override { --held_; }
     std::uint64_t offer(const idem::transition& t) noexcept override {
-        if (n_ == rows_.size()) return 0;
+        --held_;
         rows_[n_++] = t;
         return n_;
     }
-    bool await(std::uint64_t) noexcept override { return true; }
+    idem::durability_wait await(std::uint64_t) noexcept override { return idem::durability_wait::committed; }
+    bool durable(std::uint64_t) const noexcept override { return true; }
     bool synchronous() const noexcept override { return false; }
 
     /// Runs the trail through idem::detail::trail_checker; returns the violations.
@@ -276,6 +283,7 @@ public:
 private:
     std::array<idem::transition, 32> rows_{};
     std::size_t n_ = 0;
+    std::size_t held_ = 0;  // reservations not yet used
 };
 
 idem::options rl_options(std::size_t capacity = 1) {

@@ -2,12 +2,11 @@
 //
 // Layer A (the seeds): one thread runs everything, so a seed replays exactly.
 //   * The real guard (engine, tickets, compensation, rotation) on a manual clock.
-//   * `sim_pipeline`: the logic of detail::flush_pipeline (bounded queue with sequence numbers and
-//     abandoned seqs, batches of up to max_batch rows sorted by (key, seq), one store transaction per
-//     batch with a batch id, commit_unknown resolved by store::committed() with at most three
-//     attempts, exponential backoff, a contiguous watermark, sync await with a deadline) run as
-//     explicit steps instead of a thread. It mirrors flush_pipeline.hpp line for line where it can;
-//     flush_pipeline has no way to be stepped from outside (see docs/testing.md, "Simulation").
+//   * `sim_pipeline`: the real pipeline core (detail/pipeline_core.hpp: admission by reservation,
+//     the bounded queue, batches of up to max_batch rows sorted by (key, seq), one store
+//     transaction per batch with a batch id, commit_unknown resolved by store::committed(),
+//     rejected rows isolated by halving, the contiguous watermark) stepped by hand in simulated
+//     time, with flush_pipeline's backoff and sync await with a deadline around it.
 //   * `fault_store`: an idem::store over a memory_store "disk" that survives crashes, injecting
 //     seeded write failures, in-doubt commits that did or did not commit, failures of the
 //     committed() question, read failures during recovery, and latency in simulated time.
@@ -240,134 +239,84 @@ struct pipeline_options {
     std::chrono::nanoseconds max_backoff = 200ms;
 };
 
+/// The real pipeline core (detail/pipeline_core.hpp) driven by hand: what flush_pipeline's thread
+/// does, in simulated time. A sync wait runs the flusher in the caller's place.
 class sim_pipeline final : public idem::transition_sink {
 public:
     sim_pipeline(idem::store& st, pipeline_options o, idem::manual_clock clock, std::uint64_t prefix, trace& log)
-        : store_(st), o_(o), clock_(clock), prefix_(prefix), log_(log) {}
+        : store_(st), o_(o), clock_(clock), core_(o.queue_capacity, o.max_batch, prefix), log_(log) {}
 
     // transition_sink -------------------------------------------------------------------------
+    bool reserve() noexcept override {
+        if (dead_) return false;  // the process is gone: nothing reaches the queue
+        return core_.try_reserve();
+    }
+    void unreserve() noexcept override { core_.unreserve(); }
     std::uint64_t offer(const idem::transition& t) noexcept override {
-        if (dead_) return 0;  // the process is gone: nothing reaches the queue
+        if (on_offer) on_offer(t);
+        if (g_mutation == mutation::dropped_row && ++offers_ % 7 == 0) {  // a pipeline bug: silently lost
+            core_.unreserve();
+            return std::max<std::uint64_t>(1, core_.issued());
+        }
         idem::store_row row;
         row.t = t;
         row.at_ms = to_wall_ms(t.at);
         row.lease_until_ms = t.to == record_state::processing ? to_wall_ms(t.lease_until) : 0;
-        row.seq = ++next_seq_;
-        if (queue_.size() < o_.queue_capacity) {
-            if (g_mutation == mutation::dropped_row && row.seq % 7 == 0) return row.seq;  // silently lost
-            queue_.push_back(row);
-            if (on_offer) on_offer(t);
-            return row.seq;
-        }
-        abandon(row.seq);  // flush_pipeline::offer: the seq is burnt, the watermark may pass it
-        return 0;
+        return core_.push(row);
     }
-    bool await(std::uint64_t seq) noexcept override {
-        // The caller blocks; here the flusher runs in its place until the watermark passes seq or
+    idem::durability_wait await(std::uint64_t seq) noexcept override {
+        // The caller blocks; here the flusher runs in its place until the row is decided or
         // sync_timeout of simulated time has gone by.
         const auto deadline = clock_.now() + o_.sync_timeout;
-        while (watermark_ < seq) {
-            if (clock_.now() >= deadline) return false;
+        while (core_.watermark() < seq) {
+            if (clock_.now() >= deadline) return idem::durability_wait::timed_out;
             if (!step()) clock_.advance(1ms);  // idle_poll
         }
-        return true;
+        return core_.fate(seq) == idem::detail::row_fate::rejected ? idem::durability_wait::rejected
+                                                                    : idem::durability_wait::committed;
+    }
+    bool durable(std::uint64_t seq) const noexcept override {
+        return core_.fate(seq) == idem::detail::row_fate::committed;
     }
     bool synchronous() const noexcept override { return o_.sync; }
 
-    /// Called with every transition the queue took, in offer order (the simulation's observer).
+    /// Called with every transition offered, in offer order (the simulation's observer).
     std::function<void(const idem::transition&)> on_offer;
 
     // the flusher ----------------------------------------------------------------------------
-    /// One turn of flush_pipeline::run: fill the batch (not while its commit is unknown), write it,
-    /// back off on failure. True when something was attempted.
+    /// One turn of flush_pipeline::run: one step of the core, backing off on failure. True when
+    /// something was attempted.
     bool step() {
-        while (unknown_batch_ == 0 && batch_.size() < o_.max_batch && !queue_.empty()) {
-            batch_.push_back(queue_.front());
-            queue_.pop_front();
+        switch (core_.step(store_)) {
+            case idem::detail::pipeline_core::step_result::idle: return false;
+            case idem::detail::pipeline_core::step_result::progress: backoff_ = 1ms; return true;
+            case idem::detail::pipeline_core::step_result::failed: break;
         }
-        if (batch_.empty()) return false;
-        if (write_batch()) {
-            backoff_ = 1ms;
-        } else {
-            clock_.advance(backoff_);
-            backoff_ = std::min<std::chrono::nanoseconds>(backoff_ * 2, o_.max_backoff);
-            store_.reconnect();
-        }
+        clock_.advance(backoff_);
+        backoff_ = std::min<std::chrono::nanoseconds>(backoff_ * 2, o_.max_backoff);
+        store_.reconnect();
         return true;
     }
-    [[nodiscard]] bool drained() const { return watermark_ >= next_seq_; }
-    [[nodiscard]] std::size_t queued() const { return queue_.size() + batch_.size(); }
-    [[nodiscard]] std::uint64_t in_doubt() const { return in_doubt_; }
-    [[nodiscard]] std::uint64_t unanswered() const { return unanswered_; }
+    [[nodiscard]] bool drained() const { return core_.drained(); }
+    [[nodiscard]] std::uint64_t in_doubt() const { return core_.snapshot().commit_unknown; }
+    [[nodiscard]] std::uint64_t unanswered() const { return core_.snapshot().unanswered; }
+    [[nodiscard]] std::uint64_t rejected() const { return core_.snapshot().rejected; }
     void crash() {
         dead_ = true;
-        queue_.clear();
-        batch_.clear();
-        unknown_batch_ = 0;
+        (void)core_.abandon();
     }
     [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const {
         return std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
     }
 
 private:
-    /// flush_pipeline::write_batch: after a commit_unknown the batch keeps its id and later turns
-    /// only ask store::committed(id); it is applied again, under a new id, only when the store
-    /// answered that it did not commit.
-    bool write_batch() {
-        bool ok = false;
-        if (unknown_batch_ != 0) {
-            try {
-                store_.reconnect();
-                ok = store_.committed(unknown_batch_);
-                unknown_batch_ = 0;
-            } catch (const std::exception&) {
-                ++unanswered_;
-                return false;  // still unknown: back off, ask again
-            }
-        }
-        if (!ok) {
-            std::sort(batch_.begin(), batch_.end(), [](const idem::store_row& a, const idem::store_row& b) {
-                const auto ka = a.t.k.view(), kb = b.t.k.view();
-                return ka != kb ? ka < kb : a.seq < b.seq;
-            });
-            const std::uint64_t id = prefix_ | ++counter_;
-            try {
-                store_.apply(batch_, id);
-                ok = true;
-            } catch (const idem::commit_unknown&) {
-                unknown_batch_ = id;
-                ++in_doubt_;
-                return false;
-            } catch (const std::exception&) {
-                return false;
-            }
-        }
-        for (const auto& r : batch_) done_.insert(r.seq);
-        advance_watermark();
-        batch_.clear();
-        return true;
-    }
-    void abandon(std::uint64_t seq) {
-        done_.insert(seq);
-        advance_watermark();
-    }
-    void advance_watermark() {
-        while (!done_.empty() && *done_.begin() == watermark_ + 1) {
-            ++watermark_;
-            done_.erase(done_.begin());
-        }
-    }
-
     idem::store& store_;
     pipeline_options o_;
     idem::manual_clock clock_;
-    std::uint64_t prefix_;
+    idem::detail::pipeline_core core_;
     trace& log_;
-    std::deque<idem::store_row> queue_;
-    std::vector<idem::store_row> batch_;
-    std::uint64_t next_seq_ = 0, watermark_ = 0, counter_ = 0, unknown_batch_ = 0, in_doubt_ = 0, unanswered_ = 0;
-    std::set<std::uint64_t> done_;
     std::chrono::nanoseconds backoff_ = 1ms;
+    std::uint64_t offers_ = 0;
     bool dead_ = false;
 };
 

@@ -79,6 +79,7 @@ public:
         s.queue_depth = c.queue_depth;
         s.flush_lag_ns = static_cast<std::uint64_t>(c.lag_ns);
         s.store_errors = c.errors;
+        s.rejected_rows = c.rejected;
         return s;
     }
     [[nodiscard]] std::string last_store_error() { return pipeline_.snapshot().last_error; }

@@ -131,6 +131,8 @@ public:
             case begin_status::backpressure: throw error(errc::backpressure, name() + ": flush queue full");
             case begin_status::store_unavailable:
                 throw error(errc::store_unavailable, name() + ": the claim could not be made durable; not executed");
+            case begin_status::invalid_key:
+                throw error(errc::invalid_key, k.empty() ? engine_.key_refusal(k) : name() + ": " + engine_.key_refusal(k));
         }
         std::uint64_t outcome = 0;
         if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {

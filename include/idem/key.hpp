@@ -63,6 +63,37 @@ public:
     [[nodiscard]] std::string_view view() const noexcept { return {bytes_.data(), size_}; }
     [[nodiscard]] std::string str() const { return std::string(view()); }
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    /// True only for the placeholder key{} (a valid key has 1 to 128 bytes). Every guard entry point
+    /// refuses it with invalid_key.
+    [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+
+    /// True when text is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing
+    /// above U+10FFFF). Keys need not be UTF-8; stores whose text type requires it (PostgreSQL)
+    /// declare that rule through store::accepts().
+    [[nodiscard]] static bool is_utf8(std::string_view text) noexcept {
+        const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+        const auto* end = p + text.size();
+        while (p < end) {
+            const unsigned char c = *p;
+            if (c < 0x80) { ++p; continue; }
+            std::size_t n;
+            unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+            if (c >= 0xc2 && c <= 0xdf) n = 1;
+            else if (c == 0xe0) { n = 2; lo = 0xa0; }
+            else if (c == 0xed) { n = 2; hi = 0x9f; }  // no UTF-16 surrogates
+            else if (c >= 0xe1 && c <= 0xef) n = 2;
+            else if (c == 0xf0) { n = 3; lo = 0x90; }
+            else if (c >= 0xf1 && c <= 0xf3) n = 3;
+            else if (c == 0xf4) { n = 3; hi = 0x8f; }  // nothing above U+10FFFF
+            else return false;
+            if (static_cast<std::size_t>(end - p) <= n) return false;
+            if (p[1] < lo || p[1] > hi) return false;
+            for (std::size_t i = 2; i <= n; ++i)
+                if (p[i] < 0x80 || p[i] > 0xbf) return false;
+            p += n + 1;
+        }
+        return true;
+    }
 
     friend bool operator==(const key& a, const key& b) noexcept { return a.view() == b.view(); }
 

@@ -37,9 +37,11 @@
 // without password), the operation and the step.
 //
 // What PostgreSQL cannot hold. idem::key admits any byte >= 0x80, but PostgreSQL text must be valid
-// UTF-8 (the connection uses client_encoding UTF8). apply() rejects a batch holding a key that is
-// not valid UTF-8 with store_error naming the key, before touching the server; accepts_key() lets a
-// caller check first. biz_type (biz_type_of cuts at 32 bytes) is cut back to a UTF-8 boundary.
+// UTF-8 (the connection uses client_encoding UTF8). accepts() declares that rule, so a guard answers
+// such a key invalid_key at begin() and it never reaches the queue; apply() still refuses a batch
+// holding one with rejected_row naming the key, before touching the server, and so does any row
+// the server refuses with a data or integrity error (SQLSTATE class 22 or 23): the flusher then
+// isolates that row and commits the others. biz_type (biz_type_of cuts at 32 bytes) is cut back to a UTF-8 boundary.
 // Use a database with encoding UTF8: another server encoding refuses characters it cannot hold.
 // The node written into the audit trail is cut to the 64 characters of its column.
 //
@@ -232,6 +234,19 @@ public:
     /// Whether PostgreSQL text can hold this key (valid UTF-8). A key that fails makes apply() throw.
     [[nodiscard]] static bool accepts_key(std::string_view key) noexcept { return detail::pg::valid_utf8(key); }
 
+    /// The guard's question before a claim: a key that is not valid UTF-8 is answered invalid_key
+    /// at begin(), so it never reaches the flush queue.
+    [[nodiscard]] bool accepts(const key& k, std::string* why = nullptr) const noexcept override {
+        if (accepts_key(k.view())) return true;
+        if (why != nullptr) {
+            try {
+                *why = "key '" + key::printable(k.view()) + "' is not valid UTF-8; PostgreSQL text cannot hold it";
+            } catch (...) {  // no memory for the message: the answer stands without it
+            }
+        }
+        return false;
+    }
+
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
         const std::string op = "apply batch " + std::to_string(batch_id);
         if (!detail::pg::valid_utf8(node_))
@@ -241,8 +256,7 @@ public:
         const std::string node(detail::pg::utf8_truncate(node_, 64));
         params p;
         p.build(rows, [&](std::string_view k, const char* rule) {
-            throw error(errc::store_error, "postgres store " + name_ + ": " + op + ": key '" + key::printable(k) +
-                                               "' " + rule);
+            throw rejected_row("postgres store " + name_ + ": " + op + ": key '" + key::printable(k) + "' " + rule);
         });
         const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
@@ -599,6 +613,9 @@ private:
             if (state == "23505" && text(e).find("idempotent_batch_pkey") != std::string::npos)
                 throw error(errc::store_error, where + "this batch id already committed; a batch commits once (" +
                                                    text(e) + ")");
+            // Data exceptions (class 22) and integrity violations (class 23): what a row holds, not
+            // an outage. The flusher isolates the row instead of retrying the batch forever.
+            if (state.starts_with("22") || state.starts_with("23")) throw rejected_row(where + text(e));
             throw error(errc::store_error, where + text(e));
         }
     }

@@ -31,6 +31,7 @@ struct stats {
     std::uint64_t queue_depth = 0;
     std::uint64_t flush_lag_ns = 0;
     std::uint64_t store_errors = 0;
+    std::uint64_t rejected_rows = 0;       ///< rows the store can never take, set aside (last_store_error() names the last)
 };
 
 /// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
@@ -69,6 +70,7 @@ inline std::string to_prometheus(const stats& s) {
     put("queue_depth", "gauge", s.queue_depth);
     put("flush_lag_seconds_x1e9", "gauge", s.flush_lag_ns);
     put("store_errors_total", "counter", s.store_errors);
+    put("rejected_rows_total", "counter", s.rejected_rows);
     return out;
 }
 

@@ -83,6 +83,15 @@ public:
     explicit commit_unknown(const std::string& what) : error(errc::store_unavailable, what) {}
 };
 
+/// Thrown by store::apply when the store refuses the batch because of what a row holds (a value
+/// its types or constraints can never take: PostgreSQL SQLSTATE classes 22 and 23), as opposed to
+/// an outage. Retrying the same rows cannot help: the flusher splits the batch to find the row,
+/// commits the others and sets that row aside (counted, named in last_store_error()).
+class rejected_row : public error {
+public:
+    explicit rejected_row(const std::string& what) : error(errc::store_error, what) {}
+};
+
 /// The biz_type column: the operation part of a composed key (TXID_OPERATION_vN), else "default".
 [[nodiscard]] inline std::string biz_type_of(std::string_view key) {
     const auto last = key.rfind('_');
@@ -120,6 +129,15 @@ public:
     /// Sync mode calls this at start; throws idem::error(invalid_argument) with the reason when the
     /// store cannot make a commit durable (PostgreSQL with fsync=off or synchronous_commit=off).
     virtual void check_sync_durability() {}
+    /// Whether the store can hold `k` at all. The guard asks before it grants a claim and answers
+    /// begin_status::invalid_key when it cannot, so a key the store would refuse never reaches the
+    /// flush queue. On refusal fills *why (if given) with the key and the rule. Must not block,
+    /// allocate (unless why is given) or throw: it runs on the hot path. Default: every valid key.
+    [[nodiscard]] virtual bool accepts(const key& k, std::string* why = nullptr) const noexcept {
+        (void)k;
+        (void)why;
+        return true;
+    }
     /// Reconnects after store_unavailable (no-op for embedded stores).
     virtual void reconnect() {}
     [[nodiscard]] virtual std::string name() const = 0;

@@ -1,12 +1,14 @@
 // idem/transition.hpp: what the guard tells a durable pipeline about each state change.
 //
 // The guard hands every transition (claim, completion, release, compensation, doubt) to an optional
-// transition_sink right after the in-memory CAS that made it. A sink must not allocate or block in
-// offer() unless it runs in sync mode, where await() blocks until the transition is durable.
+// transition_sink: it reserves room first, then makes the in-memory CAS, then offers the transition.
+// A sink must not allocate or block in reserve() or offer(); in sync mode await() blocks until the
+// transition is durable.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "idem/key.hpp"
 
@@ -65,18 +67,42 @@ struct transition {
     std::chrono::nanoseconds at{0};           ///< on the guard's clock
 };
 
-/// Receives transitions from the hot path. Implementations: the flush pipeline of the stores.
+/// How a sync wait for one transition ended.
+enum class durability_wait : std::uint8_t {
+    committed,  ///< the batch holding it committed
+    timed_out,  ///< not committed before the deadline (the row stays queued): errc::store_unavailable
+    rejected,   ///< the store can never take the row; it was set aside (stats::rejected_rows)
+};
+
+/// Receives transitions from the hot path. Implementation: detail::flush_pipeline.
+///
+/// Admission is by reservation: the guard reserves room before it changes anything in memory, so a
+/// refusal (backpressure) leaves no trace: no sequence number, no index position, no allocation.
+/// Every transition offered under a reservation is taken.
 class transition_sink {
 public:
     virtual ~transition_sink() = default;
-    /// Enqueue without blocking or allocating. Returns a sequence number > 0, or 0 when the queue is
-    /// full (the guard then reports errc::backpressure and undoes nothing already acknowledged).
+    /// Room for one transition. False when the queue is full (after the sink's bounded wait, if
+    /// any): the guard answers backpressure and has changed nothing. Lock-free, no allocation.
+    [[nodiscard]] virtual bool reserve() noexcept = 0;
+    /// Gives back a reservation that will not be used (the claim was lost to another caller).
+    virtual void unreserve() noexcept = 0;
+    /// Enqueues t under a reservation taken before; returns its sequence number (> 0). Never fails,
+    /// never allocates; blocks only for an instant while the flusher hands a node back.
     [[nodiscard]] virtual std::uint64_t offer(const transition& t) noexcept = 0;
-    /// Sync mode: block until the batch holding `seq` committed. False when the store could not be
-    /// reached before the pipeline's deadline (the caller gets errc::store_unavailable).
-    [[nodiscard]] virtual bool await(std::uint64_t seq) noexcept = 0;
+    /// Sync mode: blocks until the transition with `seq` is decided or the sink's deadline passes.
+    [[nodiscard]] virtual durability_wait await(std::uint64_t seq) noexcept = 0;
+    /// Whether the transition with `seq` is committed now. Never blocks.
+    [[nodiscard]] virtual bool durable(std::uint64_t seq) const noexcept = 0;
     /// True when begin()/succeed() must wait for await() before they return (group commit).
     [[nodiscard]] virtual bool synchronous() const noexcept = 0;
+    /// Whether the store can hold key k at all (store::accepts); on refusal fills *why (if given)
+    /// with the rule. The guard answers invalid_key before a claim of a key it cannot.
+    [[nodiscard]] virtual bool accepts(const key& k, std::string* why = nullptr) const noexcept {
+        (void)k;
+        (void)why;
+        return true;
+    }
 };
 
 }  // namespace idem

@@ -92,6 +92,8 @@ enum class begin_status : std::uint8_t {
     capacity_exhausted,  ///< no free slot within the probe bound
     backpressure,        ///< the flush queue is full; nothing changed
     store_unavailable,   ///< sync mode: the claim could not be made durable; do not execute
+    invalid_key,         ///< the key is empty (key{}), or the store declared it cannot hold it
+                         ///< (PostgreSQL: not valid UTF-8); nothing changed, retrying cannot help
 };
 
 [[nodiscard]] constexpr const char* to_string(begin_status s) noexcept {
@@ -105,6 +107,7 @@ enum class begin_status : std::uint8_t {
         case begin_status::capacity_exhausted: return "capacity_exhausted";
         case begin_status::backpressure: return "backpressure";
         case begin_status::store_unavailable: return "store_unavailable";
+        case begin_status::invalid_key: return "invalid_key";
     }
     return "?";
 }
@@ -600,6 +603,35 @@ struct claim_ref {
     std::uint64_t word = 0;  ///< the processing word with the claim's fence and incarnation
 };
 
+/// Room in the sink's queue for one transition, taken before a claim or completion changes anything
+/// in memory (so a refusal leaves no trace) and given back unless a transition was offered with it.
+class admission {
+public:
+    explicit admission(transition_sink* sink) noexcept : sink_(sink) {}
+    ~admission() {
+        if (held_) sink_->unreserve();
+    }
+    admission(const admission&) = delete;
+    admission& operator=(const admission&) = delete;
+
+    /// True when there is room (or no sink). Idempotent while held.
+    [[nodiscard]] bool take() noexcept {
+        if (sink_ == nullptr || held_) return true;
+        held_ = sink_->reserve();
+        return held_;
+    }
+    /// Offers t under the reservation; its sequence number, or 0 without a sink.
+    [[nodiscard]] std::uint64_t offer(const transition& t) noexcept {
+        if (sink_ == nullptr) return 0;
+        held_ = false;
+        return sink_->offer(t);
+    }
+
+private:
+    transition_sink* sink_;
+    bool held_ = false;
+};
+
 template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
 class engine {
 public:
@@ -645,6 +677,14 @@ public:
     void set_fence_floor(std::uint64_t max_seen) noexcept { fence_base_ = (max_seen >> 32) + 1; }
 
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return clock_.now(); }
+
+    /// Why begin() answered invalid_key for k, for error messages (not on the hot path).
+    [[nodiscard]] std::string key_refusal(const key& k) const {
+        if (k.empty()) return "the empty key{} is not a key; a key needs 1 to 128 bytes";
+        std::string why;
+        if (sink_ != nullptr && !sink_->accepts(k, &why)) return why;
+        return "the store set aside its claim as a row it can never take (see last_store_error())";
+    }
     [[nodiscard]] const options& opts() const noexcept { return opts_; }
     [[nodiscard]] Clock& clock() noexcept { return clock_; }
 
@@ -657,7 +697,21 @@ public:
 
     /// Progress: lock-free (a retry happens only when another thread's CAS or a rotation succeeded).
     begin_answer begin(const key& k, std::uint64_t fingerprint) noexcept {
+        if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
         const hash128 h = hash(k);
+        admission room(sink_);
+        bool checked = false;
+        // Before any claim: the store must be able to hold the key, and the queue must have room for
+        // the claim's row. Refusals change nothing (no position, no slot, no sequence number).
+        auto refuse = [&]() noexcept -> std::optional<begin_answer> {
+            if (!checked) {
+                if (sink_ != nullptr && !sink_->accepts(k)) return begin_answer{begin_status::invalid_key, {}, 0, 0};
+                checked = true;
+            }
+            if (room.take()) return std::nullopt;
+            count(c_backpressure);
+            return begin_answer{begin_status::backpressure, {}, 0, 0};
+        };
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
             generation<Atomic>& cur = *gens_[epoch & 1];
@@ -676,15 +730,18 @@ public:
                     case slot_state::recycling: continue;  // our epoch is stale
                     case slot_state::vacant: break;        // never claimed here: consult below
                     case slot_state::released:
+                        if (auto no = refuse()) return *no;
                         if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
-                                               record_state::released, k, fingerprint, epoch, transition_cause::claim))
+                                               record_state::released, k, fingerprint, epoch, transition_cause::claim,
+                                               room))
                             return *a;
                         continue;
                     case slot_state::processing:
                         if (opts_.reclaim_expired && snap.lease_until <= clock_.now().count()) {
+                            if (auto no = refuse()) return *no;
                             if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
                                                    record_state::processing, k, fingerprint, epoch,
-                                                   transition_cause::reclaim))
+                                                   transition_cause::reclaim, room))
                                 return *a;
                             continue;
                         }
@@ -711,6 +768,7 @@ public:
                     }
                 }
             }
+            if (auto no = refuse()) return *no;
             if (s == nullptr) {
                 const auto t = cur.take(h, opts_.max_probe);
                 note_probe(t.probes);
@@ -720,10 +778,14 @@ public:
                     count(c_capacity);
                     return {begin_status::capacity_exhausted, {}, 0, 0};
                 }
-                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch, now)) return *a;
+                // The fill counts positions, not grants: this one is used from now on in this
+                // generation (published, or withdrawn below), and rotation is due at half fill.
+                count(c_fill0 + static_cast<unsigned>(epoch & 1));
+                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch, now, room)) return *a;
                 continue;
             }
-            if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim))
+            if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim,
+                                   room))
                 return *a;
         }
     }
@@ -732,9 +794,20 @@ public:
     /// errc::busy: compensation or a reclaim holds the record for a moment; the claim may still be
     /// ours, so the ticket stays valid (retry). With check_lease (compensation) the completion is
     /// refused with errc::busy when the lease was renewed since it was seen expired.
+    ///
+    /// Sync mode, durable before visible: a terminal result is published with the unconfirmed mark
+    /// (the doubt bit on a terminal word, its row's sequence number in lease_until) before the wait
+    /// for the commit; readers answer in_progress (in_doubt once the owner gave up waiting) until
+    /// the sink says the row is durable, then the recorded outcome. The owner clears the mark after
+    /// its commit; a reader that finds the row durable answers from the record either way.
     std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
                              transition_cause cause, bool check_lease = false, bool await = true) noexcept {
         slot_type& s = *c.s;
+        admission room(sink_);
+        if (!room.take()) {  // before anything changes: a refusal leaves the claim as it was
+            count(c_backpressure);
+            return errc::backpressure;
+        }
         std::uint64_t replaced = 0;
         if (std::error_code ec = enter(c, replaced, !check_lease)) return ec;
         const auto now = clock_.now();
@@ -742,23 +815,22 @@ public:
             s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
             return errc::busy;
         }
-        std::uint64_t seq = 0;
-        if (sink_ != nullptr) {
-            const transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word), outcome,
-                               s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                               std::chrono::nanoseconds(0), now};
-            if ((seq = sink_->offer(t)) == 0) {
-                s.word.store(replaced, std::memory_order_release);  // (5) undo: nothing changed
-                count(c_backpressure);
-                return errc::backpressure;
-            }
-        }
+        const std::uint64_t seq =
+            room.offer(transition{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
+                                  outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                  std::chrono::nanoseconds(0), now});
+        const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
         s.outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
         s.updated.store(now.count(), std::memory_order_relaxed);
-        s.word.store(state_word::with_state(c.word, to), std::memory_order_release);  // (5)
+        if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), std::memory_order_relaxed);
+        const std::uint64_t done = state_word::with_state(c.word, to) | (unconfirmed ? state_word::doubt_bit : 0);
+        s.word.store(done, std::memory_order_release);  // (5)
         count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
-        if (await && seq != 0 && sink_->synchronous() && !sink_->await(seq)) return errc::store_unavailable;
-        return {};
+        if (!await || seq == 0 || !sink_->synchronous()) return {};
+        const durability_wait w = sink_->await(seq);
+        if (unconfirmed) confirm(s, done, seq, w == durability_wait::committed);
+        if (w == durability_wait::committed) return {};
+        return w == durability_wait::rejected ? errc::store_error : errc::store_unavailable;
     }
 
     /// Renews a claim's lease (and clears a doubt mark: the owner is alive). Progress: lock-free.
@@ -795,6 +867,11 @@ public:
                 if (st == slot_state::vacant || st == slot_state::recycling) continue;
                 record_view v = view_of(snap);
                 if (st == slot_state::released) v.state = record_state::absent;
+                if (const auto hidden = unconfirmed(snap)) {  // sync mode: not durable yet, so not visible
+                    v.state = record_state::processing;
+                    v.outcome = 0;
+                    v.in_doubt = *hidden == begin_status::in_doubt;
+                }
                 return v;
             }
             if (!retry) return {};
@@ -1003,11 +1080,6 @@ public:
         const stripe_ref st = stripe();
         stripe_add(stripes_[st.index].v[c], n, st.owned);
     }
-    void uncount(unsigned c) noexcept {
-        // Adding 2^64 - 1: the Atomic parameter need only offer fetch_add (unsigned wrap-around).
-        const stripe_ref st = stripe();
-        stripe_add(stripes_[st.index].v[c], ~std::uint64_t{0}, st.owned);
-    }
 
     /// The stripe this thread writes counters and arena cursors in; owned (plain adds) only when
     /// Atomic is std::atomic or built on it (real threads; a model checker runs its threads on one
@@ -1069,9 +1141,40 @@ private:
         v.fence = state_word::fence(snap.word);
         v.outcome = snap.outcome;
         v.fingerprint = snap.fingerprint;
-        v.in_doubt = state_word::in_doubt(snap.word);
+        v.in_doubt = state_word::state(snap.word) == slot_state::processing && state_word::in_doubt(snap.word);
         v.lease_until = std::chrono::nanoseconds(snap.lease_until);
         return v;
+    }
+
+    /// Sync mode: lease_until of a terminal record with the unconfirmed mark holds its row's
+    /// sequence number, with this bit set once the owner gave up waiting for the commit.
+    static constexpr std::uint64_t gave_up_flag = std::uint64_t{1} << 62;
+
+    /// What a terminal record with the unconfirmed mark may show: nullopt when its row is durable
+    /// (show the record), else in_progress, or in_doubt once the owner was told store_unavailable.
+    [[nodiscard]] std::optional<begin_status> unconfirmed(const snapshot& snap) const noexcept {
+        if (!is_terminal(state_word::state(snap.word)) || !state_word::in_doubt(snap.word) || sink_ == nullptr)
+            return std::nullopt;
+        const auto mark = static_cast<std::uint64_t>(snap.lease_until);
+        if (sink_->durable(mark & ~gave_up_flag)) return std::nullopt;
+        return (mark & gave_up_flag) != 0 ? begin_status::in_doubt : begin_status::in_progress;
+    }
+
+    /// After the owner's wait for its terminal row: a commit clears the unconfirmed mark; a wait
+    /// that ended without one records that the owner gave up (through the transient completing, so
+    /// readers see the flag and the word together). Either CAS fails only if the record moved on.
+    void confirm(slot_type& s, std::uint64_t marked, std::uint64_t seq, bool committed) noexcept {
+        std::uint64_t expected = marked;
+        if (committed) {
+            s.word.compare_exchange_strong(expected, marked & ~state_word::doubt_bit, std::memory_order_seq_cst);  // (4)
+            return;
+        }
+        if (!s.word.compare_exchange_strong(expected, state_word::with_state(marked, slot_state::completing),
+                                            std::memory_order_seq_cst))  // (4)
+            return;
+        std::atomic_thread_fence(std::memory_order_release);  // (9)
+        s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), std::memory_order_relaxed);  // relaxed: published by (5)
+        s.word.store(marked, std::memory_order_release);  // (5)
     }
 
     [[nodiscard]] std::uint64_t first_fence(std::uint64_t epoch) const noexcept {
@@ -1096,6 +1199,10 @@ private:
             count(c_mismatch);
             return {begin_status::payload_mismatch, {}, 0, fence};
         }
+        if (const auto hidden = unconfirmed(snap)) {  // sync mode: not durable yet, so not visible
+            count(c_in_progress);
+            return {*hidden, {}, 0, fence};
+        }
         if (st == slot_state::succeeded) {
             count(c_duplicates);
             return {begin_status::succeeded, {}, snap.outcome, fence};
@@ -1113,7 +1220,7 @@ private:
     /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
     std::optional<begin_answer> try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                           record_state from, const key& k, std::uint64_t fingerprint,
-                                          std::uint64_t epoch, transition_cause cause) noexcept {
+                                          std::uint64_t epoch, transition_cause cause, admission& room) noexcept {
         if (fence > state_word::max_fence) {
             count(c_capacity);
             return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
@@ -1131,7 +1238,7 @@ private:
             s.word.store(seen, std::memory_order_release);                    // (5)
             return std::nullopt;
         }
-        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, cause, now);
+        return grant(s, gen, seen, fence, from, k, fingerprint, cause, now, room);
     }
 
     /// A first claim of the key in this generation: the position `e` of its probe sequence is ours
@@ -1141,7 +1248,7 @@ private:
     std::optional<begin_answer> claim_fresh(index_entry<Atomic>& e, generation<Atomic>& gen, hash128 h,
                                             std::uint64_t fence, record_state from, const key& k,
                                             std::uint64_t fingerprint, std::uint64_t epoch,
-                                            std::chrono::nanoseconds now) noexcept {
+                                            std::chrono::nanoseconds now, admission& room) noexcept {
         if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
             position::withdraw(e, h);
             return std::nullopt;
@@ -1176,7 +1283,7 @@ private:
         s.hi.store(h.hi, std::memory_order_relaxed);
         s.key_ref.store(0, std::memory_order_relaxed);
         position::publish(e, h, n);  // (2') the slot, claiming, with its identity
-        return grant(s, gen, seen, fence, from, k, fingerprint, epoch, transition_cause::claim, now);
+        return grant(s, gen, seen, fence, from, k, fingerprint, transition_cause::claim, now, room);
     }
 
     /// Another caller is placing the key's first slot in this generation right now.
@@ -1186,16 +1293,13 @@ private:
     }
 
     /// The claim is ours (the slot holds claiming(fence), replacing `seen`): writes its fields,
-    /// offers it to the sink and publishes it as processing, or undoes it (backpressure, full arena).
+    /// offers it to the sink under the reservation `room` (taken before the claim, so the offer
+    /// cannot be refused) and publishes it as processing, or undoes it (full key arena).
     std::optional<begin_answer> grant(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                       record_state from, const key& k, std::uint64_t fingerprint,
-                                      std::uint64_t epoch, transition_cause cause, std::chrono::nanoseconds now) noexcept {
+                                      transition_cause cause, std::chrono::nanoseconds now, admission& room) noexcept {
         const std::uint64_t inc = state_word::incarnation(seen);
-        // Counted here, right after the CAS drained the store buffer: a locked add after the field
-        // writes below would wait for their cache misses (it is a full barrier on x86).
-        // Counting before publishing only makes outstanding() err on scanning; undone on refusal.
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
-        const bool filled = state_word::state(seen) == slot_state::vacant;
         if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
             // reclaimed record keeps the text of its first claim: same identity, same key).
@@ -1207,38 +1311,30 @@ private:
             }
             s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
         }
+        // Counted here, right after the CAS drained the store buffer: a locked add after the field
+        // writes below would wait for their cache misses (it is a full barrier on x86).
+        // Counting before publishing only makes outstanding() err on scanning.
         count(granted);
-        if (filled) count(c_fill0 + static_cast<unsigned>(epoch & 1));
         const auto lease_until = now + opts_.lease;
-        const std::uint64_t old_fp = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: we hold claiming
-        const std::int64_t old_lease = s.lease_until.load(std::memory_order_relaxed);
         s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
         s.lease_until.store(lease_until.count(), std::memory_order_relaxed);
         s.updated.store(now.count(), std::memory_order_relaxed);
-        std::uint64_t seq = 0;
-        if (sink_ != nullptr) {
-            seq = sink_->offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
-            if (seq == 0) {
-                s.fingerprint.store(old_fp, std::memory_order_relaxed);  // relaxed: published by (5)
-                s.lease_until.store(old_lease, std::memory_order_relaxed);
-                // Uncounted before the undo publishes the slot as vacant again: from then on a
-                // rotation may recycle this generation and take its fill as the new base.
-                uncount(granted);
-                if (filled) uncount(c_fill0 + static_cast<unsigned>(epoch & 1));
-                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
-                count(c_backpressure);
-                return begin_answer{begin_status::backpressure, {}, 0, 0};
-            }
-        }
+        const std::uint64_t seq =
+            room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
         s.word.store(processing, std::memory_order_release);  // (5)
         claim_ref<Atomic> ref{&s, processing};
-        if (seq != 0 && sink_->synchronous() && !sink_->await(seq)) {
-            // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise the
-            // lease runs out and compensation asks the resolver (which will answer not_executed).
-            // The caller is told store_unavailable now: the withdrawal is queued, not awaited.
-            (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable, false, /*await=*/false);
-            return begin_answer{begin_status::store_unavailable, {}, 0, fence};
+        if (seq != 0 && sink_->synchronous()) {
+            const durability_wait w = sink_->await(seq);
+            if (w != durability_wait::committed) {
+                // Not durable: do not grant. Withdraw if the queue takes the withdrawal; otherwise
+                // the lease runs out and compensation asks the resolver (which will answer
+                // not_executed). The caller is told now: the withdrawal is queued, not awaited.
+                (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable, false, /*await=*/false);
+                return begin_answer{w == durability_wait::rejected ? begin_status::invalid_key
+                                                                  : begin_status::store_unavailable,
+                                    {}, 0, fence};
+            }
         }
         return begin_answer{begin_status::acquired, ref, 0, fence};
     }
@@ -1248,20 +1344,18 @@ private:
         claim_ref<Atomic> ref{&s, seen & ~state_word::doubt_bit};
         if (answer.verdict == resolution::unknown) {
             if (state_word::in_doubt(seen)) return false;  // already marked and audited
+            admission room(sink_);
+            if (!room.take()) return false;  // the queue is full: asked again next pass
             std::uint64_t replaced = 0;
             if (enter(ref, replaced, /*by_owner=*/false)) return false;
             if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
                 s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
                 return false;
             }
-            if (sink_ != nullptr &&
-                sink_->offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
+            (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
                                         state_word::fence(seen), 0,
                                         s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                                        std::chrono::nanoseconds(0), clock_.now()}) == 0) {
-                s.word.store(replaced, std::memory_order_release);  // (5) undo; asked again next pass
-                return false;
-            }
+                                        std::chrono::nanoseconds(0), clock_.now()});
             s.word.store(ref.word | state_word::doubt_bit, std::memory_order_release);  // (5)
             count(c_in_doubt);
             return false;

@@ -1,0 +1,290 @@
+// idem/detail/pipeline_core.hpp: the flush pipeline's logic, with no thread and no clock.
+//
+// The core is what flush_pipeline.hpp drives from its flusher thread and what the deterministic
+// simulation (tests/sim_test.cpp) drives by hand: the same code, so a seed exercises the pipeline
+// users run. It has two sides.
+//
+// Hot path (any thread, lock-free, no allocation, no system call):
+//   try_reserve()  takes room for one row, or fails at once when the queue is full. A refusal reads
+//                  one shared word and writes nothing: no sequence number, no lock, no allocation,
+//                  so callers that spin on backpressure cost the flusher almost nothing.
+//   push(row)      uses a reservation: takes the row's sequence number and enqueues it. It cannot
+//                  fail (the reservation guarantees a free node).
+//   unreserve()    gives back a reservation that will not be used.
+//
+// Flusher (one thread at a time): step(store) makes at most one store call and says what happened.
+//   * Rows are popped (up to max_batch), sorted by (key, seq) and applied in one transaction under
+//     a fresh batch id. Popping gives their room back.
+//   * A store outage (store_unavailable, store_error) leaves the rows pending: the next step tries
+//     again (the driver backs off and reconnects in between).
+//   * commit_unknown: the rows stay pending under that batch id and the next steps only ask the
+//     store whether it committed (store::committed); they are applied again, under a new id, only
+//     when the store answered "not committed". Never a blind retry.
+//   * rejected_row (the store can never take something a row holds): the rows are applied in
+//     smaller prefixes (halving) until the one row is found; it is set aside (counted, named in
+//     last_error, its seq remembered as rejected) and the others commit. The width grows back after
+//     each success, so one bad row costs O(log max_batch) extra transactions.
+//
+// Watermark: every seq <= watermark() committed or was set aside. Rows can commit out of seq order
+// (two producers take seqs 5 and 6 and push 6 first), so committed seqs above the watermark wait in
+// a set until the gap closes; the set holds at most queue_capacity + max_batch seqs, because no seq
+// is ever skipped (reservations make push infallible).
+//
+// Memory ordering
+//   (P1) room_ CAS (try_reserve), acq_rel: pairs with (P2) so a reservation sees the node the
+//        flusher's pop freed.
+//   (P2) room_ fetch_add after a pop, release.
+//   (P3) watermark_ store, release: pairs with (P4), so a reader of watermark() >= seq also sees the
+//        store's commit of that row (it happened before, on the flusher thread).
+//   (P4) watermark_ load, acquire.
+#pragma once
+
+#include <boost/lockfree/queue.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/error.hpp"
+#include "idem/store.hpp"
+
+namespace idem::detail {
+
+/// What a sync waiter learns about its row.
+enum class row_fate : std::uint8_t {
+    pending,    ///< not yet decided
+    committed,  ///< durable in the store
+    rejected,   ///< the store can never take it; set aside (see last_error)
+};
+
+class pipeline_core {
+public:
+    /// Largest queue (its nodes are allocated up front: about 170 MB at the limit).
+    static constexpr std::size_t max_queue_capacity = 65535u * 16;
+
+    pipeline_core(std::size_t queue_capacity, std::size_t max_batch, std::uint64_t batch_prefix)
+        : capacity_(check_capacity(queue_capacity)),
+          max_batch_(max_batch == 0 ? throw error(errc::invalid_argument,
+                                                  "store_options.max_batch is 0; it must be at least 1")
+                                    : max_batch),
+          batch_prefix_(batch_prefix),
+          queue_(capacity_),
+          room_(static_cast<std::int64_t>(capacity_)),
+          width_(max_batch_) {
+        batch_.reserve(max_batch_);
+    }
+
+    // ---- hot path ---------------------------------------------------------------------------
+
+    /// Room for one row, or false when the queue is full. Progress: lock-free; a refusal writes
+    /// nothing shared.
+    [[nodiscard]] bool try_reserve() noexcept {
+        std::int64_t room = room_.load(std::memory_order_relaxed);  // relaxed: the CAS decides
+        while (room > 0) {
+            if (room_.compare_exchange_weak(room, room - 1, std::memory_order_acq_rel,  // (P1) pairs with (P2)
+                                            std::memory_order_relaxed))
+                return true;
+        }
+        return false;
+    }
+
+    /// Gives back a reservation that was not used. Progress: wait-free.
+    void unreserve() noexcept { room_.fetch_add(1, std::memory_order_release); }  // (P2)
+
+    /// Enqueues a row under a reservation; returns its sequence number (> 0). Progress: lock-free.
+    std::uint64_t push(store_row row) noexcept {
+        row.seq = next_seq_.fetch_add(1, std::memory_order_relaxed) + 1;  // relaxed: only uniqueness matters
+        // The reservation guarantees a free node; a node the flusher is handing back to the pool
+        // can make a push fail for an instant, never for long.
+        while (!queue_.bounded_push(row)) std::this_thread::yield();
+        return row.seq;
+    }
+
+    // ---- flusher ----------------------------------------------------------------------------
+
+    enum class step_result : std::uint8_t {
+        idle,      ///< nothing to write
+        progress,  ///< rows committed or set aside; the watermark may have moved
+        failed,    ///< the store call failed (outage or unknown commit); the rows stay pending
+    };
+
+    /// At most one store call. Not thread-safe: one flusher at a time.
+    step_result step(store& st) {
+        if (batch_.empty()) {
+            fill();
+            if (batch_.empty()) return step_result::idle;
+        }
+        const std::size_t width = unknown_batch_ != 0 ? unknown_width_ : std::min(width_, batch_.size());
+        std::span<const store_row> rows(batch_.data(), width);
+        if (unknown_batch_ != 0) {
+            try {
+                st.reconnect();
+                const bool done = st.committed(unknown_batch_);
+                unknown_batch_ = 0;  // answered
+                if (done) return finish(width, false);
+            } catch (const std::exception& e) {
+                note_error(e.what(), false, true);
+                return step_result::failed;  // still unknown: ask again
+            }
+        }
+        const std::uint64_t id = batch_prefix_ | ++batch_counter_;
+        try {
+            st.apply(rows, id);
+        } catch (const commit_unknown& e) {
+            note_error(e.what(), true);
+            unknown_batch_ = id;
+            unknown_width_ = width;
+            return step_result::failed;
+        } catch (const rejected_row& e) {
+            if (width > 1) {
+                width_ = width / 2;  // find the row: halve the prefix
+                note_error(e.what(), false);
+                return step_result::progress;
+            }
+            note_rejected(rows.front(), e.what());
+            return finish(1, true);
+        } catch (const std::exception& e) {
+            note_error(e.what(), false);
+            return step_result::failed;
+        }
+        return finish(width, false);
+    }
+
+    /// Every seq <= watermark() committed or was set aside. Progress: wait-free.
+    [[nodiscard]] std::uint64_t watermark() const noexcept {
+        return watermark_.load(std::memory_order_acquire);  // (P4) pairs with (P3)
+    }
+    /// Sequence numbers taken so far (the last one pushed or being pushed).
+    [[nodiscard]] std::uint64_t issued() const noexcept {
+        return next_seq_.load(std::memory_order_acquire);  // pairs with the fetch_add in push
+    }
+    /// What became of `seq`. Progress: wait-free unless a row was ever rejected (then a mutex).
+    [[nodiscard]] row_fate fate(std::uint64_t seq) const {
+        if (watermark() < seq) return row_fate::pending;
+        if (rejected_count_.load(std::memory_order_acquire) == 0) return row_fate::committed;  // pairs with note_rejected
+        std::lock_guard lock(mutex_);
+        return rejected_seqs_.count(seq) != 0 ? row_fate::rejected : row_fate::committed;
+    }
+    /// True when every row pushed so far is decided.
+    [[nodiscard]] bool drained() const noexcept { return watermark() >= issued(); }
+    /// Rows pushed and not yet decided (in the queue, in the batch, or awaiting a gap).
+    [[nodiscard]] std::uint64_t depth() const noexcept {
+        const std::uint64_t w = watermark(), i = issued();
+        return i > w ? i - w : 0;
+    }
+    /// Rows still pending (batch and queue), dropped: the driver gives up at shutdown.
+    std::uint64_t abandon() {
+        std::uint64_t n = batch_.size();
+        batch_.clear();
+        store_row row;
+        while (queue_.pop(row)) ++n;
+        return n;
+    }
+    [[nodiscard]] bool batch_pending() const noexcept { return !batch_.empty(); }
+
+    struct counters {
+        std::uint64_t batches = 0, rows = 0, errors = 0, commit_unknown = 0, rejected = 0;
+        std::uint64_t unanswered = 0;  ///< failed store::committed() questions about an unknown commit
+        std::string last_error;
+    };
+    [[nodiscard]] counters snapshot() const {
+        std::lock_guard lock(mutex_);
+        return counters_;
+    }
+
+private:
+    static std::size_t check_capacity(std::size_t n) {
+        if (n == 0 || n > max_queue_capacity)
+            throw error(errc::invalid_argument, "store_options.queue_capacity " + std::to_string(n) +
+                                                    " is outside 1.." + std::to_string(max_queue_capacity));
+        return n;
+    }
+
+    void fill() {
+        store_row row;
+        std::int64_t popped = 0;
+        while (batch_.size() < max_batch_ && queue_.pop(row)) {
+            batch_.push_back(row);
+            ++popped;
+        }
+        if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
+        std::sort(batch_.begin(), batch_.end(), [](const store_row& a, const store_row& b) {
+            const auto ka = a.t.k.view(), kb = b.t.k.view();
+            return ka != kb ? ka < kb : a.seq < b.seq;
+        });
+        width_ = max_batch_;
+    }
+
+    /// The first n rows of the batch are decided (committed, or the one row set aside).
+    step_result finish(std::size_t n, bool rejected) {
+        {
+            std::lock_guard lock(mutex_);
+            for (std::size_t i = 0; i < n; ++i) {
+                done_.insert(batch_[i].seq);
+                if (rejected) rejected_seqs_.insert(batch_[i].seq);
+            }
+            if (!rejected) {
+                counters_.batches++;
+                counters_.rows += n;
+            }
+            std::uint64_t w = watermark_.load(std::memory_order_relaxed);  // relaxed: only this thread writes it
+            while (!done_.empty() && *done_.begin() == w + 1) {
+                ++w;
+                done_.erase(done_.begin());
+            }
+            // Rejected seqs far below the watermark have been read by their waiters (or never will).
+            while (rejected_seqs_.size() > 4 * capacity_ + max_batch_) rejected_seqs_.erase(rejected_seqs_.begin());
+            watermark_.store(w, std::memory_order_release);  // (P3) pairs with (P4)
+        }
+        batch_.erase(batch_.begin(), batch_.begin() + static_cast<std::ptrdiff_t>(n));
+        if (!rejected) width_ = std::min(max_batch_, width_ * 2);  // grow back after a success
+        return step_result::progress;
+    }
+
+    void note_error(const std::string& what, bool unknown, bool unanswered = false) {
+        std::lock_guard lock(mutex_);
+        counters_.errors++;
+        if (unknown) counters_.commit_unknown++;
+        if (unanswered) counters_.unanswered++;
+        counters_.last_error = what;
+    }
+
+    void note_rejected(const store_row& r, const std::string& what) {
+        std::lock_guard lock(mutex_);
+        counters_.errors++;
+        counters_.rejected++;
+        counters_.last_error = "set aside the " + std::string(to_string(r.t.cause)) + " row of key '" +
+                               key::printable(r.t.k.view()) + "' (fence " + std::to_string(r.t.fence) +
+                               "), which the store can never take: " + what;
+        rejected_count_.fetch_add(1, std::memory_order_release);  // pairs with the acquire load in fate()
+    }
+
+    const std::size_t capacity_;
+    const std::size_t max_batch_;
+    const std::uint64_t batch_prefix_;
+    boost::lockfree::queue<store_row> queue_;
+    alignas(64) std::atomic<std::int64_t> room_;
+    alignas(64) std::atomic<std::uint64_t> next_seq_{0};
+    alignas(64) std::atomic<std::uint64_t> watermark_{0};
+    std::atomic<std::uint64_t> rejected_count_{0};
+
+    // Flusher-only state.
+    std::vector<store_row> batch_;
+    std::size_t width_;                 // rows of the batch the next apply takes (halved to isolate a rejected row)
+    std::uint64_t unknown_batch_ = 0;   // id of the batch prefix whose commit is unknown, else 0
+    std::size_t unknown_width_ = 0;
+    std::uint64_t batch_counter_ = 0;
+
+    mutable std::mutex mutex_;  // flusher <-> readers of counters and rejected seqs; never on the hot path
+    std::set<std::uint64_t> done_;           // decided seqs above the watermark
+    std::set<std::uint64_t> rejected_seqs_;  // decided as rejected (recent ones)
+    counters counters_;
+};
+
+}  // namespace idem::detail
