@@ -14,8 +14,14 @@
 //   ClaimReplay..., Release..., Compensation...
 //                          one or two guards in this process: claim, replay, mismatch, release and
 //                          re-claim, terminal failure, run(), extend, compensation fencing the owner
-//   InDoubtProbe...        the probe that resolves an unanswered batch waits for a batch that is
-//                          still running (its batch row is written before it can block on a key)
+//   InDoubtProbe...        the probe that resolves an unanswered batch waits for a claim or
+//                          completion batch that is still running (its batch row is written before
+//                          it can block on a key)
+//   Duplicates..., AnUnqueuedCompletion..., CompensationIsVisible...
+//                          durable before visible: while a completion or compensation is held back
+//                          (a row lock from another connection), or after it timed out or could not
+//                          be queued, duplicates never see SUCCEEDED or FAILED
+//   InvalidKeys...         key{} and keys that are not UTF-8: invalid_key at once, nothing touched
 //   Race4x25               4 processes x 25 threads (on a std::latch) race on the same 10k keys:
 //                          every key executes exactly once, every thread of every process sees the
 //                          winner's outcome, every acknowledged success is SUCCESS in the store
@@ -50,6 +56,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -67,6 +75,38 @@ extern char** environ;
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks a PGresult per connection lost mid-transaction.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx\n"; }
+
+// Allocation failure on demand: with fail_next_allocation set, the next operator new on that thread
+// throws std::bad_alloc (the out-of-memory paths are reachable no other way). The whole non-aligned
+// family is replaced, so that under a sanitizer every block is freed by the family that made it.
+namespace {
+thread_local bool fail_next_allocation = false;
+void* allocate(std::size_t n) {
+    if (fail_next_allocation) {
+        fail_next_allocation = false;
+        throw std::bad_alloc();
+    }
+    if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+    throw std::bad_alloc();
+}
+void* allocate(std::size_t n, const std::nothrow_t&) noexcept {
+    try {
+        return allocate(n);
+    } catch (...) {
+        return nullptr;
+    }
+}
+}  // namespace
+void* operator new(std::size_t n) { return allocate(n); }
+void* operator new[](std::size_t n) { return allocate(n); }
+void* operator new(std::size_t n, const std::nothrow_t& t) noexcept { return allocate(n, t); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return allocate(n, t); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
@@ -432,18 +472,140 @@ protected:
         return n.exec(text)[0][0].as<std::int64_t>();
     }
 
-    /// Waits (polling the store, 10 s at most) until `n` claims have expired on the SERVER's clock,
-    /// which is the clock compensation reads; false when they did not.
-    bool await_expired(std::int64_t n) {
+    void sql_exec(const std::string& text) {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        n.exec(text);
+    }
+
+    /// Polls `done` every 20 ms (a poll interval, not a synchronisation) for 10 s at most; false when
+    /// it never held.
+    static bool await(const std::function<bool()>& done) {
         const auto until = std::chrono::steady_clock::now() + 10s;
         for (;;) {
-            const std::int64_t expired = sql_int(
-                "SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
-                "(extract(epoch FROM clock_timestamp()) * 1000)::bigint");
-            if (expired >= n) return true;
+            if (done()) return true;
             if (std::chrono::steady_clock::now() >= until) return false;
-            std::this_thread::sleep_for(20ms);  // a poll interval, not a synchronisation
+            std::this_thread::sleep_for(20ms);
         }
+    }
+
+    /// Waits until `n` claims have expired on the SERVER's clock, which is the clock compensation
+    /// reads; false when they did not within 10 s.
+    bool await_expired(std::int64_t n) {
+        return await([&] {
+            return sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
+                           "(extract(epoch FROM clock_timestamp()) * 1000)::bigint") >= n;
+        });
+    }
+
+    /// Whether a session of this test's database selected by `where` (a condition on pg_stat_activity,
+    /// e.g. "pid = 42" or "application_name = 'idem-global-completions'") is waiting for a lock.
+    bool waits_for_lock(const std::string& where) {
+        return sql_int("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                       "wait_event_type = 'Lock' AND (" + where + ")") > 0;
+    }
+    bool await_lock_wait(const std::string& where) {
+        return await([&] { return waits_for_lock(where); });
+    }
+
+    /// Options of a guard whose batch a test holds back with a row lock: one claim and one completion
+    /// batcher (so the held-back batch is the only one), a call deadline that never cuts the
+    /// held-back statement, and callers that wait `wait` for their batch.
+    idem::global_options one_batcher(const std::string& node, std::chrono::milliseconds wait) {
+        idem::global_options g = gopts(node);
+        g.claim_connections = 1;
+        g.completion_connections = 1;
+        g.call_deadline = 30s;
+        g.wait_timeout = wait;
+        return g;
+    }
+    /// Locks k's row in `hold`'s transaction (SELECT ... FOR UPDATE), as any other client could.
+    static void lock_row(pqxx::work& hold, const std::string& k) {
+        hold.exec("SELECT 1 FROM idempotent_record WHERE idempotent_key = " + hold.quote(k) + " FOR UPDATE");
+    }
+    /// g.begin(k) replays `outcome`.
+    static void expect_replay(idem::global_guard& g, const idem::key& k, std::uint64_t outcome) {
+        const auto d = g.begin(k);
+        EXPECT_EQ(d.status, idem::begin_status::succeeded) << idem::to_string(d.status);
+        EXPECT_EQ(d.outcome, outcome);
+    }
+
+    void completion_held_back(bool owner_gives_up);  // defined with the tests that use it
+
+    /// `threads` threads, released together by a latch, each ask g.begin(k) and then g.query(k)
+    /// once. Returns the distinct answers: status names, and "query <state>" for what query() showed.
+    static std::set<std::string> racing_duplicates(idem::global_guard& g, const idem::key& k, int threads = 8) {
+        std::vector<std::string> seen(2 * static_cast<std::size_t>(threads));
+        std::latch start(threads);
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] {
+                start.arrive_and_wait();
+                seen[2 * t] = idem::to_string(g.begin(k).status);
+                seen[2 * t + 1] = std::string("query ") + idem::to_string(g.query(k).state);
+            });
+        for (auto& t : ts) t.join();
+        return {seen.begin(), seen.end()};
+    }
+    /// Whether every element of `seen` is one of `allowed`.
+    static bool only(const std::set<std::string>& seen, const std::set<std::string>& allowed) {
+        return std::includes(allowed.begin(), allowed.end(), seen.begin(), seen.end());
+    }
+
+    /// The in-doubt probe (gsql::batch_committed) is exact only if a batch statement writes its batch
+    /// row before it can block on a key: then a probe that runs while the old statement is still
+    /// blocked waits for it instead of answering "not committed" (after which the old statement
+    /// commits claims or completions nobody learns about). This runs the prepared statement `sql`
+    /// (batch id `id`, its parameters bound by `run`) on a connection configured like a batcher's,
+    /// until it is seen waiting for a row lock `hold` keeps; then probes `id` from a third
+    /// connection until the probe is seen waiting too (or has answered); then lets both go by
+    /// rolling `hold` back.
+    struct probe_result {
+        bool batch_blocked = false;
+        std::string probe;  ///< "waited, then committed" is the only right answer
+        std::string batch_error;
+        std::vector<std::string> rows;  ///< the statement's first column, sorted
+    };
+    using bound_statement = std::function<pqxx::result(pqxx::nontransaction&, const std::string& name)>;
+    probe_result probe_blocked_batch(pqxx::work& hold, std::string_view name, const std::string& sql, std::int64_t id,
+                                     const bound_statement& run) {
+        probe_result out;
+        pqxx::connection batcher(uri_), prober(uri_);
+        pqxx::nontransaction(batcher).exec("SET plan_cache_mode = force_generic_plan");  // as global_session
+        batcher.prepare(std::string(name), sql);
+        const std::string batcher_pid = std::to_string(batcher.backendpid());
+        const std::string prober_pid = std::to_string(prober.backendpid());
+        std::thread batch([&] {
+            try {
+                pqxx::nontransaction n(batcher);
+                for (const auto& row : run(n, std::string(name))) out.rows.push_back(row[0].c_str());
+            } catch (const std::exception& e) {
+                out.batch_error = e.what();
+            }
+        });
+        out.batch_blocked = await_lock_wait("pid = " + batcher_pid);
+        std::atomic<bool> answered{false};
+        std::string answer;
+        std::thread probe([&] {
+            try {
+                pqxx::work w(prober);
+                const bool none = w.exec_params(std::string(idem::detail::gsql::batch_committed), id).empty();
+                answer = none ? "committed" : "not committed";
+                answered = true;
+                w.abort();  // the speculative insert must not stay: the batch would wait for it
+            } catch (const std::exception& e) {
+                answer = std::string("error ") + e.what();
+                answered = true;
+            }
+        });
+        const bool probe_waits = await([&] { return answered.load() || waits_for_lock("pid = " + prober_pid); });
+        const bool waited = probe_waits && !answered.load();
+        hold.abort();  // the held row goes away (or is unlocked): the batch proceeds, then the probe
+        batch.join();
+        probe.join();
+        out.probe = (waited ? "waited, then " : "answered while the batch ran: ") + answer;
+        std::sort(out.rows.begin(), out.rows.end());
+        return out;
     }
 
     void expect_verified() { ::expect_verified(uri_); }
@@ -561,56 +723,217 @@ TEST_F(Global, CompensationFencesTheStaleOwner) {
     expect_verified();
 }
 
-/// The in-doubt probe (gsql::batch_committed) is exact only if a claim batch writes its batch row
-/// before it can block on a key: then a probe that runs while the old statement is still blocked
-/// waits for it instead of answering "not committed" (after which the old statement commits its
-/// claims unseen). A batch is made to block on a key another transaction holds uncommitted; the
-/// probe must still be waiting after a second (its statement_timeout), and the batch must then win.
+/// A claim batch blocks on a key another transaction inserted and holds uncommitted
+/// (probe_blocked_batch says why the probe must wait).
 TEST_F(Global, InDoubtProbeWaitsForABlockedBatch) {
     { idem::global_guard schema(uri_, opts(), gopts("schema")); }  // creates the tables
     namespace gsql = idem::detail::gsql;
-    pqxx::connection holder(uri_), batcher(uri_), prober(uri_);
+    pqxx::connection holder(uri_);
     pqxx::work hold(holder);
     hold.exec("INSERT INTO idempotent_record VALUES ('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
-    batcher.prepare(std::string(gsql::claim_name), gsql::claim);
-    const int batcher_pid = batcher.backendpid();
-    std::vector<std::string> won;
-    std::string batch_error;
-    std::thread batch([&] {
-        try {
-            pqxx::nontransaction n(batcher);
-            for (const auto& row : n.exec_prepared(std::string(gsql::claim_name), std::int64_t{4242},
-                                                   std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{PAY,PAY}"),
-                                                   std::string("{0,0}"), std::int64_t{60000}, std::string("probe")))
-                won.push_back(row[0].c_str());
-        } catch (const std::exception& e) {
-            batch_error = e.what();
-        }
-    });
-    // Wait (polling the server, 10 s at most) until the batch is blocked on the held key.
-    bool blocked = false;
-    for (int i = 0; i < 500 && !blocked; ++i) {
-        blocked = sql_int("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(batcher_pid) +
-                          " AND wait_event_type = 'Lock'") == 1;
-        if (!blocked) std::this_thread::sleep_for(20ms);  // a poll interval
-    }
-    EXPECT_TRUE(blocked) << "the claim batch never blocked on the held key";
-    std::string probe;
-    try {
-        pqxx::work w(prober);
-        w.exec("SET LOCAL statement_timeout = 1000");
-        const auto r = w.exec_params(std::string(gsql::batch_committed), std::int64_t{4242});
-        probe = r.empty() ? "answered: committed" : "answered: not committed";
-    } catch (const pqxx::sql_error& e) {
-        probe = e.sqlstate() == "57014" ? "waited" : std::string("error ") + e.what();
-    }
-    hold.abort();  // the held key goes away: the batch proceeds and wins both keys
-    batch.join();
-    EXPECT_EQ(probe, "waited") << "the probe must wait for a batch that is still running";
-    EXPECT_EQ(batch_error, "");
-    std::sort(won.begin(), won.end());
-    EXPECT_EQ(won, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v1"}));
+    const auto claim = [](auto& n, const std::string& name) {
+        return n.exec_prepared(name, std::int64_t{4242}, std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{PAY,PAY}"),
+                               std::string("{0,0}"), std::int64_t{60000}, std::string("probe"));
+    };
+    const auto p = probe_blocked_batch(hold, gsql::claim_name, gsql::claim, 4242, claim);
+    EXPECT_TRUE(p.batch_blocked) << "the claim batch never blocked on the held key";
+    EXPECT_EQ(p.probe, "waited, then committed") << "the probe must wait for a batch that is still running";
+    EXPECT_EQ(p.batch_error, "");
+    EXPECT_EQ(p.rows, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v1"}));  // the held key went away
     EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_batch WHERE batch_id = 4242"), 1);
+}
+
+/// A completion batch blocks on a row another transaction holds locked (SELECT ... FOR UPDATE): its
+/// key-order lock CTE must reach the keys through the batch row too, or the statement blocks there
+/// before its batch row exists.
+TEST_F(Global, InDoubtProbeWaitsForABlockedCompletionBatch) {
+    { idem::global_guard schema(uri_, opts(), gopts("schema")); }
+    namespace gsql = idem::detail::gsql;
+    sql_exec("INSERT INTO idempotent_record VALUES ('PK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0), "
+             "('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    pqxx::connection holder(uri_);
+    pqxx::work hold(holder);
+    lock_row(hold, "PK1_PAY_v1");
+    const auto complete = [](auto& n, const std::string& name) {
+        return n.exec_prepared(name, std::int64_t{4343}, std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{1,1}"),
+                               std::string("{SUCCESS,SUCCESS}"), std::string("{7,7}"),
+                               std::string("{\"succeed outcome=7\",\"succeed outcome=7\"}"), std::string("probe"),
+                               false);
+    };
+    const auto p = probe_blocked_batch(hold, gsql::complete_name, gsql::complete, 4343, complete);
+    EXPECT_TRUE(p.batch_blocked) << "the completion batch never blocked on the locked row";
+    EXPECT_EQ(p.probe, "waited, then committed") << "the probe must wait for a batch that is still running";
+    EXPECT_EQ(p.batch_error, "");
+    EXPECT_EQ(p.rows, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v1"}));
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'SUCCESS' AND outcome = 7"), 2);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_batch WHERE batch_id = 4343"), 1);
+}
+
+// ---- durable before visible: nobody sees an outcome the store has not committed --------------------
+
+/// The owner's completion batch is held back by a row lock on its key (another connection's
+/// SELECT ... FOR UPDATE). While it waits, and also after the owner stopped waiting for it
+/// (`owner_gives_up`: succeed() answers store_unavailable after 200 ms; the completion stays queued
+/// and keeps the local claim), duplicates in the owner's process (the local table) and on another
+/// node (the store) see in_progress. The outcome appears, locally too, only once the store has it.
+void Global::completion_held_back(bool owner_gives_up) {
+    idem::global_guard g(uri_, opts(), one_batcher("owner", owner_gives_up ? 200ms : 60s));
+    idem::global_guard other(uri_, opts(), gopts("other"));
+    const idem::key k("DV1_PAY_v1");
+    auto r = g.begin(k);
+    ASSERT_EQ(r.status, idem::begin_status::acquired);
+    pqxx::connection holder(uri_);
+    pqxx::work hold(holder);
+    lock_row(hold, "DV1_PAY_v1");
+    std::atomic<bool> owner_returned{false};
+    std::error_code owner_ec;
+    std::thread owner([&] {
+        owner_ec = r.ticket.succeed(42);
+        owner_returned = true;
+    });
+    const std::string completions = "application_name = 'idem-global-completions'";
+    EXPECT_TRUE(await_lock_wait(completions)) << "the completion batch never blocked on the locked row";
+    if (owner_gives_up) {
+        owner.join();
+        EXPECT_EQ(owner_ec, idem::errc::store_unavailable);
+        EXPECT_TRUE(waits_for_lock(completions)) << "the queued completion stopped waiting for the row";
+    }
+    const std::set<std::string> held{"in_progress", "query PROCESSING"};  // the owner's live local claim
+    EXPECT_EQ(racing_duplicates(g, k), held);
+    EXPECT_EQ(other.begin(k).status, idem::begin_status::in_progress);
+    EXPECT_EQ(owner_returned.load(), owner_gives_up) << "succeed() returned while its completion was held back";
+    hold.abort();
+    if (!owner_gives_up) {
+        owner.join();
+        EXPECT_FALSE(owner_ec) << owner_ec.message();
+    }
+    // The completion commits, then (not before) the local table shows it.
+    EXPECT_TRUE(await([&] { return g.query(k).state != idem::record_state::processing; }));
+    const auto rec = g.lookup("DV1_PAY_v1");
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->state, idem::record_state::succeeded);
+    expect_replay(g, k, 42);
+    expect_replay(other, k, 42);
+    expect_verified();
+}
+
+TEST_F(Global, DuplicatesSeeInProgressWhileTheCompletionIsHeldBack) { completion_held_back(false); }
+
+TEST_F(Global, DuplicatesSeeInProgressAfterTheCompletionTimedOut) { completion_held_back(true); }
+
+/// A completion that cannot even be queued (no memory for it) is not in the store. With
+/// on_failure = terminal, the local claim it leaves behind must still not become FAILED in the
+/// local table (dropping a local ticket applies on_failure): duplicates must ask the store, which
+/// says PROCESSING.
+TEST_F(Global, AnUnqueuedCompletionLeavesNoLocalOutcome) {
+    idem::options o = opts();
+    o.on_failure = idem::failure_policy::terminal;
+    idem::global_guard g(uri_, o, gopts("owner"));
+    const idem::key k("DV3_PAY_v1");
+    {
+        auto r = g.begin(k);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        fail_next_allocation = true;  // the completion's request
+        const std::error_code ec = r.ticket.succeed(42);
+        fail_next_allocation = false;
+        EXPECT_EQ(ec, idem::errc::store_unavailable);
+        EXPECT_FALSE(r.ticket.valid());
+    }  // the ticket (and whatever it still held) is gone
+    // One duplicate takes the local claim and asks the store (PROCESSING: in_progress); the others
+    // meet that local claim (in_progress) or the released local record it leaves (which query()
+    // shows as released or absent). Never the FAILED that on_failure = terminal would write.
+    const auto seen = racing_duplicates(g, k);
+    EXPECT_TRUE(only(seen, {"in_progress", "query PROCESSING", "query RELEASED", "query ABSENT"}))
+        << testing::PrintToString(seen);
+    const auto rec = g.lookup("DV3_PAY_v1");
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->state, idem::record_state::processing);
+    expect_verified();
+}
+
+/// A compensation batch held back by a row lock: the compensating node's duplicates see the claim
+/// as the store has it (expired: in_doubt), never the resolver's answer before it is committed.
+TEST_F(Global, CompensationIsVisibleOnlyOnceCommitted) {
+    idem::options ro = opts();
+    ro.resolve = [](const idem::expired_claim&) { return idem::resolver_answer{idem::resolution::succeeded, 77}; };
+    idem::global_guard owner(uri_, opts(300ms), gopts("owner"));
+    idem::global_guard comp(uri_, ro, one_batcher("compensator", 10s));
+    const idem::key k("DV4_PAY_v1");
+    auto a = owner.begin(k);
+    ASSERT_EQ(a.status, idem::begin_status::acquired);
+    ASSERT_TRUE(await_expired(1));
+    pqxx::connection holder(uri_);
+    pqxx::work hold(holder);
+    lock_row(hold, "DV4_PAY_v1");
+    std::size_t resolved = 0;
+    std::thread pass([&] { resolved = comp.compensate(); });
+    EXPECT_TRUE(await_lock_wait("application_name = 'idem-global-compensation'"))
+        << "the compensation batch never blocked on the locked row";
+    // One duplicate takes the local claim and asks the store (PROCESSING, expired: in_doubt); the
+    // others meet that local claim (in_progress) or the released local record it leaves (which
+    // query() shows as released or absent). Never the resolver's SUCCEEDED.
+    const auto seen = racing_duplicates(comp, k);
+    EXPECT_TRUE(only(seen, {"in_doubt", "in_progress", "query PROCESSING", "query RELEASED", "query ABSENT"}))
+        << testing::PrintToString(seen);
+    EXPECT_TRUE(seen.contains("in_doubt")) << testing::PrintToString(seen);
+    hold.abort();
+    pass.join();
+    EXPECT_EQ(resolved, 1u);
+    expect_replay(comp, k, 77);
+    EXPECT_EQ(a.ticket.succeed(1), idem::errc::stale_ticket);
+    expect_verified();
+}
+
+// ---- keys the store cannot hold ---------------------------------------------------------------------
+
+/// key{} and keys that are not valid UTF-8 are answered invalid_key at once, by begin, begin_wait
+/// and run (which throws naming the key and the rule), without touching the local table, a batch
+/// or the store: they are refused while the only claim batcher is blocked (on a key another
+/// transaction inserted, uncommitted), and that batch, holding another key, goes on unaffected.
+TEST_F(Global, InvalidKeysAreRefusedAtOnce) {
+    idem::global_guard g(uri_, opts(), one_batcher("n1", 60s));
+    pqxx::connection holder(uri_);
+    pqxx::work hold(holder);
+    hold.exec("INSERT INTO idempotent_record VALUES ('IK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    std::optional<idem::global_begin_result> good;
+    std::thread claimer([&] { good.emplace(g.begin(idem::key("IK0_PAY_v1"))); });
+    EXPECT_TRUE(await_lock_wait("application_name = 'idem-global-claims'")) << "the claim batch never blocked";
+    const auto before = g.snapshot();
+    const std::string not_utf8[] = {"IK\xff\xfe_PAY_v1", "IK\xc0\xaf_PAY_v1" /* overlong '/' */,
+                                    "IK\xed\xa0\x80_PAY_v1" /* a UTF-16 surrogate */, "IK\xe2\x82_PAY_v1" /* cut */};
+    std::vector<idem::key> bad{idem::key{}};
+    for (const auto& text : not_utf8) bad.emplace_back(text);
+    for (const idem::key& k : bad) {
+        const std::string shown = "'" + idem::key::printable(k.view()) + "'";
+        EXPECT_EQ(g.begin(k, 5).status, idem::begin_status::invalid_key) << shown;
+        EXPECT_EQ(g.begin_wait(k, 5, 10s).status, idem::begin_status::invalid_key) << shown;
+        bool ran = false;
+        try {
+            (void)g.run(k, [&] { ran = true; });
+            ADD_FAILURE() << shown << ": run() did not throw";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.code(), idem::errc::invalid_key) << shown << ": " << e.what();
+            EXPECT_NE(std::string(e.what()).find(shown), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(k.empty() ? "key{}" : "UTF-8"), std::string::npos) << e.what();
+        }
+        EXPECT_FALSE(ran) << shown;
+        EXPECT_EQ(g.query(k).state, idem::record_state::absent) << shown;
+    }
+    const auto after = g.snapshot();
+    EXPECT_EQ(after.local.acquired, before.local.acquired) << "the local table was touched";
+    EXPECT_EQ(after.answered_locally, before.answered_locally) << "the local table was touched";
+    EXPECT_EQ(after.claims_sent, before.claims_sent) << "a refused key reached a batch";
+    EXPECT_EQ(after.store_errors, before.store_errors);
+    EXPECT_TRUE(waits_for_lock("application_name = 'idem-global-claims'")) << "the blocked batch was disturbed";
+    hold.abort();  // the other transaction's row goes away: the batch claims IK0
+    claimer.join();
+    ASSERT_TRUE(good);
+    ASSERT_EQ(good->status, idem::begin_status::acquired);
+    EXPECT_EQ(good->ticket.fence(), 1u);
+    EXPECT_FALSE(good->ticket.succeed(3));
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record"), 1);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_audit WHERE idempotent_key <> 'IK0_PAY_v1'"), 0);
+    expect_verified();
 }
 
 // ---- several processes ------------------------------------------------------------------------------

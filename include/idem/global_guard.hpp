@@ -23,8 +23,9 @@
 // global_options::wait_timeout (a store that does not answer gives store_unavailable, never a hang).
 //
 // Not guaranteed: what the local table caches outlives nothing: a restarted process asks the store
-// again (a round trip per key it meets). Keys must be valid UTF-8 (PostgreSQL text); any other key
-// answers store_unavailable. Fences of answers from the local table are 0 (the store's fence is
+// again (a round trip per key it meets). Keys must be valid UTF-8 (PostgreSQL text): any other key,
+// and the placeholder key{}, is answered invalid_key at once (nothing is touched; retrying cannot
+// help). Fences of answers from the local table are 0 (the store's fence is
 // reported only when the store answered). A claim's lease is measured on the SERVER's clock.
 #pragma once
 
@@ -74,8 +75,11 @@ public:
 
     /// Records success: {} once committed; stale_ticket when the claim was compensated meanwhile
     /// (nothing changed); store_unavailable when the store did not confirm within wait_timeout (the
-    /// success stays queued and is written when the store answers; until then this process's
-    /// duplicates see in_progress). The ticket is empty afterwards in every case.
+    /// success stays queued and is written when the store answers) or when it could not even be
+    /// queued (out of memory: nothing is written; the claim stays PROCESSING in the store until its
+    /// lease expires and compensation resolves it). Until the store committed the success, this
+    /// process's duplicates see in_progress (other processes: in_progress, in_doubt once the lease
+    /// expired), never succeeded. The ticket is empty afterwards in every case.
     std::error_code succeed(std::uint64_t outcome = 0) noexcept {
         return finish(record_state::succeeded, outcome, transition_cause::succeed);
     }
@@ -145,8 +149,12 @@ public:
     global_guard(const global_guard&) = delete;
     global_guard& operator=(const global_guard&) = delete;
 
-    /// Claims `k` across every process sharing the store, or says what its record is.
+    /// Claims `k` across every process sharing the store, or says what its record is. invalid_key
+    /// for key{} and for a key that is not valid UTF-8, at once, touching nothing.
     global_begin_result begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
+        // A key the store can never hold is refused before anything is touched (global_engine::accepts).
+        if (!detail::global_engine::accepts(k)) [[unlikely]]
+            return {begin_status::invalid_key, global_ticket(), 0, 0};
         // The local table answers what this process knows (inline: no call, no intermediate answer).
         auto lr = engine_->local().begin(k, fingerprint);
         if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0};
@@ -209,6 +217,8 @@ public:
             case begin_status::store_unavailable:
                 throw error(errc::store_unavailable, name() + ": the store did not confirm the claim; not executed (" +
                                                          engine_->last_error() + ")");
+            case begin_status::invalid_key:
+                throw error(errc::invalid_key, name() + " " + detail::global_engine::refusal(k) + "; not executed");
         }
         std::uint64_t outcome = 0;
         if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {

@@ -25,7 +25,12 @@
 //     UPDATE ... FROM unnest(...) WHERE key AND fencing_token AND status = 'PROCESSING' RETURNING
 //     key, audit rows in the same statement. A key returned won; any other is stale (unless this
 //     node's own earlier attempt of the same completion committed, which the audit trail shows).
-//     The local record follows the store's answer.
+//     The local record follows the store's answer, and only once the store committed it: durable
+//     before visible. Until then the local claim stays live, so this process's duplicates see
+//     in_progress (also after the owner was told store_unavailable: the completion stays queued);
+//     a completion the store refused or never received leaves the claim released locally (the
+//     next begin asks the store), never SUCCEEDED or FAILED. Compensation never writes the local
+//     table: a duplicate learns its result from the store, after it committed.
 //   * Compensation (the maintenance thread, own connection; only with a resolver): SELECT expired
 //     PROCESSING rows (a partial index), skip those this process holds a live local claim on, ask
 //     the resolver, then one fenced UPDATE batch that also re-checks the lease under the row lock.
@@ -229,16 +234,25 @@ public:
         std::uint64_t outcome = 0;
     };
 
-    /// The store's half of global_guard::begin(), which asked the local table first (a known key
-    /// costs what it costs in process scope; answered_locally is derived from the table's own
-    /// striped counters, no shared counter on that path): `lr` holds the local claim on k (this
-    /// process's one question about k in flight).
+    /// Whether scope::global can hold `k` at all: not the placeholder key{}, and valid UTF-8 (the
+    /// store's rule, postgres_store::accepts_key: keys are PostgreSQL text). global_guard::begin()
+    /// answers any other key invalid_key before it touches the local table, a batch or the store: the
+    /// key can never be claimed, so an answer a caller would retry (store_unavailable) would be a lie,
+    /// and a key the statement cannot bind would fail every other claim of its batch. Wait-free.
+    [[nodiscard]] static bool accepts(const key& k) noexcept {
+        return !k.empty() && postgres_store::accepts_key(k.view());
+    }
+    /// Why accepts(k) is false: the rule the key breaks (for messages).
+    [[nodiscard]] static std::string refusal(const key& k) {
+        return k.empty() ? "is the empty placeholder key{} (a key has 1 to 128 bytes)"
+                         : "is not valid UTF-8; scope::global keeps keys in PostgreSQL text, which cannot hold it";
+    }
+
+    /// The store's half of global_guard::begin(), which refused keys accepts() refuses and asked the
+    /// local table first (a known key costs what it costs in process scope; answered_locally is
+    /// derived from the table's own striped counters, no shared counter on that path): `lr` holds
+    /// the local claim on k (this process's one question about k in flight).
     claim_answer claim(const key& k, std::uint64_t fp, begin_result&& lr) noexcept {
-        if (!pg::valid_utf8(k.view())) {  // PostgreSQL text cannot hold it (postgres_store::accepts_key)
-            (void)lr.ticket.fail(0, failure_policy::retryable);
-            count(n_errors_);
-            return {begin_status::store_unavailable, {}, 0, 0};
-        }
         std::shared_ptr<global_claim> c;
         try {
             c = std::make_shared<global_claim>();
@@ -290,18 +304,22 @@ public:
 
     // ---- completions ----------------------------------------------------------------------------
 
-    /// Records `to` for the claim (k, fence), finalising `local` the same way. Returns {} when the
-    /// store took it, stale_ticket when the claim is no longer the record's, store_unavailable when
-    /// the store did not answer within wait_timeout (the completion stays queued and owns the local
-    /// claim until the store takes it).
+    /// Records `to` for the claim (k, fence), finalising `local` the same way once the store
+    /// committed it (never before: a duplicate must not be told an outcome the store may not keep).
+    /// Returns {} when the store took it, stale_ticket when the claim is no longer the record's,
+    /// store_unavailable when the store did not answer within wait_timeout (the completion stays
+    /// queued and owns the local claim until the store takes it) or when it could not be queued
+    /// (no memory, or the guard is closing: `local` is released, the next begin asks the store).
     std::error_code complete(const key& k, std::uint64_t fence, record_state to, std::uint64_t outcome,
                              transition_cause cause, ticket&& local) noexcept {
-        return submit_completion(k, fence, [&](global_completion& r) {
+        const std::error_code ec = submit_completion(k, fence, [&](global_completion& r) {
             r.to = to;
             r.outcome = outcome;
             r.cause = cause;
             r.local = std::move(local);
         });
+        if (local) (void)local.fail(0, failure_policy::retryable);  // never queued: the store was told nothing
+        return ec;
     }
 
     /// Renews the lease of (k, fence) to now + by (server clock).
@@ -447,6 +465,13 @@ private:
     static options local_options(options o) {
         // The local table never decides a lease: the store does. Its claims live until the caller
         // completes them (or the ticket is dropped), so the local table never compensates.
+        // Nor does it decide an outcome: a local claim becomes SUCCEEDED or FAILED only after the
+        // store committed that (run_completions, or a claim that lost to such a row). A local ticket
+        // dropped without that (a completion that could not be queued, a guard closing with
+        // completions left) is released, never failed per on_failure: a FAILED the store does not
+        // hold would be replayed to every duplicate. (global_ticket applies on_failure through the
+        // store.)
+        o.on_failure = failure_policy::retryable;
         o.lease = std::chrono::hours(24 * 365 * 50);
         o.resolve = nullptr;
         o.reclaim_expired = false;
@@ -506,7 +531,7 @@ private:
     }
 
     /// A completion or renewal of (k, fence), filled in by `fill`, queued and awaited. A failed
-    /// allocation drops `local` (released locally) and answers store_unavailable.
+    /// allocation answers store_unavailable without calling `fill`.
     template <class Fill>
     std::error_code submit_completion(const key& k, std::uint64_t fence, Fill fill) noexcept {
         std::shared_ptr<global_completion> r;
@@ -816,7 +841,7 @@ private:
                     for (auto& r : left) r->st = global_completion::phase::done;  // verdict error
                     lk.unlock();
                     completions_.done.notify_all();
-                    return;  // `left` drops the local claims: they are released locally
+                    return;  // `left` drops the local claims: released locally (local_options)
                 }
                 take(completions_, batch, [](const auto&) { return false; },
                      [](auto& r) { r->st = global_completion::phase::sent; });

@@ -14,9 +14,12 @@
 // For that wait to be exact the batch row must be written BEFORE anything else of the statement
 // (PostgreSQL runs an unreferenced data-modifying CTE after the main query: the old session could be
 // blocked on a row lock, batch row not yet written, while the probe concludes "not committed").
-// So the row set `u` of every batch statement joins the batch CTE `b`: no key is touched before b's
-// row (and its primary-key entry) exists. The one case left is a statement the server has not read
-// at all when the probe runs; the probe runs after the call deadline (seconds), on a new connection.
+// So every part of a batch statement that reads or locks idempotent_record gets there through the
+// batch CTE `b`: the row set `u` joins b, and so does the key-order lock CTE `lk` of the completion
+// statement (a row lock is taken only on a row the join emitted, which needs b's row): no key is
+// touched before b's row (and its primary-key entry) exists. The one case left is a statement the
+// server has not read at all when the probe runs; the probe runs after the call deadline (seconds),
+// on a new connection. (The lease renewal is not a batch: it has no batch id and is never probed.)
 //
 // Time. lease_until, created_time, updated_time and at_time are the SERVER's clock (Unix ms), so
 // machines with skewed clocks still agree on when a lease expired. `now_ms` is the statement's start.
@@ -98,10 +101,11 @@ SELECT a.idempotent_key, a.fencing_token FROM idempotent_audit a
 // status, $5 outcomes, $6 audit details; $7 node; $8 true for compensation: the lease must have
 // expired (re-checked under the row lock: the owner may have renewed it since the scan).
 // A doubt mark is the same statement with status PROCESSING (an audited no-op on the record).
-// Returns the keys whose fenced UPDATE won. The rows are locked first, in key order (`lk`): the
-// UPDATE's join would lock them in whatever order its plan reads them, and an owner's completion and
-// another node's compensation of overlapping keys could then deadlock (PostgreSQL breaks that after
-// deadlock_timeout, 1 s by default; the batch is retried, but the batch's callers wait).
+// Returns the keys whose fenced UPDATE won. The rows are locked first, in key order (`lk`, which
+// joins b like `u`: see the header): the UPDATE's join would lock them in whatever order its plan
+// reads them, and an owner's completion and another node's compensation of overlapping keys could
+// then deadlock (PostgreSQL breaks that after deadlock_timeout, 1 s by default; the batch is
+// retried, but the batch's callers wait).
 inline constexpr std::string_view complete_name = "idem_g_complete";
 inline const std::string complete = R"sql(
 WITH b AS (
@@ -109,8 +113,8 @@ WITH b AS (
 ), u AS (
   SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
 ), lk AS MATERIALIZED (
-  SELECT r.idempotent_key AS k FROM idempotent_record AS r
-   WHERE r.idempotent_key = ANY($2::text[]) ORDER BY r.idempotent_key FOR UPDATE
+  SELECT r.idempotent_key AS k FROM b CROSS JOIN idempotent_record AS r
+   WHERE r.idempotent_key = ANY($2::text[]) ORDER BY r.idempotent_key FOR UPDATE OF r
 ), upd AS (
   UPDATE idempotent_record AS r
      SET status = u.st, outcome = u.oc, updated_time = )sql" IDEM_GSQL_NOW R"sql(
