@@ -183,6 +183,13 @@ public:
         }
     };
 
+    /// Which copy of this code handed out the thread's owned stripe. Each copy has its own (two
+    /// shared objects built with hidden visibility each instantiate their own statics), so an
+    /// engine lets only one of them use its owned stripes (engine::my_stripe).
+    [[nodiscard]] static const void* registry() noexcept { return &taken(); }
+    /// The shared stripe standing in for `ref` (RMWs only).
+    [[nodiscard]] static stripe_ref as_shared(stripe_ref ref) noexcept { return shared(ref.index); }
+
 private:
     [[nodiscard]] static stripe_ref shared(unsigned n) noexcept { return {owned_stripes + n % shared_stripes, false}; }
     static std::atomic<std::uint64_t>& taken() noexcept {
@@ -1009,7 +1016,7 @@ public:
         const bool new_slot = s == nullptr;  // a key restored twice keeps its slot: one fill
         if (new_slot) {
             if (t.e == nullptr) return begin_status::capacity_exhausted;
-            const std::uint64_t n = cur.slots().alloc(stripe());
+            const std::uint64_t n = cur.slots().alloc(my_stripe());
             if (n == slot_arena<Atomic>::npos) {
                 position::withdraw(*t.e, h);
                 return begin_status::capacity_exhausted;
@@ -1021,7 +1028,7 @@ public:
         }
         const std::uint64_t inc = state_word::incarnation(s->word.load(std::memory_order_acquire));  // (3)
         if (s->key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: single-threaded here
-            const std::uint64_t ref = cur.keys().append(k, stripe());
+            const std::uint64_t ref = cur.keys().append(k, my_stripe());
             if (ref == 0) return begin_status::capacity_exhausted;
             s->key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
         }
@@ -1077,7 +1084,7 @@ public:
     }
 
     void count(unsigned c, std::uint64_t n = 1) noexcept {
-        const stripe_ref st = stripe();
+        const stripe_ref st = my_stripe();
         stripe_add(stripes_[st.index].v[c], n, st.owned);
     }
 
@@ -1088,6 +1095,22 @@ public:
         constexpr bool real_threads = std::is_base_of_v<std::atomic<std::uint64_t>, Atomic<std::uint64_t>>;
         const stripe_ref st = this_thread_stripe();
         return {st.index, real_threads && st.owned};
+    }
+
+    /// The stripe this thread writes in this engine: stripe(), unless the thread's owned stripe
+    /// was handed out by another copy of this code than the one that first used an owned stripe
+    /// of this engine (a guard shared between two shared objects that each carry idem with hidden
+    /// visibility: both copies may give index 0 to one of their threads). Threads of the other
+    /// copy use the shared stripes (RMWs), so no owned stripe or arena cursor of this engine ever
+    /// has two plain writers.
+    [[nodiscard]] stripe_ref my_stripe() noexcept {
+        const stripe_ref st = stripe();
+        if (!st.owned) return st;
+        const void* const mine = stripe_owner::registry();
+        const void* seen = registry_.load(std::memory_order_relaxed);  // relaxed: set once; the CAS decides
+        if (seen == mine) [[likely]] return st;
+        if (seen == nullptr && registry_.compare_exchange_strong(seen, mine, std::memory_order_relaxed)) return st;
+        return stripe_owner::as_shared(st);
     }
 
 private:
@@ -1256,7 +1279,7 @@ private:
         // The epoch is current, so this generation cannot be recycled (its arenas reset) while the
         // position is pending: a pending position blocks recycling like a claim in progress.
         const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos
-                                                              : gen.slots().alloc(stripe());
+                                                              : gen.slots().alloc(my_stripe());
         if (n == slot_arena<Atomic>::npos) {
             position::withdraw(e, h);
             count(c_capacity);
@@ -1303,7 +1326,7 @@ private:
         if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
             // reclaimed record keeps the text of its first claim: same identity, same key).
-            const std::uint64_t ref = gen.keys().append(k, stripe());
+            const std::uint64_t ref = gen.keys().append(k, my_stripe());
             if (ref == 0) {
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
                 count(c_capacity);
@@ -1374,6 +1397,7 @@ private:
     std::uint64_t fence_base_ = 0;  // generations before this process (from the store's max fence)
     std::unique_ptr<generation<Atomic>> gens_[2];
     unsigned char secret_[XXH3_SECRET_DEFAULT_SIZE];
+    std::atomic<const void*> registry_{nullptr};  ///< the copy of this code whose threads own stripes here (my_stripe)
     alignas(64) Atomic<std::uint64_t> epoch_{0};
     std::mutex rotate_mutex_;  // rotation only; never taken on the hot path
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
