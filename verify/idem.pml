@@ -13,6 +13,12 @@
  *     the store, whose record keeps the highest fence (store::apply);
  *   - sync mode (group commit: a transition is acknowledged when its row has committed, else the
  *     caller is told store_unavailable) and async mode (acknowledged at once);
+ *   - sync mode, durable before visible: a terminal result (succeeded / failed, by its owner or by
+ *     compensation) is published with the unconfirmed mark (the doubt bit on a terminal word; the
+ *     position of its row in lease_until), the owner clears the mark once the row committed or, when
+ *     its wait times out, sets the gave-up flag and keeps the mark; readers (a begin() that meets the
+ *     record: a duplicate) answer in_progress, or in_doubt after the owner gave up, until the row is
+ *     durable, then the recorded state (engine::complete, confirm, unconfirmed, existing);
  *   - a crash that loses memory, the queue and every thread's progress, then a restart that
  *     recovers the record from the store (durable_guard::recover) and lets one caller retry the key;
  *   - the downstream system where the effect happens. It survives crashes. With FENCED it honours
@@ -29,10 +35,15 @@
  *   RECLAIM=1   blind reclaim: a new caller takes an expired claim over with a new fence, without
  *               asking the resolver (options.reclaim_expired). Must break at_most_once.
  *   FENCED=0    the downstream ignores fences (documented limitation, docs/design.md section 5)
+ *   IGNORE_MARK=1  readers ignore the unconfirmed mark: a duplicate sees the terminal state as soon
+ *               as it is published. Must break durable_before_visible.
+ *   CLEAR_ON_TIMEOUT=1  an owner whose wait for its terminal row times out clears the mark instead
+ *               of setting the gave-up flag. Must break durable_before_visible.
  *   TRIES, QN   begin attempts per worker (1), queue rows (3); two workers at first, one after
  *               a restart (the caller who retries the key)
  *
- * Properties (ltl blocks at the end): at_most_once, no_stale_completion, acked_durable.
+ * Properties (ltl blocks at the end): at_most_once, no_stale_completion, acked_durable,
+ * durable_before_visible.
  */
 
 #ifndef SYNC
@@ -52,6 +63,12 @@
 #endif
 #ifndef QN
 #define QN 3
+#endif
+#ifndef IGNORE_MARK
+#define IGNORE_MARK 0
+#endif
+#ifndef CLEAR_ON_TIMEOUT
+#define CLEAR_ON_TIMEOUT 0
 #endif
 
 /* slot states (slot_state in slot.hpp; VACANT doubles as "no record" in the store). The transient
@@ -88,11 +105,25 @@
 /* rank of a transition for a fence: the claim (1) comes before its completion (2) */
 #define RANK(s) ((s) == VACANT -> 0 : ((s) == PROCESSING -> 1 : 2))
 
+#define TERMINAL(s) ((s) == SUCCEEDED || (s) == FAILED)
+/* engine::unconfirmed: the slot shows a terminal state with the unconfirmed mark whose row is not
+   durable yet (sink::durable(seq) is false): readers must not show it */
+#if IGNORE_MARK
+#define HIDDEN false
+#else
+#define HIDDEN (TERMINAL(st) && doubt && upos > 0)
+#endif
+
 /* ---- memory: the slot of the one key --------------------------------------------------------- */
 byte st = VACANT;
 byte fence = 0;
-bool doubt = false;
+bool doubt = false;       /* on processing: the doubt mark; on succeeded / failed: the unconfirmed mark */
 bool expired = false;     /* the current claim's lease has run out */
+/* lease_until of a terminal word with the unconfirmed mark: its row's sequence number, kept as the
+   rows in the queue up to and including that row (0: the watermark passed it, the row is durable),
+   and the gave-up flag (the owner's wait timed out) */
+byte upos = 0;
+bool gaveup = false;
 
 /* ---- threads' progress (global, so that a crash can wipe it in one step) --------------------- */
 byte wpc[2];              /* worker program counters */
@@ -100,7 +131,8 @@ byte wf[2];               /* the fence of the worker's ticket */
 byte wpend[2];            /* rows in the queue up to and including the worker's last row; 0: committed */
 byte wtries[2];           /* begin() calls left */
 bool wexec[2];            /* the worker executed the effect */
-byte cpc = 0;             /* compensation: 0 scanning, 1 holding a resolver's answer */
+byte cpc = 0;             /* compensation: 0 scanning, 1 holding a resolver's answer, 2 (sync) waiting
+                             for the commit of the terminal state it recorded */
 byte cf = 0;              /* compensation: the fence of the claim it asked about */
 bool cd = false;          /* compensation: the claim was already marked in doubt */
 byte verdict = 0;         /* compensation: the resolver's answer */
@@ -122,6 +154,8 @@ bool stale_done = false;  /* a completion was recorded with a fence that was not
 byte ack_fence = 0;       /* the highest transition acknowledged to a caller: (fence, rank) */
 byte ack_rank = 0;
 bool lost_ack = false;    /* a crash lost an acknowledged transition */
+bool shown_undurable = false;  /* a duplicate was answered succeeded / failed while the store did not
+                                  hold that terminal state for that fence */
 byte crashes = 0;
 /* witnesses that the interesting paths are reachable (the runner expects each reach_* claim to be
    violated: a property that holds only because its situation never happens proves nothing). They
@@ -136,6 +170,9 @@ bool w_compensated = false;   /* compensation recorded a resolver's verdict */
 bool w_doubt = false;         /* compensation marked a claim in doubt */
 bool w_renewed = false;       /* compensation found the claim renewed under it and skipped */
 bool w_recovered = false;     /* a restart recovered a PROCESSING record */
+bool w_hidden = false;        /* a duplicate met a terminal state not yet durable: in_progress */
+bool w_gave_up = false;       /* ... after its owner gave up waiting for the commit: in_doubt */
+bool w_marked_shown = false;  /* a duplicate met the mark on a row already durable: shows the record */
 
 inline acknowledge(f, r) {
   if
@@ -154,6 +191,35 @@ inline offer(to, f) {
 
 inline forget(i) {
   wpc[i] = W_IDLE; wf[i] = 0; wpend[i] = 0; wexec[i] = false
+}
+
+/* Sync mode, after the owner's wait for the terminal row of fence f (engine::confirm). The CAS of the
+   marked word fails only if the record moved on (not in this model: a terminal word stays until a
+   crash). committed: the mark is cleared. Timed out: through `completing`, the gave-up flag is set
+   and the marked word is published again (with CLEAR_ON_TIMEOUT, the mutant: the mark is cleared). */
+inline confirm(f) {
+  if :: TERMINAL(st) && fence == f && doubt -> doubt = false :: else -> skip fi
+}
+inline give_up(f) {
+  if
+  :: TERMINAL(st) && fence == f && doubt ->
+#if CLEAR_ON_TIMEOUT
+     doubt = false
+#else
+     gaveup = true
+#endif
+  :: else -> skip
+  fi
+}
+
+/* Sync mode: publish terminal state `to` with the unconfirmed mark, its row being the last in the
+   queue (engine::complete: offer, then the marked word); other states carry no mark. */
+inline mark(to) {
+#if SYNC
+  if :: TERMINAL(to) -> doubt = true; upos = len(q) :: else -> doubt = false fi
+#else
+  doubt = false
+#endif
 }
 
 /* ---- a worker: begin, execute, maybe extend, complete ------------------------------------------ */
@@ -180,7 +246,19 @@ end_worker:
 #else
           acknowledge(wf[i], 1); wpc[i] = W_ACKED
 #endif
-       :: !CLAIMABLE || full(q) -> skip   /* in_progress, duplicate, in_doubt, backpressure: nothing */
+       :: !CLAIMABLE || full(q) ->   /* in_progress, duplicate, in_doubt, backpressure: nothing changes */
+          /* engine::existing (a terminal record is answered whatever the queue's fill) */
+          if
+          :: TERMINAL(st) && !HIDDEN ->
+             printf("MSC: worker %d: begin() is a duplicate, answers state %d (fence %d)\n", i, st, fence);
+             if :: doubt -> WITNESSED(w_marked_shown) :: else -> skip fi;
+             if :: !(db_st == st && db_fence == fence) -> shown_undurable = true :: else -> skip fi
+          :: TERMINAL(st) && HIDDEN && !gaveup -> WITNESSED(w_hidden);
+             printf("MSC: worker %d: begin() meets state %d not yet durable, answers in_progress\n", i, st)
+          :: TERMINAL(st) && HIDDEN && gaveup -> WITNESSED(w_gave_up);
+             printf("MSC: worker %d: begin() meets state %d not durable, owner gave up: in_doubt\n", i, st)
+          :: !TERMINAL(st) -> skip
+          fi
        fi
      }
   /* sync: flush_pipeline::await returns once the row committed: begin() answers acquired */
@@ -193,7 +271,7 @@ end_worker:
   :: atomic {
        wpc[i] == W_CLAIMED && wpend[i] > 0 ->
        if
-       :: MINE(i) && nfull(q) -> st = RELEASED; offer(RELEASED, wf[i])
+       :: MINE(i) && nfull(q) -> st = RELEASED; doubt = false; offer(RELEASED, wf[i])
        :: !MINE(i) || full(q) -> skip   /* taken meanwhile, or backpressure: lease and compensation decide */
        fi;
        forget(i)
@@ -227,7 +305,7 @@ end_worker:
        if
        :: MINE(i) && full(q) -> skip   /* errc::backpressure: the ticket stays valid, retry */
        :: MINE(i) && nfull(q) ->
-          st = to; offer(to, wf[i]); wpend[i] = len(q);
+          st = to; offer(to, wf[i]); wpend[i] = len(q); mark(to);
           printf("MSC: worker %d completes fence %d -> state %d\n", i, wf[i], to);
           if :: wf[i] != granted -> stale_done = true :: else -> skip fi;
 #if SYNC
@@ -240,10 +318,12 @@ end_worker:
        fi;
        to = 0
      }
-  /* sync: the completion is acknowledged once its row committed; a timeout answers
-     store_unavailable (recorded in memory and queued, not acknowledged) */
-  :: atomic { wpc[i] == W_COMPLETED && wpend[i] == 0 -> acknowledge(wf[i], 2); forget(i) }
-  :: atomic { wpc[i] == W_COMPLETED && wpend[i] > 0 -> forget(i) }
+  /* sync: the completion is acknowledged once its row committed, and the owner clears the
+     unconfirmed mark; a timeout answers store_unavailable (recorded in memory and queued, not
+     acknowledged) and sets the gave-up flag */
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] == 0 -> acknowledge(wf[i], 2); confirm(wf[i]); forget(i) }
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] > 0 -> give_up(wf[i]);
+       printf("MSC: worker %d: the commit of fence %d does not come, store_unavailable\n", i, wf[i]); forget(i) }
   od
 }
 
@@ -265,7 +345,8 @@ end_compensator:
        printf("MSC: compensation asks the resolver about fence %d: verdict %d (0 succeeded, 1 not executed, 2 unknown)\n", cf, verdict)
      }
   /* resolve_claim: enter (CAS (4) processing(cf) -> completing), re-check the lease (the owner may
-     have renewed it since the snapshot: then undo and skip), offer, release-store the verdict */
+     have renewed it since the snapshot: then undo and skip), offer, release-store the verdict (sync:
+     a terminal one with the unconfirmed mark, then wait for its commit) */
   :: atomic {
        cpc == 1 ->
        if
@@ -273,21 +354,32 @@ end_compensator:
        :: EXPIRED_CLAIM && verdict == R_UNKNOWN && !cd && nfull(q) ->
           doubt = true; offer(DOUBT_ROW, cf); WITNESSED(w_doubt)
        :: EXPIRED_CLAIM && verdict != R_UNKNOWN && nfull(q) ->
-          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); WITNESSED(w_compensated);
+          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); mark(st); WITNESSED(w_compensated);
           printf("MSC: compensation records fence %d -> state %d\n", cf, st);
-          if :: cf != granted -> stale_done = true :: else -> skip fi
+          if :: cf != granted -> stale_done = true :: else -> skip fi;
+          if :: SYNC && TERMINAL(st) -> cpc = 2 :: else -> skip fi
        :: !(verdict == R_UNKNOWN && cd) && (!EXPIRED_CLAIM || full(q)) ->
           /* renewed, completed or taken over meanwhile; or backpressure */
           if :: st == PROCESSING && fence == cf && !expired -> WITNESSED(w_renewed) :: else -> skip fi
        fi;
-       cpc = 0; cf = 0; cd = false; verdict = 0
+       if :: cpc == 1 -> cpc = 0; cf = 0 :: else -> skip fi;
+       cd = false; verdict = 0
      }
+  /* sync: the wait for the commit of the recorded terminal state (the tail of engine::complete),
+     then engine::confirm. The slot's row position is that of the row compensation recorded. */
+  :: atomic { cpc == 2 && upos == 0 -> confirm(cf); cpc = 0; cf = 0 }
+  :: atomic { cpc == 2 && upos > 0 -> give_up(cf); cpc = 0; cf = 0 }
   od
 }
 
 /* ---- the flusher: flush_pipeline::run -> write_batch -> store::apply ---------------------------- */
 /* A failed apply, or a commit_unknown that store::committed() resolves, is a delay before the same
-   commit (or its confirmation): the interleavings where the flusher waits cover both. */
+   commit (or its confirmation): the interleavings where the flusher waits cover both. The flusher is
+   down for as long as it takes no step: every property is a safety property, so the search covers
+   every run in which commits stop coming (awaits time out, owners give up) and those where they
+   resume later. It commits one row per step, in queue order: the watermark, which only grows, passes
+   each row as it commits; a batch is several such steps with nothing in between, one of the
+   interleavings searched. */
 active proctype flusher() {
   byte to, f;
 end_flusher:
@@ -300,6 +392,7 @@ end_flusher:
        fi;
        if :: wpend[0] > 0 -> wpend[0]-- :: else -> skip fi;
        if :: wpend[1] > 0 -> wpend[1]-- :: else -> skip fi;
+       if :: upos > 0 -> upos-- :: else -> skip fi;
        to = 0; f = 0
      }
   od
@@ -336,7 +429,7 @@ end_crash:
        forget(0); forget(1); cpc = 0; cf = 0; cd = false; verdict = 0;
        /* durable_guard::recover: the record comes back from the store (guard::restore); fences
           continue above it; a processing record is compensated once its lease has run out */
-       st = db_st; fence = db_fence; doubt = false; expired = false;
+       st = db_st; fence = db_fence; doubt = false; expired = false; upos = 0; gaveup = false;
        granted = db_fence;   /* claims lost with the queue no longer exist */
        if :: db_st == PROCESSING -> WITNESSED(w_recovered) :: else -> skip fi;
        /* the new process: one caller retries the key */
@@ -353,6 +446,7 @@ init {
 ltl at_most_once        { [] (effects <= 1) }
 ltl no_stale_completion { [] !stale_done }
 ltl acked_durable       { [] !lost_ack }
+ltl durable_before_visible { [] !shown_undurable }
 
 /* reachability witnesses (expected to be violated) */
 ltl reach_effect        { [] (effects == 0) }
@@ -361,3 +455,6 @@ ltl reach_compensated   { [] !w_compensated }
 ltl reach_doubt         { [] !w_doubt }
 ltl reach_renewed       { [] !w_renewed }
 ltl reach_recovered     { [] !w_recovered }
+ltl reach_hidden        { [] !w_hidden }
+ltl reach_gave_up       { [] !w_gave_up }
+ltl reach_marked_shown  { [] !w_marked_shown }

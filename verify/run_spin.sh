@@ -11,7 +11,12 @@
 # one (SPIN must find it), and its trail is replayed and printed as a message sequence. The
 # reach_* properties are witnesses: each must be violated, which shows that the situation the
 # real properties are about (an effect, a refused stale completion, compensation, a doubt mark, a
-# renewal racing compensation, recovery of a PROCESSING record) does happen in the model.
+# renewal racing compensation, recovery of a PROCESSING record; in sync mode, a duplicate that meets
+# a terminal state not yet durable and answers in_progress, or in_doubt after its owner gave up, or
+# one that meets the unconfirmed mark on a row already durable and answers the record) does happen in
+# the model. The ignore-mark and clear-on-timeout configurations are mutants of the durable-before-
+# visible rule (readers ignore the unconfirmed mark; an owner whose wait times out clears it): SPIN
+# must find the counterexample to durable_before_visible in each.
 #
 # --full raises the bounds (three begin attempts per worker instead of two). Exit status: 0 when
 # every verdict is as expected. Needs: spin (Debian package `spin`) and a C compiler.
@@ -39,17 +44,19 @@ mkdir -p "$work"
 
 # name | -D flags | property=expectation ...
 configs=(
-  "sync-crash|-DSYNC=1 -DCRASHES=2 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds reach_effect=violated reach_refused=violated reach_compensated=violated reach_doubt=violated reach_renewed=violated reach_recovered=violated"
-  "async|-DSYNC=0 -DCRASHES=0 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds reach_effect=violated reach_compensated=violated"
+  "sync-crash|-DSYNC=1 -DCRASHES=2 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds durable_before_visible=holds reach_effect=violated reach_refused=violated reach_compensated=violated reach_doubt=violated reach_renewed=violated reach_recovered=violated reach_hidden=violated reach_gave_up=violated reach_marked_shown=violated"
+  "async|-DSYNC=0 -DCRASHES=0 -DTRIES=$tries|at_most_once=holds no_stale_completion=holds acked_durable=holds durable_before_visible=violated reach_effect=violated reach_compensated=violated"
   "async-crash|-DSYNC=0 -DCRASHES=1 -DTRIES=$tries|acked_durable=violated at_most_once=violated no_stale_completion=holds"
   "blind-reclaim|-DRECLAIM=1 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|at_most_once=violated no_stale_completion=holds acked_durable=holds"
   "unfenced-downstream|-DFENCED=0 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|at_most_once=violated no_stale_completion=holds"
+  "ignore-mark|-DIGNORE_MARK=1 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|durable_before_visible=violated"
+  "clear-on-timeout|-DCLEAR_ON_TIMEOUT=1 -DSYNC=1 -DCRASHES=0 -DTRIES=$tries|durable_before_visible=violated"
 )
 
 failures=0
 total_states=0
 total_runs=0
-printf '%-20s %-20s %-9s %-9s %12s %14s %8s\n' configuration property expected found states transitions seconds
+printf '%-20s %-23s %-9s %-9s %12s %14s %8s\n' configuration property expected found states transitions seconds
 for entry in "${configs[@]}"; do
   IFS='|' read -r name flags props <<<"$entry"
   dir=$work/$name
@@ -86,7 +93,7 @@ for entry in "${configs[@]}"; do
     else
       found=violated
     fi
-    printf '%-20s %-20s %-9s %-9s %12s %14s %8s\n' "$name" "$prop" "$expect" "$found" "${states:-?}" "${trans:-?}" "${secs:-?}"
+    printf '%-20s %-23s %-9s %-9s %12s %14s %8s\n' "$name" "$prop" "$expect" "$found" "${states:-?}" "${trans:-?}" "${secs:-?}"
     total_states=$(awk -v a="$total_states" -v b="${states:-0}" 'BEGIN { printf "%.0f", a + b }')
     total_runs=$((total_runs + 1))
     if [ "$found" != "$expect" ]; then
