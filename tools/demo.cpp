@@ -1003,6 +1003,7 @@ int run_demo(const demo_config& given) {
                 .add("flush_batches", gs.flush_batches)
                 .add("flushed_transitions", gs.flushed_transitions)
                 .add("store_errors", gs.store_errors)
+                .add("rejected_rows", gs.rejected_rows)
                 .add("backpressure_retries", retries)
                 .add("drained", dr.drained)
                 .add("drain_s", dr.drain_s)
@@ -1049,7 +1050,8 @@ int run_demo(const demo_config& given) {
             t.row("flushed", grouped(gs.flushed_transitions) + " transitions",
                   "(" + grouped(gs.flush_batches) + " batches, " + fixed(per_batch, 0) + " per batch; drained " +
                       fixed(dr.drain_s, 2) + " s after the last request; " + grouped(gs.store_errors) +
-                      " store errors" + (retries ? ", " + grouped(retries) + " backpressure retries" : "") + ")");
+                      " store errors" + (gs.rejected_rows ? ", " + grouped(gs.rejected_rows) + " rows set aside" : "") +
+                      (retries ? ", " + grouped(retries) + " backpressure retries" : "") + ")");
             t.row("records in store", grouped(dr.records_ok) + " / " + grouped(unique),
                   "(SUCCESS with the executed outcome" +
                       (dr.records_missing ? ", " + grouped(dr.records_missing) + " missing" : std::string()) +
