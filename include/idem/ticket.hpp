@@ -56,7 +56,9 @@ public:
     /// already completed, errc::backpressure when the flush queue is full or errc::busy when
     /// compensation holds the record for a moment (the ticket stays valid: retry),
     /// errc::store_unavailable in sync mode when the commit could not be confirmed (the success is
-    /// recorded in memory and queued, not yet durable).
+    /// recorded in memory and queued, not yet durable: duplicates see in_doubt until it commits),
+    /// errc::store_error in sync mode when the store set the row aside as one it can never take.
+    /// errc::backpressure changes nothing: room in the queue is reserved before the record moves.
     std::error_code succeed(std::uint64_t outcome = 0) noexcept {
         return finish(detail::slot_state::succeeded, outcome, transition_cause::succeed);
     }
