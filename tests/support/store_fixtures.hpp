@@ -8,6 +8,10 @@
 //   commit_unknown after or before the commit, committed() failing); thread-safe switches, and a
 //   mutex-protected copy of what the inner store acknowledged, so a test thread can ask what is
 //   durable while the flusher runs.
+// * forwarding_store: forwards every call to a store the test owns; the base of wrappers that
+//   change one thing. gated_store holds every apply() at a commit_gate the test closes and opens
+//   (a commit that takes as long as the test wants; gate_opener opens it at scope exit);
+//   poisoned_store refuses with idem::rejected_row every batch holding one key.
 // * row(): a store_row from readable fields; hostile_keys(): keys that break naive SQL or encodings.
 // * batch_model: seeded batches that follow the state machine as the engine produces it (fences
 //   increase per key in seq order, completions carry the claim's fence), sorted like the flusher's.
@@ -26,6 +30,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -418,6 +423,120 @@ private:
     idem::store& inner_;
     mutable std::mutex mutex_;
     std::map<std::string, acked_row> acked_;
+};
+
+/// Forwards every call to a store the test owns (so the test can read it after the durable guard
+/// is gone). The base of wrappers that change one thing, such as gated_store and poisoned_store.
+class forwarding_store : public idem::store {
+public:
+    explicit forwarding_store(idem::store& inner) : inner_(inner) { node_ = inner.node(); }
+
+    void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override { inner_.apply(rows, batch_id); }
+    bool committed(std::uint64_t batch_id) override { return inner_.committed(batch_id); }
+    void load(const std::function<void(const idem::stored_record&)>& fn) override { inner_.load(fn); }
+    std::optional<idem::stored_record> get(std::string_view key) override { return inner_.get(key); }
+    std::vector<idem::audit_entry> audit(std::string_view key) override { return inner_.audit(key); }
+    void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { inner_.scan_audit(fn); }
+    void check_sync_durability() override { inner_.check_sync_durability(); }
+    bool accepts(const idem::key& k, std::string* why) const noexcept override { return inner_.accepts(k, why); }
+    void reconnect() override { inner_.reconnect(); }
+    std::string name() const override { return "forwarding(" + inner_.name() + ")"; }
+    std::uint64_t max_fence() override { return inner_.max_fence(); }
+
+protected:
+    idem::store& inner_;
+};
+
+/// A gate a test closes and opens to hold commits back (see gated_store). The test owns it and
+/// declares it before the durable guard, so it outlives the guard's flusher.
+class commit_gate {
+public:
+    void close() {
+        std::lock_guard lock(mutex_);
+        open_ = false;
+    }
+    void open() {
+        {
+            std::lock_guard lock(mutex_);
+            open_ = true;
+        }
+        cv_.notify_all();
+    }
+    /// Callers waiting at the closed gate now. Thread-safe.
+    [[nodiscard]] int waiting() const {
+        std::lock_guard lock(mutex_);
+        return waiting_;
+    }
+    /// Returns at once while the gate is open, else when it opens.
+    void pass() {
+        std::unique_lock lock(mutex_);
+        ++waiting_;
+        cv_.wait(lock, [this] { return open_; });
+        --waiting_;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    bool open_ = true;
+    int waiting_ = 0;
+};
+
+/// Forwards to a store the test owns and holds every commit at a commit_gate: while the gate is
+/// closed, apply() waits inside the store call (its rows neither committed nor failed, as behind a
+/// slow disk or a long lock wait). The gate must be open when the durable guard is destroyed (its
+/// flusher finishes the call it is in first): declare a gate_opener right after the guard.
+class gated_store final : public forwarding_store {
+public:
+    gated_store(idem::store& inner, commit_gate& gate) : forwarding_store(inner), gate_(gate) {}
+
+    void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override {
+        gate_.pass();
+        inner_.apply(rows, batch_id);
+    }
+    std::string name() const override { return "gated(" + inner_.name() + ")"; }
+
+private:
+    commit_gate& gate_;
+};
+
+/// Opens a commit_gate when it goes out of scope (also when an assertion returns early), so the
+/// durable guard destroyed after it can stop its flusher.
+class gate_opener {
+public:
+    explicit gate_opener(commit_gate& gate) : gate_(gate) {}
+    gate_opener(const gate_opener&) = delete;
+    gate_opener& operator=(const gate_opener&) = delete;
+    ~gate_opener() { gate_.open(); }
+
+private:
+    commit_gate& gate_;
+};
+
+/// Forwards to a store the test owns, but refuses with idem::rejected_row every batch that holds a
+/// row of one key (as PostgreSQL refuses a value its types or constraints can never take); batches
+/// without it commit. The message does not name the key: naming it is the flusher's job.
+class poisoned_store final : public forwarding_store {
+public:
+    poisoned_store(idem::store& inner, std::string poison) : forwarding_store(inner), poison_(std::move(poison)) {}
+
+    std::atomic<int> refused{0};  ///< apply calls refused because the batch held the poisoned key
+    std::atomic<int> applies{0};  ///< apply calls that committed
+
+    void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override {
+        for (const auto& r : rows) {
+            if (r.t.k.view() == poison_) {
+                ++refused;
+                throw idem::rejected_row("poisoned store: the batch holds a value this store can never take");
+            }
+        }
+        inner_.apply(rows, batch_id);
+        ++applies;
+    }
+    std::string name() const override { return "poisoned(" + inner_.name() + ")"; }
+
+private:
+    std::string poison_;
 };
 
 /// Every record of a store, by key.
