@@ -9,7 +9,7 @@ pg_as_postgres() {
 }
 
 pg_start() {
-  PG_PORT=$(free_port 55432) || { echo "postgres: no free port" >&2; return 1; }
+  PG_PORT=$(free_port 25432) || { echo "postgres: no free port" >&2; return 1; }
   PG_DIR=$(mktemp -d /tmp/idem-pg.XXXXXX)
   chmod 755 "$PG_DIR"
   [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$PG_DIR"

@@ -4,7 +4,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 redis_start() {
-  REDIS_PORT=$(free_port 56379) || { echo "redis: no free port" >&2; return 1; }
+  REDIS_PORT=$(free_port 26379) || { echo "redis: no free port" >&2; return 1; }
   REDIS_DIR=$(mktemp -d /tmp/idem-redis.XXXXXX)
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
     --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" \
