@@ -21,6 +21,15 @@
 // configuration fault (a missing parent directory, a directory at the path, no permission to read
 // and write the file or to create files beside it, a read-only file system), naming the path and
 // the fault; otherwise store_unavailable (busy, cannot open) or store_error, as for any call.
+//
+// Damage. Whichever call meets it (open, load, get, audit, scan_audit, apply), a damaged file
+// (SQLITE_CORRUPT, SQLITE_NOTADB) is corrupt_record naming the path, and so is a row no writer of
+// this store produces: a status outside the four, a key the guard would refuse, text or a real
+// in an integer column (named with its key, column and value, never read as 0).
+//
+// Records. The upsert keeps a record whose stored fence is higher than the batch's, and at the
+// same fence keeps a terminal record (SUCCESS, FAILED) from going back to PROCESSING or RELEASED:
+// a late doubt mark or release of the same claim is audited, and the outcome stays.
 #pragma once
 
 #include <fcntl.h>
@@ -246,9 +255,16 @@ public:
 
     std::uint64_t max_fence() override {
         ensure_open();
-        sqlite3_stmt* s = prepare("SELECT COALESCE(MAX(fencing_token), 0) FROM idempotent_record");
+        // MAX() orders text above every integer, so a damaged text fence would be the maximum.
+        sqlite3_stmt* s = prepare("SELECT COALESCE(MAX(fencing_token), 0) AS fencing_token FROM idempotent_record");
         const int rc = sqlite3_step(s);
-        const auto v = rc == SQLITE_ROW ? static_cast<std::uint64_t>(sqlite3_column_int64(s, 0)) : 0;
+        std::uint64_t v = 0;
+        try {
+            if (rc == SQLITE_ROW) v = static_cast<std::uint64_t>(integer(s, 0, "the largest record fence"));
+        } catch (...) {
+            sqlite3_finalize(s);
+            throw;
+        }
         sqlite3_finalize(s);
         if (rc != SQLITE_ROW) fail(rc, "read max fence");
         return v;
@@ -339,7 +355,12 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             // sequence is kept in idem_schema and advanced in each batch's transaction.
             sqlite3_stmt* m = prepare("SELECT next_sequence FROM idem_schema");
             rc2 = sqlite3_step(m);
-            next_sequence_ = rc2 == SQLITE_ROW ? sqlite3_column_int64(m, 0) : 1;
+            try {
+                next_sequence_ = rc2 == SQLITE_ROW ? integer(m, 0, "idem_schema") : 1;
+            } catch (...) {
+                sqlite3_finalize(m);
+                throw;
+            }
             sqlite3_finalize(m);
             // Each batch numbers its audit rows from here with ++: a counter no real history reaches
             // (2^62 transitions) can only come from a damaged file, and would overflow.
@@ -356,7 +377,12 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
                 "lease_until = CASE WHEN ?9 THEN excluded.lease_until ELSE idempotent_record.lease_until END, "
                 "request_fingerprint = CASE WHEN ?9 THEN excluded.request_fingerprint "
                 "ELSE idempotent_record.request_fingerprint END, updated_time = excluded.updated_time "
-                "WHERE idempotent_record.fencing_token <= excluded.fencing_token");
+                // The fence guard: a lower fence never overwrites a higher one, and at the same fence a
+                // terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED.
+                "WHERE idempotent_record.fencing_token < excluded.fencing_token "
+                "OR (idempotent_record.fencing_token = excluded.fencing_token "
+                "AND (idempotent_record.status NOT IN ('SUCCESS', 'FAILED') "
+                "OR excluded.status IN ('SUCCESS', 'FAILED')))");
             batch_stmt_ = prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
         } catch (...) {
             sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -391,6 +417,11 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             const std::string fault = configuration_fault(path_);
             if (!fault.empty()) throw error(errc::invalid_argument, where + fault + " (SQLite: " + cause + ")");
         }
+        // A damaged file is the same fault wherever it shows (open, recovery, a read, verify): data
+        // the store cannot trust, not an outage a retry could end.
+        if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB)
+            throw error(errc::corrupt_record, where + "the database file is damaged or is not a SQLite database (" +
+                                                  cause + ")");
         if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED || primary == SQLITE_CANTOPEN)
             throw error(errc::store_unavailable, where + cause);
         throw error(errc::store_error, where + cause);  // SQLITE_FULL (disk full), SQLITE_IOERR, ...
@@ -457,6 +488,21 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
         return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(s, col))) : std::string();
     }
 
+    /// Integer column `col` of a row of `table`. The columns are declared BIGINT (integer affinity),
+    /// so a value SQLite could not store as an integer (text such as 'abc', a real, a blob) stays
+    /// what it is: reading it as 0 would hide the damage, so it is refused as corrupt_record naming
+    /// the row, the column and the value.
+    std::int64_t integer(sqlite3_stmt* s, int col, const std::string& row) const {
+        const int type = sqlite3_column_type(s, col);
+        if (type == SQLITE_INTEGER) return sqlite3_column_int64(s, col);
+        const char* kind = type == SQLITE_TEXT ? "text" : type == SQLITE_FLOAT ? "a real number"
+                                               : type == SQLITE_BLOB ? "a blob" : "NULL";
+        std::string value = type == SQLITE_NULL ? std::string("NULL") : "'" + key::printable(text(s, col)) + "'";
+        if (value.size() > 80) value = value.substr(0, 77) + "...";
+        throw error(errc::corrupt_record, "sqlite:" + path_ + ": " + row + " has " + sqlite3_column_name(s, col) +
+                                              " = " + value + " (" + kind + "); the column holds integers only");
+    }
+
     stored_record read_record(sqlite3_stmt* s) const {
         stored_record r;
         r.key = text(s, 0);
@@ -471,16 +517,17 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
                                                   "' has status '" + key::printable(status) +
                                                   "'; expected PROCESSING, SUCCESS, FAILED or RELEASED");
         r.state = *st;
-        r.fence = static_cast<std::uint64_t>(sqlite3_column_int64(s, 3));
+        const std::string row = "record '" + key::printable(r.key) + "'";
+        r.fence = static_cast<std::uint64_t>(integer(s, 3, row));
         if (r.fence == 0 || r.fence >= (1ull << 52))
             throw error(errc::corrupt_record, "sqlite:" + path_ + ": record '" + key::printable(r.key) +
                                                   "' has fencing_token " + std::to_string(r.fence) +
                                                   "; expected 1 .. 2^52-1");
-        r.lease_until_ms = sqlite3_column_int64(s, 4);
-        r.outcome = static_cast<std::uint64_t>(sqlite3_column_int64(s, 5));
-        r.fingerprint = static_cast<std::uint64_t>(sqlite3_column_int64(s, 6));
-        r.created_ms = sqlite3_column_int64(s, 7);
-        r.updated_ms = sqlite3_column_int64(s, 8);
+        r.lease_until_ms = integer(s, 4, row);
+        r.outcome = static_cast<std::uint64_t>(integer(s, 5, row));
+        r.fingerprint = static_cast<std::uint64_t>(integer(s, 6, row));
+        r.created_ms = integer(s, 7, row);
+        r.updated_ms = integer(s, 8, row);
         return r;
     }
 
@@ -496,18 +543,19 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             int rc;
             while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
                 audit_entry a;
-                a.sequence = sqlite3_column_int64(s, 0);
                 a.key = text(s, 1);
+                a.sequence = integer(s, 0, "an audit row of key '" + key::printable(a.key) + "'");
+                const std::string row =
+                    "audit row " + std::to_string(a.sequence) + " (key '" + key::printable(a.key) + "')";
                 const auto from = parse_status(text(s, 2));
                 const auto to = parse_status(text(s, 3));
                 if (!from || !to)
-                    throw error(errc::corrupt_record, "sqlite:" + path_ + ": audit row " + std::to_string(a.sequence) +
-                                                          " has an unknown status");
+                    throw error(errc::corrupt_record, "sqlite:" + path_ + ": " + row + " has an unknown status");
                 a.from = *from;
                 a.to = *to;
-                a.fence = static_cast<std::uint64_t>(sqlite3_column_int64(s, 4));
+                a.fence = static_cast<std::uint64_t>(integer(s, 4, row));
                 a.node = text(s, 5);
-                a.at_ms = sqlite3_column_int64(s, 6);
+                a.at_ms = integer(s, 6, row);
                 a.detail = text(s, 7);
                 fn(a);
             }
