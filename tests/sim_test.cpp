@@ -458,7 +458,7 @@ struct execution {
 };
 
 /// The downstream's view of one key. A key evicted from memory and claimed again starts a new life
-/// (DESIGN.md section 3, "retention elapsed ... evicted"; idem::verify counts it as reopened), in
+/// (the state machine: "retention elapsed ... evicted"; idem::verify counts it as reopened), in
 /// which its operation may run once more. Lives are delimited by the claims offered to the pipeline
 /// from ABSENT while the key's last transition left it terminal or released; the simulation checks
 /// that each such reopening was allowed (the record could have been evicted), so that a wrong

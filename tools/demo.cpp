@@ -19,7 +19,7 @@
 //    exactly once, money conserved, every balance equal to the opening balance plus the transfers
 //    the application recorded as applied, every replayed outcome the original's.
 //
-// --naive replaces the guard with the check-then-set of DESIGN.md section 1 (naive_guard.hpp): the
+// --naive replaces the guard with the naive check-then-set (naive_guard.hpp): the
 // same checks then find the double executions that idem prevents, and the run exits 1.
 //
 // Durable stores (the default, sqlite:idem-demo.db; or postgresql://...): the guard is an
@@ -355,7 +355,7 @@ private:
         }
     }
 
-    /// The check-then-set of DESIGN.md section 1; racing duplicates both pass the check.
+    /// The naive check-then-set; racing duplicates both pass the check.
     void handle_naive(tally& my, std::uint32_t i, const idem::key& k) {
         if (naive_->exists(k.view())) {
             ++my.blocked;

@@ -1,6 +1,6 @@
 // tools/naive_guard.hpp: the broken guard idem replaces, kept to show the failure it prevents.
 //
-// DESIGN.md section 1: `if (!store.exists(id)) { execute(id); store.set(id, DONE); }`. exists() and
+// The naive guard every idempotency layer starts from: `if (!store.exists(id)) { execute(id); store.set(id, DONE); }`. exists() and
 // set_done() are each thread-safe (striped mutexes over hash sets, like a Redis GET and SET), but the
 // sequence is not atomic: two callers can both see "absent" and both execute. `idem demo --naive`
 // runs the workload through this so the demo's independent checks can be seen to catch it.

@@ -1,6 +1,6 @@
 // tools/verify.cpp: `idem verify --store URI`: idem::verify over a whole durable store.
 //
-// Every key's audit trail must be a legal path of the state machine (DESIGN.md section 3), with
+// Every key's audit trail must be a legal path of the state machine (docs/design.md), with
 // fences strictly increasing per claim and completions carrying their claim's fence, and must end
 // in the state and fence its record holds; no record without a trail, no trail without a record.
 // Exit codes: 0 no violation, 1 violations (listed), 2 bad command line, 3 the store could not be read.
