@@ -3,12 +3,20 @@
 //   flush_bench --store sqlite:/tmp/f.db|postgresql://... --mode async|sync --threads T --ops N
 //   flush_bench --store ... --recovery N      # write N records, reopen, time the recovery
 //   flush_bench --store sqlite:... --latency N  # begin() latency with and without a busy flusher
+//   flush_bench --store ... --mode storm --threads T --ops N [--first plain|storm]
 //
 // async: T threads run begin+succeed on fresh keys as fast as the queue accepts them (offer_wait
 // lets a full queue wait, so the figure is the store's sustained rate); reports transitions/s
 // committed (from the first offer to the last commit).
 // sync: T threads run begin+succeed; each call returns after its group commit; reports
 // acknowledged operations/s and the p50/p99/max latency of begin (claim made durable).
+// storm: a retry storm beside the plain async figure, in one process, one after the other (the
+// order given by --first, so a script can alternate it): first (or second) the async run above with
+// the same T and N (callers wait for room: offer_wait 30 s), then the same with offer_wait = 0 and
+// callers that retry a refused begin() or succeed() (backpressure) at once, in a tight loop with no
+// sleep and no yield. Both rates are transitions committed from the first offer to the last commit;
+// reports both, storm / plain, and the refusals of the storm run (stats.backpressure, and the
+// refusals the callers counted, split into begin and succeed).
 // latency: one thread runs begin+succeed on N fresh keys, timing each begin() alone, first on a
 // plain in-memory guard, then on a durable_guard (async) whose flusher is writing the same stream to
 // the store while it is measured; reports p50/p99/p99.9/max in nanoseconds for both. The hot path
@@ -19,11 +27,13 @@
 #include <idem/sqlite_store.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,6 +48,7 @@ struct args {
     long ops = 200000;
     long recovery = 0;
     long latency = 0;
+    std::string first = "plain";  // storm: which half runs first
 };
 
 std::unique_ptr<idem::store> open_store(const std::string& uri, bool sync, bool fresh) {
@@ -60,15 +71,25 @@ void reset_postgres(const std::string& uri) {
 
 double seconds(clk::duration d) { return std::chrono::duration<double>(d).count(); }
 
-int run_throughput(const args& a) {
-    const bool sync = a.mode == "sync";
+/// What one throughput run measured.
+struct run_figures {
+    long failures = 0;
+    std::uint64_t transitions = 0, batches = 0, backpressure = 0;
+    long begin_refusals = 0, succeed_refusals = 0;  // counted by the callers (storm)
+    double transitions_per_sec = 0, acks_per_sec = 0, hot_s = 0, total_s = 0;
+    std::vector<double> begin_ms;  // sync: latency of each begin
+};
+
+/// One throughput run. `storm`: async, offer_wait = 0, and a refused begin() or succeed() is
+/// retried at once (no sleep, no yield); otherwise the plain run of --mode async|sync.
+run_figures measure(const args& a, bool sync, bool storm) {
     if (a.store.rfind("postgresql:", 0) == 0) reset_postgres(a.store);
     idem::options o;
     o.capacity = static_cast<std::size_t>(a.ops) + 16;
     o.maintenance_interval = {};
     idem::store_options so;
     so.mode = sync ? idem::durability::sync : idem::durability::async;
-    so.offer_wait = std::chrono::seconds(30);
+    so.offer_wait = storm ? std::chrono::nanoseconds(0) : std::chrono::nanoseconds(std::chrono::seconds(30));
     idem::durable_guard g(open_store(a.store, sync, true), o, so);
 
     std::vector<idem::key> keys;
@@ -77,22 +98,36 @@ int run_throughput(const args& a) {
     std::vector<std::vector<double>> lat(static_cast<std::size_t>(a.threads));
     std::barrier start(a.threads + 1);
     std::vector<std::thread> ts;
-    long failures = 0;
-    std::atomic<long> failed{0};
+    std::atomic<long> failed{0}, begin_refused{0}, succeed_refused{0};
     for (int t = 0; t < a.threads; ++t) {
         ts.emplace_back([&, t] {
             auto& mine = lat[static_cast<std::size_t>(t)];
+            long br = 0, sr = 0;
             start.arrive_and_wait();
             for (long i = t; i < a.ops; i += a.threads) {
+                const auto& k = keys[static_cast<std::size_t>(i)];
                 const auto t0 = clk::now();
-                auto r = g->begin(keys[static_cast<std::size_t>(i)]);
+                auto r = g->begin(k);
+                if (storm)
+                    while (r.status == idem::begin_status::backpressure) {  // the storm: retry at once
+                        ++br;
+                        r = g->begin(k);
+                    }
                 if (sync) mine.push_back(seconds(clk::now() - t0) * 1e3);
                 if (!r) {
                     failed.fetch_add(1, std::memory_order_relaxed);
                     continue;
                 }
-                if (r.ticket.succeed(static_cast<std::uint64_t>(i))) failed.fetch_add(1, std::memory_order_relaxed);
+                std::error_code ec = r.ticket.succeed(static_cast<std::uint64_t>(i));
+                if (storm)
+                    while (ec == idem::errc::backpressure) {
+                        ++sr;
+                        ec = r.ticket.succeed(static_cast<std::uint64_t>(i));
+                    }
+                if (ec) failed.fetch_add(1, std::memory_order_relaxed);
             }
+            begin_refused.fetch_add(br, std::memory_order_relaxed);
+            succeed_refused.fetch_add(sr, std::memory_order_relaxed);
         });
     }
     start.arrive_and_wait();
@@ -101,21 +136,63 @@ int run_throughput(const args& a) {
     const auto hot = clk::now() - t0;
     g.flush(std::chrono::minutes(5));
     const auto all = clk::now() - t0;
-    failures = failed.load();
     const auto s = g.snapshot();
-    std::vector<double> l;
-    for (auto& v : lat) l.insert(l.end(), v.begin(), v.end());
-    std::sort(l.begin(), l.end());
+    run_figures f;
+    f.failures = failed.load();
+    f.transitions = s.flushed_transitions;
+    f.batches = s.flush_batches;
+    f.backpressure = s.backpressure;
+    f.begin_refusals = begin_refused.load();
+    f.succeed_refusals = succeed_refused.load();
+    f.transitions_per_sec = static_cast<double>(s.flushed_transitions) / seconds(all);
+    f.acks_per_sec = static_cast<double>(a.ops - f.failures) / seconds(hot);
+    f.hot_s = seconds(hot);
+    f.total_s = seconds(all);
+    for (auto& v : lat) f.begin_ms.insert(f.begin_ms.end(), v.begin(), v.end());
+    std::sort(f.begin_ms.begin(), f.begin_ms.end());
+    return f;
+}
+
+int run_throughput(const args& a) {
+    const bool sync = a.mode == "sync";
+    const run_figures f = measure(a, sync, false);
+    const auto& l = f.begin_ms;
     auto pct = [&](double p) { return l.empty() ? 0.0 : l[std::min(l.size() - 1, static_cast<std::size_t>(p * l.size()))]; };
     std::printf(
         "{\"store\":\"%s\",\"mode\":\"%s\",\"threads\":%d,\"ops\":%ld,\"failures\":%ld,\"transitions\":%llu,"
         "\"batches\":%llu,\"transitions_per_sec\":%.0f,\"acks_per_sec\":%.0f,\"begin_ms_p50\":%.3f,"
         "\"begin_ms_p99\":%.3f,\"begin_ms_max\":%.3f,\"hot_s\":%.3f,\"total_s\":%.3f}\n",
-        a.store.substr(0, a.store.find(':')).c_str(), a.mode.c_str(), a.threads, a.ops, failures,
-        static_cast<unsigned long long>(s.flushed_transitions), static_cast<unsigned long long>(s.flush_batches),
-        static_cast<double>(s.flushed_transitions) / seconds(all), static_cast<double>(a.ops - failures) / seconds(hot),
-        pct(0.50), pct(0.99), l.empty() ? 0.0 : l.back(), seconds(hot), seconds(all));
-    return failures == 0 ? 0 : 1;
+        a.store.substr(0, a.store.find(':')).c_str(), a.mode.c_str(), a.threads, a.ops, f.failures,
+        static_cast<unsigned long long>(f.transitions), static_cast<unsigned long long>(f.batches),
+        f.transitions_per_sec, f.acks_per_sec, pct(0.50), pct(0.99), l.empty() ? 0.0 : l.back(), f.hot_s, f.total_s);
+    return f.failures == 0 ? 0 : 1;
+}
+
+/// The plain async run and the retry storm, same store, threads and operations, one after the other.
+int run_storm(const args& a) {
+    run_figures plain, storm;
+    if (a.first == "storm") {
+        storm = measure(a, false, true);
+        plain = measure(a, false, false);
+    } else {
+        plain = measure(a, false, false);
+        storm = measure(a, false, true);
+    }
+    std::printf(
+        "{\"store\":\"%s\",\"mode\":\"storm\",\"threads\":%d,\"ops\":%ld,\"first\":\"%s\",\"failures\":%ld,"
+        "\"transitions\":%llu,\"batches\":%llu,\"transitions_per_sec\":%.0f,\"hot_s\":%.3f,\"total_s\":%.3f,"
+        "\"backpressure\":%llu,\"begin_refusals\":%ld,\"succeed_refusals\":%ld,"
+        "\"plain_failures\":%ld,\"plain_transitions\":%llu,\"plain_batches\":%llu,\"plain_transitions_per_sec\":%.0f,"
+        "\"plain_hot_s\":%.3f,\"plain_total_s\":%.3f,\"plain_backpressure\":%llu,\"ratio\":%.4f}\n",
+        a.store.substr(0, a.store.find(':')).c_str(), a.threads, a.ops, a.first == "storm" ? "storm" : "plain",
+        storm.failures, static_cast<unsigned long long>(storm.transitions),
+        static_cast<unsigned long long>(storm.batches), storm.transitions_per_sec, storm.hot_s, storm.total_s,
+        static_cast<unsigned long long>(storm.backpressure), storm.begin_refusals, storm.succeed_refusals,
+        plain.failures, static_cast<unsigned long long>(plain.transitions),
+        static_cast<unsigned long long>(plain.batches), plain.transitions_per_sec, plain.hot_s, plain.total_s,
+        static_cast<unsigned long long>(plain.backpressure),
+        plain.transitions_per_sec > 0 ? storm.transitions_per_sec / plain.transitions_per_sec : 0.0);
+    return storm.failures == 0 && plain.failures == 0 ? 0 : 1;
 }
 
 int run_recovery(const args& a) {
@@ -220,6 +297,7 @@ int main(int argc, char** argv) {
         else if (f == "--ops") a.ops = std::stol(v);
         else if (f == "--recovery") a.recovery = std::stol(v);
         else if (f == "--latency") a.latency = std::stol(v);
+        else if (f == "--first" && (v == "plain" || v == "storm")) a.first = v;
         else {
             std::fprintf(stderr, "flush_bench: unknown flag %s\n", f.c_str());
             return 2;
@@ -227,6 +305,7 @@ int main(int argc, char** argv) {
     }
     try {
         if (a.latency > 0) return run_latency(a);
+        if (a.mode == "storm") return run_storm(a);
         return a.recovery > 0 ? run_recovery(a) : run_throughput(a);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "flush_bench: %s\n", e.what());
