@@ -10,7 +10,8 @@
 //
 // Thread-safety: every member may be called from any thread concurrently.
 // Progress: begin, query and the ticket's members are lock-free: no lock, no allocation, no system
-// call (in async or memory mode). maintain(), compensate() and collect() scan the table and may call
+// call (in async or memory mode; a durable guard's refusal, backpressure, yields the processor
+// once before it answers, so callers that retry at once leave the flusher its CPU time). maintain(), compensate() and collect() scan the table and may call
 // the resolver; they are meant for the background thread (options.maintenance_interval).
 #pragma once
 

@@ -79,7 +79,14 @@ public:
 
     bool reserve() noexcept override {
         if (core_.try_reserve()) return true;
-        if (opts_.offer_wait <= std::chrono::nanoseconds::zero()) return false;
+        if (opts_.offer_wait <= std::chrono::nanoseconds::zero()) {
+            // A refusal means the flusher is behind, and callers commonly retry at once. Give the
+            // processor up once before saying so: on a machine with fewer cores than callers, a
+            // caller spinning on backpressure would otherwise take the flusher's CPU time, the one
+            // thing that makes room. Only refusals pay this system call; admitted calls never do.
+            std::this_thread::yield();
+            return core_.try_reserve();
+        }
         const auto deadline = std::chrono::steady_clock::now() + opts_.offer_wait;
         while (std::chrono::steady_clock::now() < deadline) {
             std::this_thread::yield();
