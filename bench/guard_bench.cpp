@@ -81,7 +81,7 @@ std::unique_ptr<G> make_guard(benchmark::State& state, std::size_t capacity) {
 }
 
 std::string key_text(std::size_t i) {
-    // "TX20230615000042_PAY_v1": the composed shape of DESIGN.md's example, 23 bytes.
+    // "TX20230615000042_PAY_v1": the composed TXID_OPERATION_vN shape, 23 bytes.
     char buf[48];
     std::snprintf(buf, sizeof buf, "TX%014llu_PAY_v1", 20230615000000ull + static_cast<unsigned long long>(i));
     return buf;
