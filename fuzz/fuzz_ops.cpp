@@ -2,7 +2,7 @@
 //
 // A guard on a manual clock (no background thread) runs a fuzzed sequence of begin / succeed /
 // fail / extend / drop / advance clock / set the resolver's answer / compensate / collect on eight
-// keys, and a plain model (std::map per generation, written from DESIGN.md section 3 and
+// keys, and a plain model (std::map per generation, written from the state machine of
 // docs/design.md, not from the engine) predicts every answer: the begin status, outcome and fence
 // (fences are exact: (epoch << 32) | 1 for a key's first claim in a generation, +1 after a release
 // or a reclaim), every ticket result, compensation's count and the resolver's arguments, whether

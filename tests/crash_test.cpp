@@ -1,5 +1,5 @@
 // crash_test: SIGKILL a process that runs payments through a durable guard, recover, and check an
-// independent ledger (the DESIGN section 7 "drill", as a test).
+// independent ledger (the `idem drill` of docs/operations.md, as a test).
 //
 // A child process (this binary, re-executed with IDEM_CRASH_CHILD set, so it starts with no thread
 // inherited from the test process) opens a durable_guard on SQLite and runs payments on a few

@@ -533,7 +533,7 @@ TEST_P(Durable, CommitUnknownThatDidNotCommitIsRetried) {
 
 // The commit's outcome is unknown and the store stays unreachable for a while (a failover): the
 // flusher must keep asking committed() until it gets an answer, never re-apply the batch blindly
-// (DESIGN section 5), or every row of the batch is written twice.
+// (docs/stores.md, flush pipeline), or every row of the batch is written twice.
 TEST_P(Durable, CommitUnknownIsNeverRetriedBlindlyWhileTheStoreIsUnreachable) {
     idem::sqlite_store inner(db_, sync());
     faulty_store* f = nullptr;

@@ -6,7 +6,7 @@
 // preemption of one operation by another complete operation is visited: a claim racing a claim,
 // a claim racing a rotation, an owner's completion racing compensation (both ways round), a
 // reclaim racing the old owner, and a lease renewal racing compensation. These are the races of
-// DESIGN section 9 (double execution, overwriting a record one does not own, reclaiming a live
+// The classic bugs of idempotency layers (double execution, overwriting a record one does not own, reclaiming a live
 // claim), decided here without sleeps and without luck.
 #include <idem/idem.hpp>
 

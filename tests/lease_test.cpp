@@ -357,7 +357,7 @@ TEST_F(Lease, InDoubtOwnerComingBackCanExtend) {
     EXPECT_EQ(g.query(k).state, record_state::succeeded);
 }
 
-// DESIGN section 9: records stuck in progress after a crash. A PROCESSING record restored at
+// A classic bug of idempotency layers: records stuck in progress after a crash. A PROCESSING record restored at
 // start with a lease that ran out while the process was down goes to the resolver on the first
 // pass, with its fence and fingerprint; it is not handed to a new caller.
 TEST_F(Lease, RestoredExpiredClaimGoesToCompensation) {

@@ -1,6 +1,6 @@
 // payment_test: the seed's payment test on a small in-memory ledger. A transfer guarded by run()
 // moves money once; a duplicate is refused (duplicate_policy::raise) or replayed; a falsy outcome
-// is replayed like any other (DESIGN section 9); a transfer that throws is retried or refused per
+// is replayed like any other (a classic bug of idempotency layers); a transfer that throws is retried or refused per
 // the failure policy.
 #include <idem/idem.hpp>
 
@@ -98,7 +98,7 @@ TEST(Payment, DuplicateTransferReplaysTheReceipt) {
     EXPECT_EQ(book.balance("bob"), 251);
 }
 
-// DESIGN section 9: "empty or falsy outcomes not replayed" is a classic bug. Outcome 0 (and a void
+// "Empty or falsy outcomes not replayed" is a classic bug of idempotency layers. Outcome 0 (and a void
 // fn, which records 0) must be replayed as a completed duplicate, not taken as "absent".
 TEST(Payment, FalsyOutcomeIsReplayed) {
     idem::guard g(idem_test::test_options());

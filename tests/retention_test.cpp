@@ -185,7 +185,7 @@ TEST_F(Retention, MaintainRunsCompensationThenCollection) {
 // A generation can hold more than `capacity` records (it has 2 x capacity slots). Replaying those
 // records after a rotation must not leave the new generation unable to rotate: once the retention
 // has passed, everything in the previous generation is evictable, so maintenance must make room
-// for new keys again (DESIGN section 4: capacity_exhausted only "when full and nothing is
+// for new keys again (docs/design.md: capacity_exhausted only "when full and nothing is
 // evictable").
 TEST_F(Retention, ReplayingAFullPreviousGenerationDoesNotWedgeTheTable) {
     std::size_t n = 0;

@@ -312,7 +312,7 @@ private:
                 if (r < 4) {
                     f.to = record_state::succeeded;
                     f.cause = transition_cause::succeed;
-                    f.outcome = rng_() % 4 == 0 ? 0 : rng_() >> 1;  // falsy outcomes too (DESIGN 9)
+                    f.outcome = rng_() % 4 == 0 ? 0 : rng_() >> 1;  // falsy outcomes too (a classic replay bug)
                 } else if (r < 6) {
                     f.to = record_state::failed;
                     f.cause = transition_cause::fail;

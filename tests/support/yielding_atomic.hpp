@@ -1,6 +1,6 @@
 // tests/support/yielding_atomic.hpp: std::atomic that sometimes yields the CPU before an access.
 //
-// The guard takes its atomic type as a template parameter (DESIGN section 4) so that a model
+// The guard takes its atomic type as a template parameter (docs/design.md) so that a model
 // checker can drive the real slot code. Tests use the same hook for a cheaper purpose: a thread
 // that yields between two atomic steps of the protocol lets other threads run a whole operation in
 // the gap (a rotation, a claim on a recycled slot), so windows that are a few instructions wide on
