@@ -50,6 +50,12 @@
 // commit is acknowledged, which is what a crash of this server needs (local, like on without a
 // synchronous standby, does not survive the loss of the machine).
 //
+// Snapshot reads: snapshot_read(fn) runs fn inside one REPEATABLE READ READ ONLY transaction, so the
+// load(), scan_audit(), get() and audit() calls fn makes all see one snapshot (`idem verify` on a
+// live store compares the audit trail with the records). Each call keeps its own deadline; the
+// connection is not replaced inside the snapshot: a break there fails the rest of it with
+// store_unavailable.
+//
 // Ordering: keys are COLLATE "C" (byte order), so scan_audit() orders keys as memory_store does.
 //
 // Thread-safety: like every store, one thread at a time (the flusher, or recovery before it). The
@@ -305,7 +311,8 @@ public:
         std::exception_ptr from_fn;
         run("load", [&] {
             step_ = "copy idempotent_record";
-            pqxx::work w(*conn_);
+            std::optional<pqxx::work> own;
+            pqxx::transaction_base& w = snap_ ? *snap_ : own.emplace(*conn_);
             w.exec("SET LOCAL statement_timeout = 0");  // the watchdog bounds each wait for rows instead
             pqxx::stream_from s(w, std::string(sql::load_query));
             std::string line;
@@ -334,7 +341,7 @@ public:
                 }
             }
             s.complete();
-            w.commit();
+            if (own) own->commit();
         });
         if (from_fn) std::rethrow_exception(from_fn);
     }
@@ -344,7 +351,8 @@ public:
         std::optional<stored_record> out;
         run("get", [&] {
             step_ = "select idempotent_record";
-            pqxx::nontransaction n(*conn_);
+            std::optional<pqxx::nontransaction> own;
+            pqxx::transaction_base& n = snap_ ? *snap_ : own.emplace(*conn_);
             const auto r = n.exec_prepared(std::string(detail::pg::get_name), std::string(key));
             if (r.empty()) return;
             const auto row = r[0];
@@ -369,7 +377,8 @@ public:
         if (!detail::pg::valid_utf8(key)) return out;
         run("audit", [&] {
             step_ = "select idempotent_audit";
-            pqxx::nontransaction n(*conn_);
+            std::optional<pqxx::nontransaction> own;
+            pqxx::transaction_base& n = snap_ ? *snap_ : own.emplace(*conn_);
             const auto r = n.exec_prepared(std::string(detail::pg::audit_name), std::string(key));
             out.reserve(r.size());
             for (const auto& row : r) {
@@ -393,7 +402,8 @@ public:
         std::exception_ptr from_fn;
         run("scan_audit", [&] {
             step_ = "copy idempotent_audit";
-            pqxx::work w(*conn_);
+            std::optional<pqxx::work> own;
+            pqxx::transaction_base& w = snap_ ? *snap_ : own.emplace(*conn_);
             w.exec("SET LOCAL statement_timeout = 0");  // the watchdog bounds each wait for rows instead
             // Stream in index order rather than sort first: a sort of a large trail would produce no
             // row for longer than the deadline, and the watchdog would take that for a hang.
@@ -422,7 +432,7 @@ public:
                 }
             }
             s.complete();
-            w.commit();
+            if (own) own->commit();
         });
         if (from_fn) std::rethrow_exception(from_fn);
     }
@@ -443,6 +453,40 @@ public:
         };
         if (fsync == "off") refuse("fsync=off", "fsync=on");
         if (sync_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");
+    }
+
+    /// Runs fn inside one REPEATABLE READ READ ONLY transaction: every load(), scan_audit(), get()
+    /// and audit() it makes reads the same snapshot. A nested call just runs fn.
+    void snapshot_read(const std::function<void()>& fn) override {
+        if (snap_ != nullptr) return fn();
+        std::unique_ptr<pqxx::transaction<pqxx::repeatable_read, pqxx::read_only>> t;
+        run("snapshot read", [&] {
+            step_ = "begin repeatable read, read only";
+            t = std::make_unique<pqxx::transaction<pqxx::repeatable_read, pqxx::read_only>>(*conn_);
+        });
+        snap_ = t.get();
+        auto end = [&](bool quiet) {
+            try {
+                run("snapshot read", [&] {  // snap_ still set: run() does not reconnect under it
+                    step_ = "end";
+                    t->abort();  // read only: nothing to commit
+                });
+            } catch (...) {
+                snap_ = nullptr;
+                t.reset();
+                if (!quiet) throw;
+                return;
+            }
+            snap_ = nullptr;
+            t.reset();
+        };
+        try {
+            fn();
+        } catch (...) {
+            end(/*quiet=*/true);  // fn's exception wins
+            throw;
+        }
+        end(/*quiet=*/false);
     }
 
     /// Drops the connection and opens a new one (bounded like every call).
@@ -571,7 +615,13 @@ private:
         watchdog_.arm(deadline_);
         committing_ = false;
         try {
-            if (need_reconnect_ || !conn_ || !conn_->is_open()) connect();
+            if (need_reconnect_ || !conn_ || !conn_->is_open()) {
+                if (snap_ != nullptr)  // the snapshot's transaction lives on this connection
+                    throw error(errc::store_unavailable, "postgres store " + name_ + ": " + op +
+                                                             ": the connection broke during a snapshot read; "
+                                                             "the snapshot is gone (start the read again)");
+                connect();
+            }
             body();
         } catch (...) {
             const bool fired = watchdog_.disarm();
@@ -718,6 +768,7 @@ private:
     std::string step_ = "connect";
     bool committing_ = false;
     bool need_reconnect_ = true;
+    pqxx::transaction_base* snap_ = nullptr;  // inside snapshot_read(): its transaction
     std::function<void()> before_commit_;
 };
 

@@ -126,6 +126,12 @@ public:
     [[nodiscard]] virtual std::vector<audit_entry> audit(std::string_view key) = 0;
     /// Every audit row, ordered by key then sequence (for `idem verify`).
     virtual void scan_audit(const std::function<void(const audit_entry&)>& fn) = 0;
+    /// Runs fn so that every read it makes of this store (load, scan_audit, get, audit) sees one
+    /// snapshot: what another writer commits meanwhile is invisible to all of them, so the audit
+    /// trail and the records read in fn agree with each other (`idem verify` on a live store).
+    /// fn must not write. Exceptions of fn (and of the store) reach the caller. A store read by
+    /// one thread with no other writer needs nothing, which is this default: it runs fn.
+    virtual void snapshot_read(const std::function<void()>& fn) { fn(); }
     /// Sync mode calls this at start; throws idem::error(invalid_argument) with the reason when the
     /// store cannot make a commit durable (PostgreSQL with fsync=off or synchronous_commit=off).
     virtual void check_sync_durability() {}

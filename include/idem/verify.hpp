@@ -1,4 +1,4 @@
-// idem/verify.hpp: checks a store's audit trails against the state machine (DESIGN.md section 3).
+// idem/verify.hpp: checks a store's audit trails against the state machine.
 //
 // For every key, in sequence order:
 //   * each row's from_status equals the previous row's to_status (the first row starts at ABSENT);
@@ -92,26 +92,32 @@ private:
 
 }  // namespace detail
 
-/// Reads every trail and record of `st`. Memory grows with the number of keys (one small entry each).
+/// Reads every trail and record of `st`, in one snapshot (store::snapshot_read): on a live store,
+/// transitions committed while verify reads are invisible to both reads, so they cannot show up as
+/// a record ahead of its trail. Memory grows with the number of keys (one small entry each).
 inline verify_report verify(store& st) {
     verify_report report;
-    detail::trail_checker checker(report);
-    st.scan_audit([&](const audit_entry& a) { checker.row(a); });
-    auto& last = checker.last();
-    st.load([&](const stored_record& r) {
-        auto it = last.find(r.key);
-        if (it == last.end()) {
-            report.violations.push_back("key '" + key::printable(r.key) + "' has a record but no audit trail");
-            return;
-        }
-        if (it->second.state != r.state || it->second.fence != r.fence)
-            report.violations.push_back("key '" + key::printable(r.key) + "': record is " + to_string(r.state) +
-                                        " fence " + std::to_string(r.fence) + " but its last audit row says " +
-                                        to_string(it->second.state) + " fence " + std::to_string(it->second.fence));
-        last.erase(it);
+    st.snapshot_read([&] {
+        report = verify_report{};
+        detail::trail_checker checker(report);
+        st.scan_audit([&](const audit_entry& a) { checker.row(a); });
+        auto& last = checker.last();
+        st.load([&](const stored_record& r) {
+            auto it = last.find(r.key);
+            if (it == last.end()) {
+                report.violations.push_back("key '" + key::printable(r.key) + "' has a record but no audit trail");
+                return;
+            }
+            if (it->second.state != r.state || it->second.fence != r.fence)
+                report.violations.push_back("key '" + key::printable(r.key) + "': record is " + to_string(r.state) +
+                                            " fence " + std::to_string(r.fence) + " but its last audit row says " +
+                                            to_string(it->second.state) + " fence " +
+                                            std::to_string(it->second.fence));
+            last.erase(it);
+        });
+        for (auto& [k, s] : last)
+            report.violations.push_back("key '" + key::printable(k) + "' has an audit trail but no record");
     });
-    for (auto& [k, s] : last)
-        report.violations.push_back("key '" + key::printable(k) + "' has an audit trail but no record");
     return report;
 }
 
