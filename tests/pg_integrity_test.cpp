@@ -1,9 +1,24 @@
-// pg_integrity_test: PostgreSQL integrity under faults.
+// pg_integrity_test: PostgreSQL settings changed behind a running guard, and `idem verify` on a live
+// store.
 //
+//   SynchronousCommit...   ALTER SYSTEM SET synchronous_commit = off + reload under an open store:
+//                          the store's own session (the one that commits) keeps running with
+//                          synchronous_commit=on, before and after a reconnect; remote_apply, when
+//                          configured, is kept (never weakened)
+//   SyncGuardStops...      a sync durable_guard is writing when fsync is turned off, first by a
+//                          reload, then by a restart of the server: acknowledgements stop with an
+//                          error naming fsync, nothing started after that is acknowledged, and
+//                          writing resumes once fsync=on is back; every acknowledged success is in
+//                          the store
+//   OpenRefuses...         a sync durable_guard refuses a server configured with fsync=off or
+//                          synchronous_commit=off at open; its message names the library's option
+//                          (store_options::mode), not a CLI flag
 //   VerifyUnderWriteLoad   idem::verify runs again and again while a guard writes: zero violations
 //
-// VerifyUnderWriteLoad uses IDEM_TEST_PG_URI, in a database of its own. The tests FAIL, never skip,
-// when a server is missing.
+// The settings tests own their server (tests/support/private_pg.hpp: scripts/lib/postgres.sh), so
+// changing its configuration or restarting it disturbs no other test; they need the PostgreSQL 15
+// server binaries (PG_BIN). VerifyUnderWriteLoad uses IDEM_TEST_PG_URI, in a database of its own.
+// The tests FAIL, never skip, when a server is missing.
 #include <idem/durable.hpp>
 #include <idem/postgres_store.hpp>
 #include <idem/verify.hpp>
@@ -21,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/private_pg.hpp"
 #include "support/store_fixtures.hpp"
 
 namespace {
@@ -38,6 +54,178 @@ void admin(const std::string& uri, const std::string& sql) {
     pqxx::connection c(uri);
     pqxx::nontransaction n(c);
     n.exec(sql);
+}
+
+/// What a new session of the server says about `setting`.
+std::string fresh_setting(const std::string& uri, const std::string& setting) {
+    pqxx::connection c(uri);
+    pqxx::nontransaction n(c);
+    return n.exec_params("SELECT current_setting($1)", setting)[0][0].c_str();
+}
+
+/// ALTER SYSTEM SET setting = value (RESET when value is empty) and a reload; returns once a new
+/// session sees it. The postmaster signals every backend before it accepts that new session, and a
+/// backend applies the reload before the next statement it reads.
+bool reconfigure(const std::string& uri, const std::string& setting, const std::string& value,
+                 const std::string& expect) {
+    admin(uri, value.empty() ? "ALTER SYSTEM RESET " + setting : "ALTER SYSTEM SET " + setting + " = " + value);
+    admin(uri, "SELECT pg_reload_conf()");
+    return wait_for([&] { return fresh_setting(uri, setting) == expect; });
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// ---- synchronous_commit is pinned on the library's own sessions -------------------------------------
+
+TEST(PgIntegrity, SynchronousCommitStaysOnInTheStoresSessionAfterAReloadTurnsItOff) {
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
+    idem::postgres_store st(srv.uri(), 2s);
+    st.check_sync_durability();  // what a sync durable_guard does at open
+    ASSERT_EQ(st.session_setting("synchronous_commit"), "on");
+
+    ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "off", "off"));
+    // The session that commits the batches: the reload does not reach it.
+    EXPECT_EQ(st.session_setting("synchronous_commit"), "on") << "the reload weakened the store's own session";
+    st.reconnect();  // a new session starts with the server's off: pinned again
+    EXPECT_EQ(st.session_setting("synchronous_commit"), "on") << "a reconnect took the server's synchronous_commit=off";
+    // An open store (async mode too) pins it from its first session on.
+    idem::postgres_store fresh(srv.uri(), 2s);
+    EXPECT_EQ(fresh.session_setting("synchronous_commit"), "on");
+
+    // remote_apply is stricter than on: kept, and still kept after the server is set to off again.
+    ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "remote_apply", "remote_apply"));
+    st.reconnect();
+    EXPECT_EQ(st.session_setting("synchronous_commit"), "remote_apply");
+    ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "off", "off"));
+    st.reconnect();
+    EXPECT_EQ(st.session_setting("synchronous_commit"), "remote_apply") << "a reconnect weakened remote_apply";
+    // local and remote_write are raised to on.
+    ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "local", "local"));
+    idem::postgres_store local(srv.uri(), 2s);
+    EXPECT_EQ(local.session_setting("synchronous_commit"), "on");
+}
+
+// ---- fsync turned off under a running sync guard ----------------------------------------------------
+
+TEST(PgIntegrity, SyncGuardStopsAcknowledgingWhenFsyncIsTurnedOffByAReloadOrARestart) {
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
+    idem::options o;
+    o.capacity = 1u << 16;
+    o.maintenance_interval = {};
+    idem::store_options so;
+    so.mode = durability::sync;
+    so.sync_timeout = 300ms;  // a commit refused is answered store_unavailable within 300 ms
+    so.max_backoff = 50ms;
+    auto g = std::make_unique<idem::durable_guard>(std::make_unique<idem::postgres_store>(srv.uri(), 2s), o, so);
+
+    // phase: 0 normal, 1 fsync is off and the guard said so, 2 fsync is being turned on again. A call
+    // that started and returned within phase 1 ran entirely while fsync was off: it must never be
+    // acknowledged. (One still waiting when fsync=on is back may be: its commit is durable.)
+    std::atomic<int> phase{0};
+    std::atomic<std::size_t> acks{0}, refused_in_off{0}, acked_in_off{0};
+    std::mutex m;
+    std::map<std::string, std::uint64_t> succeeded;  // acknowledged successes
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+        for (std::size_t i = 0; !stop.load(); ++i) {
+            const idem::key k("FS" + std::to_string(i) + "_PAY_v1");
+            const int at_begin = phase.load();
+            auto r = g->guard().begin(k);
+            if (r.status != begin_status::acquired) {
+                if (r.status == begin_status::store_unavailable && at_begin == 1) ++refused_in_off;
+                continue;
+            }
+            if (at_begin == 1 && phase.load() == 1) ++acked_in_off;  // a claim acknowledged while fsync was off
+            const int at_succeed = phase.load();
+            if (r.ticket.succeed(i + 1)) {
+                if (at_succeed == 1) ++refused_in_off;
+                continue;
+            }
+            if (at_succeed == 1 && phase.load() == 1) ++acked_in_off;
+            std::lock_guard lock(m);
+            succeeded[std::string(k.view())] = i + 1;
+            ++acks;
+        }
+    });
+    auto turned_off = [&](const char* how, std::uint64_t errors_before) {
+        // The guard says why it stops: its last store error (one met after the change) names the setting.
+        EXPECT_TRUE(wait_for([&] {
+            return g->snapshot().store_errors > errors_before && contains(g->last_store_error(), "fsync=off");
+        }))
+            << how << ": the guard never named fsync=off; last store error: " << g->last_store_error();
+        phase = 1;
+        EXPECT_TRUE(wait_for([&] { return refused_in_off.load() >= 3; }))
+            << how << ": calls made while fsync is off neither returned nor were refused";
+        EXPECT_EQ(acked_in_off.load(), 0u) << how << ": acknowledged while the server runs with fsync=off";
+    };
+    auto turned_on = [&](const char* how) {
+        phase = 2;
+        ASSERT_TRUE(reconfigure(srv.uri(), "fsync", "", "on"));
+        const std::size_t before = acks.load();
+        EXPECT_TRUE(wait_for([&] { return acks.load() >= before + 20; }))
+            << how << ": no acknowledgement after fsync=on came back: " << g->last_store_error();
+    };
+
+    ASSERT_TRUE(wait_for([&] { return acks.load() >= 50; })) << "no progress: " << g->last_store_error();
+    // 1. A reload: the sessions stay open, so only a check per batch can see it.
+    std::uint64_t errors = g->snapshot().store_errors;
+    ASSERT_TRUE(reconfigure(srv.uri(), "fsync", "off", "off"));
+    turned_off("reload", errors);
+    turned_on("reload");
+    // 2. A restart with fsync=off: the flusher reconnects to it.
+    phase = 0;
+    refused_in_off = 0;
+    errors = g->snapshot().store_errors;
+    admin(srv.uri(), "ALTER SYSTEM SET fsync = off");
+    ASSERT_TRUE(srv.restart()) << "pg_ctl restart failed";
+    ASSERT_EQ(fresh_setting(srv.uri(), "fsync"), "off");
+    turned_off("restart", errors);
+    turned_on("restart");
+
+    stop = true;
+    writer.join();
+    ASSERT_TRUE(g->flush(30s)) << g->last_store_error();
+    g.reset();
+    idem::postgres_store check(srv.uri());
+    for (const auto& [k, outcome] : succeeded) {
+        const auto rec = check.get(k);
+        ASSERT_TRUE(rec.has_value()) << "acknowledged success of " << k << " lost";
+        EXPECT_EQ(rec->state, record_state::succeeded) << k;
+        EXPECT_EQ(rec->outcome, outcome) << k;
+    }
+    const idem::verify_report rep = idem::verify(check);
+    EXPECT_TRUE(rep.violations.empty()) << rep.violations.front();
+}
+
+// ---- refusal at open ----------------------------------------------------------------------------------
+
+TEST(PgIntegrity, OpenRefusesFsyncOffAndSynchronousCommitOffNamingTheLibrarysOption) {
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
+    idem::store_options sync;
+    sync.mode = durability::sync;
+    auto durable_refusal = [&]() -> std::string {
+        try {
+            idem::durable_guard g(std::make_unique<idem::postgres_store>(srv.uri(), 2s), {}, sync);
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), errc::invalid_argument) << e.what();
+            return e.what();
+        }
+        return "(opened)";
+    };
+    for (const char* setting : {"fsync", "synchronous_commit"}) {
+        SCOPED_TRACE(setting);
+        ASSERT_TRUE(reconfigure(srv.uri(), setting, "off", "off"));
+        const std::string d = durable_refusal();
+        EXPECT_TRUE(contains(d, std::string(setting) + "=off")) << d;
+        EXPECT_TRUE(contains(d, "store_options::mode = durability::async")) << d;
+        EXPECT_FALSE(contains(d, "--durability")) << "a CLI flag in a library message: " << d;
+        ASSERT_TRUE(reconfigure(srv.uri(), setting, "", "on"));
+    }
+    // It opens again once the server is fixed.
+    EXPECT_NO_THROW((void)idem::durable_guard(std::make_unique<idem::postgres_store>(srv.uri(), 2s), {}, sync));
 }
 
 // ---- idem verify on a live store ------------------------------------------------------------------

@@ -45,10 +45,20 @@
 // Use a database with encoding UTF8: another server encoding refuses characters it cannot hold.
 // The node written into the audit trail is cut to the 64 characters of its column.
 //
-// Durability: check_sync_durability() refuses fsync=off and synchronous_commit=off. It accepts on,
-// local, remote_write and remote_apply: each of them waits for the primary's WAL flush before a
-// commit is acknowledged, which is what a crash of this server needs (local, like on without a
-// synchronous standby, does not survive the loss of the machine).
+// Durability. check_sync_durability() (a durable_guard in sync mode calls it at open) refuses
+// fsync=off and synchronous_commit=off as configured on the server. It accepts on, local,
+// remote_write and remote_apply: each of them waits for the primary's WAL flush before a commit is
+// acknowledged, which is what a crash of this server needs (local, like on without a synchronous
+// standby, does not survive the loss of the machine). Settings can change behind a running store, so
+// they are also guarded afterwards:
+//  - synchronous_commit is pinned on every connection (detail::pg::pin_durability: on, or
+//    remote_apply when the server is configured with it; never weaker), in the round trip that sets
+//    the session up. A reload of the server's configuration does not reach a session's own SET.
+//  - fsync cannot be pinned. Once sync durability was required, every (re)connect reads it (same
+//    round trip) and every apply() reads it inside the batch's transaction, right before COMMIT (one
+//    more round trip per batch, sync mode only). When it is off, apply() throws store_unavailable
+//    naming fsync and commits nothing: no acknowledgement rests on a commit the server may not have
+//    flushed. The batch waits (the flusher retries) until fsync is on again.
 //
 // Snapshot reads: snapshot_read(fn) runs fn inside one REPEATABLE READ READ ONLY transaction, so the
 // load(), scan_audit(), get() and audit() calls fn makes all see one snapshot (`idem verify` on a
@@ -282,6 +292,11 @@ public:
                                 p.y.status.str(), p.y.fence.str(), p.y.lease.str(), p.y.outcome.str(), p.y.fp.str(),
                                 p.y.created.str(), p.y.updated.str());
             }
+            if (durable_required_) {
+                step_ = "check fsync";
+                const std::string fsync = w.exec(std::string(detail::pg::fsync_now))[0][0].c_str();
+                if (fsync == "off") refuse_fsync();
+            }
             step_ = "commit";
             committing_ = true;
             if (before_commit_) before_commit_();
@@ -437,22 +452,32 @@ public:
         if (from_fn) std::rethrow_exception(from_fn);
     }
 
-    /// Refuses fsync=off and synchronous_commit=off (see the header comment for what is accepted).
+    /// Refuses fsync=off and synchronous_commit=off (see the header comment for what is accepted),
+    /// then keeps refusing fsync=off on every connection and batch.
     void check_sync_durability() override {
+        require_durability(" or open the durable_guard with store_options::mode = durability::async (acknowledged "
+                           "before the commit)");
+    }
+
+    /// check_sync_durability() with the caller's alternative to fixing the server (appended to the
+    /// message; empty: none). Throws idem::error(invalid_argument) naming the setting and the fix.
+    void require_durability(const std::string& alternative) {
         std::string fsync, sync_commit;
         run("check sync durability", [&] {
-            step_ = "SHOW fsync / synchronous_commit";
+            step_ = "read fsync and synchronous_commit";
             pqxx::nontransaction n(*conn_);
-            fsync = n.exec("SHOW fsync")[0][0].c_str();
-            sync_commit = n.exec("SHOW synchronous_commit")[0][0].c_str();
+            const auto r = n.exec(std::string(detail::pg::durability_settings));
+            fsync = r[0][0].c_str();
+            sync_commit = r[0][1].c_str();
         });
         auto refuse = [&](const std::string& setting, const std::string& fix) {
             throw error(errc::invalid_argument, "sync durability refused: PostgreSQL at " + name_ + " runs with " +
                                                     setting + "; a commit acknowledged by it can be lost on a crash. Set " +
-                                                    fix + " or use --durability async");
+                                                    fix + " in the server's configuration" + alternative);
         };
         if (fsync == "off") refuse("fsync=off", "fsync=on");
         if (sync_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");
+        durable_required_ = true;
     }
 
     /// Runs fn inside one REPEATABLE READ READ ONLY transaction: every load(), scan_audit(), get()
@@ -487,6 +512,19 @@ public:
             throw;
         }
         end(/*quiet=*/false);
+    }
+
+    /// The value of `setting` in this store's own session (current_setting(); for operators and
+    /// tests, e.g. the pinned synchronous_commit). Throws like every call.
+    [[nodiscard]] std::string session_setting(const std::string& setting) {
+        std::string v;
+        run("session setting " + setting, [&] {
+            step_ = "current_setting";
+            std::optional<pqxx::nontransaction> own;
+            pqxx::transaction_base& n = snap_ ? *snap_ : own.emplace(*conn_);
+            v = n.exec_params("SELECT current_setting($1)", setting)[0][0].c_str();
+        });
+        return v;
     }
 
     /// Drops the connection and opens a new one (bounded like every call).
@@ -614,6 +652,7 @@ private:
     void run(const std::string& op, F&& body) {
         watchdog_.arm(deadline_);
         committing_ = false;
+        op_ = &op;
         try {
             if (need_reconnect_ || !conn_ || !conn_->is_open()) {
                 if (snap_ != nullptr)  // the snapshot's transaction lives on this connection
@@ -672,6 +711,7 @@ private:
 
     void connect() {
         step_ = "connect";
+        need_reconnect_ = true;  // until every step below passed
         watchdog_.watch(-1);
         notices_.reset();
         conn_.reset();
@@ -683,11 +723,15 @@ private:
 #pragma GCC diagnostic pop
         watchdog_.watch(conn_->sock());
         step_ = "set session";
+        std::string fsync;
         {
             pqxx::nontransaction n(*conn_);
-            n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
-                   "; SET client_min_messages = warning");
+            const auto r = n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
+                                  "; SET client_min_messages = warning; " + detail::pg::pin_durability(keep_remote_apply_));
+            keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
+            fsync = r[0][1].c_str();
         }
+        if (durable_required_ && fsync == "off") refuse_fsync();
         namespace sql = detail::pg;
         conn_->prepare(std::string(sql::apply_main_name), std::string(sql::apply_main));
         conn_->prepare(std::string(sql::apply_keep_lease_name), std::string(sql::apply_keep_lease));
@@ -751,6 +795,15 @@ private:
         if (!key::check(k, "idempotent_key", &why)) throw_corrupt(k, why);
     }
 
+    /// Sync durability was required and the server now runs with fsync=off: nothing is committed.
+    [[noreturn]] void refuse_fsync() const {
+        throw error(errc::store_unavailable,
+                    "postgres store " + name_ + ": " + (op_ ? *op_ : std::string("connect")) + ": " + step_ +
+                        ": the server now runs with fsync=off, so a commit it acknowledges can be lost on a crash; "
+                        "sync durability acknowledges nothing on it (batches wait until fsync=on is configured "
+                        "and reloaded)");
+    }
+
     /// A row was corrupt or the callback threw mid-COPY: cut the connection rather than drain the
     /// rest of the table (the next call reconnects).
     void abandon_stream() {
@@ -766,8 +819,11 @@ private:
     std::unique_ptr<pqxx::connection> conn_;
     std::unique_ptr<detail::quiet_notices> notices_;
     std::string step_ = "connect";
+    const std::string* op_ = nullptr;  // the operation run() is in (for messages); valid during run() only
     bool committing_ = false;
     bool need_reconnect_ = true;
+    bool durable_required_ = false;   // check_sync_durability() passed: refuse fsync=off from then on
+    bool keep_remote_apply_ = false;  // the server was configured with remote_apply: keep pinning it
     pqxx::transaction_base* snap_ = nullptr;  // inside snapshot_read(): its transaction
     std::function<void()> before_commit_;
 };

@@ -162,6 +162,30 @@ inline constexpr std::size_t scan_audit_columns = 8;
 inline constexpr std::string_view max_fence =
     "SELECT max(fencing_token # (-9223372036854775808)::bigint) FROM idempotent_record";
 
+// Durability settings. fsync can change under a running server (ALTER SYSTEM + reload, or a
+// restart) and no session can pin it, so it is read again: on every new connection, and by a
+// sync-mode store on every batch (detail::pg::fsync_now, inside the batch's transaction, right
+// before COMMIT). synchronous_commit CAN be pinned: pin_durability() sets it for the session, and a
+// session's SET outranks the configuration file, so a later ALTER SYSTEM ... + reload cannot weaken
+// this connection's commits.
+//
+// The pinned value is `on`: COMMIT returns after the primary's WAL flush (and, when
+// synchronous_standby_names names standbys, after theirs). remote_apply, when the server is
+// configured with it (or was at an earlier connect: keep_remote_apply), is kept: it is stricter
+// (the standbys have also applied the commit). off, local and remote_write are raised to on. The row
+// holds the pinned value, then fsync. It runs first on a fresh session, so current_setting() still
+// reads the configured value there.
+[[nodiscard]] inline std::string pin_durability(bool keep_remote_apply) {
+    return std::string("SELECT set_config('synchronous_commit', CASE WHEN ") + (keep_remote_apply ? "true" : "false") +
+           " OR current_setting('synchronous_commit') = 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false), "
+           "current_setting('fsync')";
+}
+inline constexpr std::string_view fsync_now = "SELECT current_setting('fsync')";
+// fsync, and the synchronous_commit a session of this server starts with (its configured value,
+// reloads included; pg_settings.reset_val, because this session's own value is pinned).
+inline constexpr std::string_view durability_settings =
+    "SELECT current_setting('fsync'), (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit')";
+
 // ---------------------------------------------------------------------------------------------------
 // Pure helpers.
 
