@@ -4,15 +4,17 @@
 //   SynchronousCommit...   ALTER SYSTEM SET synchronous_commit = off + reload under an open store:
 //                          the store's own session (the one that commits) keeps running with
 //                          synchronous_commit=on, before and after a reconnect; remote_apply, when
-//                          configured, is kept (never weakened)
+//                          configured, is kept (never weakened); the global guard's sessions too
 //   SyncGuardStops...      a sync durable_guard is writing when fsync is turned off, first by a
 //                          reload, then by a restart of the server: acknowledgements stop with an
 //                          error naming fsync, nothing started after that is acknowledged, and
 //                          writing resumes once fsync=on is back; every acknowledged success is in
 //                          the store
-//   OpenRefuses...         a sync durable_guard refuses a server configured with fsync=off or
-//                          synchronous_commit=off at open; its message names the library's option
-//                          (store_options::mode), not a CLI flag
+//   OpenRefuses...         a sync durable_guard and a global_guard refuse a server configured with
+//                          fsync=off or synchronous_commit=off at open; the durable guard's message
+//                          names the library's option (store_options::mode), not a CLI flag
+//   GlobalGuardStops...    a running global_guard: a restart with fsync=off stops its claims with an
+//                          error naming fsync; they resume once fsync=on is back
 //   VerifyUnderWriteLoad   idem::verify runs again and again while a guard writes: zero violations
 //
 // The settings tests own their server (tests/support/private_pg.hpp: scripts/lib/postgres.sh), so
@@ -20,6 +22,7 @@
 // server binaries (PG_BIN). VerifyUnderWriteLoad uses IDEM_TEST_PG_URI, in a database of its own.
 // The tests FAIL, never skip, when a server is missing.
 #include <idem/durable.hpp>
+#include <idem/global_guard.hpp>
 #include <idem/postgres_store.hpp>
 #include <idem/verify.hpp>
 
@@ -104,6 +107,27 @@ TEST(PgIntegrity, SynchronousCommitStaysOnInTheStoresSessionAfterAReloadTurnsItO
     ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "local", "local"));
     idem::postgres_store local(srv.uri(), 2s);
     EXPECT_EQ(local.session_setting("synchronous_commit"), "on");
+}
+
+TEST(PgIntegrity, SynchronousCommitStaysOnInAGlobalGuardSessionAfterAReloadTurnsItOff) {
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
+    // The session class every batcher of global_guard runs its statements on.
+    idem::detail::global_session db(srv.uri(), pg::redact(srv.uri()), 2000ms, "idem-test");
+    auto show = [&] {
+        std::string v;
+        const auto r = db.run("show", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            v = n.exec("SELECT current_setting('synchronous_commit')")[0][0].c_str();
+        });
+        EXPECT_EQ(r, idem::detail::global_session::result::ok) << db.last_error();
+        return v;
+    };
+    ASSERT_EQ(show(), "on");
+    ASSERT_TRUE(reconfigure(srv.uri(), "synchronous_commit", "off", "off"));
+    EXPECT_EQ(show(), "on") << "the reload weakened the global guard's session";
+    db.drop();  // reconnect at the next call
+    EXPECT_EQ(show(), "on") << "a reconnect took the server's synchronous_commit=off";
 }
 
 // ---- fsync turned off under a running sync guard ----------------------------------------------------
@@ -206,9 +230,21 @@ TEST(PgIntegrity, OpenRefusesFsyncOffAndSynchronousCommitOffNamingTheLibrarysOpt
     ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
     idem::store_options sync;
     sync.mode = durability::sync;
+    idem::global_options go;
+    go.call_deadline = 2000ms;
+    go.wait_timeout = 2000ms;
     auto durable_refusal = [&]() -> std::string {
         try {
             idem::durable_guard g(std::make_unique<idem::postgres_store>(srv.uri(), 2s), {}, sync);
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), errc::invalid_argument) << e.what();
+            return e.what();
+        }
+        return "(opened)";
+    };
+    auto global_refusal = [&]() -> std::string {
+        try {
+            idem::global_guard g(srv.uri(), {}, go);
         } catch (const idem::error& e) {
             EXPECT_EQ(e.kind(), errc::invalid_argument) << e.what();
             return e.what();
@@ -222,10 +258,49 @@ TEST(PgIntegrity, OpenRefusesFsyncOffAndSynchronousCommitOffNamingTheLibrarysOpt
         EXPECT_TRUE(contains(d, std::string(setting) + "=off")) << d;
         EXPECT_TRUE(contains(d, "store_options::mode = durability::async")) << d;
         EXPECT_FALSE(contains(d, "--durability")) << "a CLI flag in a library message: " << d;
+        const std::string gl = global_refusal();
+        EXPECT_TRUE(contains(gl, std::string(setting) + "=off")) << "global_guard: " << gl;
+        EXPECT_FALSE(contains(gl, "--durability")) << gl;
         ASSERT_TRUE(reconfigure(srv.uri(), setting, "", "on"));
     }
-    // It opens again once the server is fixed.
+    // Both open again once the server is fixed.
     EXPECT_NO_THROW((void)idem::durable_guard(std::make_unique<idem::postgres_store>(srv.uri(), 2s), {}, sync));
+    EXPECT_NO_THROW((void)idem::global_guard(srv.uri(), {}, go));
+}
+
+// ---- fsync turned off under a running global guard -------------------------------------------------
+
+TEST(PgIntegrity, GlobalGuardStopsClaimingWhenRestartedWithFsyncOff) {
+    idem_test::private_server srv;
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
+    idem::options o;
+    o.maintenance_interval = {};
+    idem::global_options go;
+    go.call_deadline = 2000ms;
+    go.wait_timeout = 500ms;
+    go.max_backoff = 50ms;
+    idem::global_guard g(srv.uri(), o, go);
+    std::size_t next = 0;
+    auto claim = [&] {  // a fresh key: claimed and completed, or refused
+        const idem::key k("GF" + std::to_string(next++) + "_PAY_v1");
+        auto r = g.begin(k);
+        if (r.status != begin_status::acquired) return r.status;
+        return r.ticket.succeed(1) ? begin_status::store_unavailable : begin_status::acquired;
+    };
+    ASSERT_EQ(claim(), begin_status::acquired) << g.last_error();
+
+    admin(srv.uri(), "ALTER SYSTEM SET fsync = off");
+    ASSERT_TRUE(srv.restart()) << "pg_ctl restart failed";
+    ASSERT_EQ(fresh_setting(srv.uri(), "fsync"), "off");
+    // Until a session met the restarted server, a claim may still fail for the restart itself.
+    EXPECT_TRUE(wait_for([&] { return claim() != begin_status::acquired && contains(g.last_error(), "fsync=off"); }))
+        << "the global guard never named fsync=off; last error: " << g.last_error();
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(claim(), begin_status::store_unavailable) << "claimed while fsync=off";
+    EXPECT_TRUE(contains(g.last_error(), "fsync=off")) << g.last_error();
+
+    ASSERT_TRUE(reconfigure(srv.uri(), "fsync", "", "on"));
+    EXPECT_TRUE(wait_for([&] { return claim() == begin_status::acquired; }))
+        << "no claim after fsync=on came back: " << g.last_error();
 }
 
 // ---- idem verify on a live store ------------------------------------------------------------------

@@ -187,6 +187,10 @@ public:
         if (go_.max_batch == 0) throw error(errc::invalid_argument, "global_options: max_batch must be at least 1");
         if (opts_.lease < std::chrono::milliseconds(1))
             throw error(errc::invalid_argument, "options.lease must be at least 1 ms in scope::global (store leases are in ms)");
+        // Every answer of scope::global rests on a commit: refuse a server that may lose one
+        // (fsync=off, synchronous_commit=off). Sessions pin synchronous_commit and re-check fsync on
+        // every reconnect (global_session.hpp).
+        store_.require_durability("");
         node_ = go_.node.empty() ? default_node() : go_.node;
         node_ = std::string(pg::utf8_truncate(node_, 64));
         store_.set_node(node_);

@@ -20,6 +20,13 @@
 //                the caller resolves it with the batch id, never by a blind retry
 //   fatal        the server refused the statement for another reason (a bug, a schema problem)
 //
+// Durability: every (re)connect pins synchronous_commit for the session (on, or remote_apply when the
+// server is configured with it; detail::pg::pin_durability) and reads fsync in the same round trip.
+// fsync=off refuses the connection: the call answers transient, naming fsync in last_error(), and
+// every later call connects (and checks) again, so nothing is acknowledged on a server that may lose
+// its commits, and work resumes once fsync=on is configured and reloaded. global_engine refuses
+// fsync=off and synchronous_commit=off at open.
+//
 // Thread-safety: one thread at a time. Progress: blocking; each call bounded by call_deadline
 // (plus connect_timeout while connecting).
 #pragma once
@@ -32,6 +39,7 @@
 #include <thread>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -164,6 +172,10 @@ private:
         const std::string where = "postgres " + name_ + ": " + op + ": ";
         try {
             throw;
+        } catch (const error& e) {  // ours: connect() refused the server's durability settings
+            need_reconnect_ = true;
+            last_error_ = where + e.what();
+            return e.kind() == errc::store_unavailable ? result::transient : result::fatal;
         } catch (const pqxx::in_doubt_error& e) {
             need_reconnect_ = true;
             last_error_ = where + e.what();
@@ -199,6 +211,7 @@ private:
     }
 
     void connect() {
+        need_reconnect_ = true;  // until every step below passed
         watchdog_.watch(-1);
         notices_.reset();
         conn_.reset();
@@ -211,8 +224,16 @@ private:
         watchdog_.watch(conn_->sock());
         {
             pqxx::nontransaction n(*conn_);
-            n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
-                   "; SET client_min_messages = warning; SET default_transaction_isolation = 'read committed'");
+            const auto r = n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
+                                  "; SET client_min_messages = warning; SET default_transaction_isolation = "
+                                  "'read committed'; " +
+                                  pg::pin_durability(keep_remote_apply_));
+            keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
+            if (std::string_view(r[0][1].c_str()) == "off")
+                throw error(errc::store_unavailable,
+                            "connect: the server now runs with fsync=off, so a commit it acknowledges can be lost on "
+                            "a crash; nothing is acknowledged on it (calls wait until fsync=on is configured and "
+                            "reloaded)");
         }
         try {  // the statements' plans do not depend on the arrays' contents: plan them once
             pqxx::nontransaction n(*conn_);
@@ -239,6 +260,7 @@ private:
     std::unique_ptr<quiet_notices> notices_;
     bool committing_ = false;
     bool need_reconnect_ = true;
+    bool keep_remote_apply_ = false;  // the server was configured with remote_apply: keep pinning it
     std::string last_error_;
 };
 
