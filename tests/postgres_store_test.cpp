@@ -698,7 +698,8 @@ TEST_F(PostgresStore, SyncDurabilityRefusesSynchronousCommitOff) {
         const std::string msg = e.what();
         EXPECT_NE(msg.find("sync durability refused: PostgreSQL at " + pg::redact(uri_) +
                            " runs with synchronous_commit=off; a commit acknowledged by it can be lost on a crash. "
-                           "Set synchronous_commit=on or use --durability async"),
+                           "Set synchronous_commit=on in the server's configuration or open the durable_guard with "
+                           "store_options::mode = durability::async"),
                   std::string::npos)
             << msg;
     }
