@@ -8,6 +8,18 @@
 //                    naming the key, the column and the value (not "fencing_token 0").
 //   TerminalRecord*  a record SUCCESS or FAILED at fence F is never taken back to PROCESSING or
 //                    RELEASED by a later row of the same fence (a second writer's doubt mark).
+//   Deleted*, Moved*, Replaced*, WalDeleted*, Reconnect*
+//                    the file deleted, moved away or replaced under a running sync-mode guard: no
+//                    success is acknowledged after that, the error names the path, and no new empty
+//                    database is created at the path; what was acknowledged before a move is in the
+//                    moved file.
+//   SecondWriter*    a second process on the same file (fork + exec of this binary, which then runs
+//                    one action, see child_main): refused at start in sync mode, refused at its first
+//                    write in async mode, naming PATH.lock and the holder's pid; the first writer's
+//                    records are untouched; a reader (verify) still works beside the writer.
+//   ReadOnly*        as uid nobody (a forked child that drops root before exec): a read-only file or
+//                    directory is refused at open with invalid_argument naming the path and reason.
+// Needs root (to drop to nobody). FAILS, never skips, without it.
 #include <idem/durable.hpp>
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
@@ -21,9 +33,16 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
 
 #include "support/store_fixtures.hpp"
 
@@ -118,6 +137,122 @@ std::string damaged_file(const idem_test::temp_dir& dir, const std::string& tabl
     EXPECT_EQ(damage_page(db, page), "");
     return db;
 }
+
+// ---- a second process: this binary, run again with IDEM_INTEGRITY_CHILD set ---------------------
+
+/// "ok ..." or "error <errc message>: <what>".
+std::string outcome_of(const std::function<std::string()>& fn) {
+    try {
+        return "ok " + fn();
+    } catch (const idem::error& e) {
+        return "error " + idem::make_error_code(e.kind()).message() + ": " + e.what();
+    } catch (const std::exception& e) {
+        return std::string("error other: ") + e.what();
+    }
+}
+
+idem::store_options sync_options() {
+    idem::store_options so;
+    so.mode = idem::durability::sync;
+    so.sync_timeout = 300ms;
+    so.max_backoff = 20ms;
+    return so;
+}
+
+/// The child's action, on the database IDEM_INTEGRITY_DB; its outcome goes to stdout.
+///   open_at_open  a store with sqlite_lock::at_open
+///   open          a store with the default options
+///   sync_guard    a durable_guard in sync mode
+///   async_guard   a durable_guard in async mode that claims and completes key CHILD_v1, then waits
+///                 for the flusher to fail twice and reports its last error
+///   reader        a default store: idem::verify and the number of records
+std::string child_action(const std::string& action, const std::string& db) {
+    if (action == "open_at_open")
+        return outcome_of([&] {
+            idem::sqlite_store st(db, idem::sqlite_options{.writer_lock = idem::sqlite_lock::at_open});
+            return std::string("opened");
+        });
+    if (action == "open")
+        return outcome_of([&] {
+            idem::sqlite_store st(db, true);
+            return std::string("opened");
+        });
+    if (action == "sync_guard")
+        return outcome_of([&] {
+            idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(),
+                                  sync_options());
+            return std::string("started");
+        });
+    if (action == "async_guard")
+        return outcome_of([&] {
+            idem::store_options so;  // async mode; a short stop, since the rows can never commit
+            so.sync_timeout = 300ms;
+            so.max_backoff = 20ms;
+            idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, false), idem_test::durable_options(), so);
+            auto r = g->begin(idem::key("CHILD_v1"));
+            if (r.status == idem::begin_status::acquired) (void)r.ticket.succeed(1);
+            const bool failed = idem_test::wait_for([&] { return g.snapshot().store_errors >= 2; });
+            const std::string last = g.last_store_error();
+            return std::string(failed ? "store errors: " : "no store error: ") + last;
+        });
+    if (action == "reader")
+        return outcome_of([&] {
+            idem::sqlite_store st(db, true);
+            const auto report = idem::verify(st);
+            return std::to_string(idem_test::load_all(st).size()) + " records, " +
+                   std::to_string(report.violations.size()) + " violations";
+        });
+    return "error unknown action " + action;
+}
+
+/// Runs before main() in a child: performs the action and exits, so gtest never starts there.
+const bool child_ran = [] {
+    const char* action = std::getenv("IDEM_INTEGRITY_CHILD");
+    const char* db = std::getenv("IDEM_INTEGRITY_DB");
+    if (action == nullptr || db == nullptr) return false;
+    const std::string out = child_action(action, db);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    std::_Exit(0);
+}();
+
+/// Runs `action` on `db` in a new process (fork, then exec of this binary), as uid `uid` when
+/// given (root drops to it between fork and exec). Returns what the child printed, or why it
+/// did not run.
+std::string in_child(const std::string& action, const std::string& db, std::optional<uid_t> uid = std::nullopt,
+                     gid_t gid = 0) {
+    int out[2];
+    if (::pipe(out) != 0) return "error pipe";
+    const std::string env_action = "IDEM_INTEGRITY_CHILD=" + action, env_db = "IDEM_INTEGRITY_DB=" + db;
+    const pid_t pid = ::fork();
+    if (pid < 0) return "error fork";
+    if (pid == 0) {
+        ::dup2(out[1], 1);
+        ::close(out[0]);
+        ::close(out[1]);
+        if (uid && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(*uid) != 0)) ::_exit(3);
+        char* argv[] = {const_cast<char*>("sqlite_integrity_test"), nullptr};
+        char* envp[] = {const_cast<char*>(env_action.c_str()), const_cast<char*>(env_db.c_str()), nullptr};
+        ::execve("/proc/self/exe", argv, envp);
+        ::_exit(4);
+    }
+    ::close(out[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) != 0;) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        text.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(out[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return "error the child did not run (status " + std::to_string(status) + ")" + text;
+    return text;
+}
+
+bool has(const std::string& text, const std::string& word) { return text.find(word) != std::string::npos; }
 
 // ---- item 7: corruption is corrupt_record, whoever reads it ------------------------------------
 
@@ -240,6 +375,273 @@ TEST(SqliteIntegrity, TerminalRecordIsNeverReplacedByANonTerminalRowOfTheSameFen
                              ++seq)},
              ++batch);
     EXPECT_EQ(st.get("TX_plain_v1")->state, record_state::released);
+}
+
+// ---- item 1: the file deleted, moved or replaced under a running guard -------------------------
+
+/// A payment in sync mode: true when both the claim and the success were acknowledged.
+bool pay(idem::durable_guard& g, std::size_t i) {
+    auto r = g->begin(idem::key("TX" + std::to_string(i) + "_PAY_v1"));
+    if (r.status != idem::begin_status::acquired) return false;
+    return !r.ticket.succeed(i);
+}
+
+enum class fault { deleted, moved_away, replaced, wal_deleted };
+
+/// Runs 40 acknowledged payments, applies the fault, then tries 10 more: none may be acknowledged,
+/// and the flusher's error names the path and what happened. Returns the guard's last error.
+void run_fault(fault f) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    const std::string moved = dir.file("moved.db");
+    const std::string other = dir.file("other.db");
+    if (f == fault::replaced) {
+        idem::sqlite_store st(other, true);  // a valid database with no records
+    }
+    std::size_t acked_before = 0;
+    {
+        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(),
+                              sync_options());
+        for (std::size_t i = 0; i < 40; ++i) acked_before += pay(g, i) ? 1 : 0;
+        ASSERT_EQ(acked_before, 40u) << g.last_store_error();
+        switch (f) {
+            case fault::deleted: ASSERT_EQ(::unlink(db.c_str()), 0); break;
+            case fault::moved_away:  // mv idem.db* elsewhere: the open files move with their names
+                for (const char* suffix : {"", "-wal", "-shm"})
+                    ASSERT_EQ(::rename((db + suffix).c_str(), (moved + suffix).c_str()), 0) << suffix;
+                break;
+            case fault::replaced: ASSERT_EQ(::rename(other.c_str(), db.c_str()), 0); break;
+            case fault::wal_deleted: ASSERT_EQ(::unlink((db + "-wal").c_str()), 0); break;
+        }
+        std::size_t acked_after = 0;
+        for (std::size_t i = 100; i < 110; ++i) acked_after += pay(g, i) ? 1 : 0;
+        EXPECT_EQ(acked_after, 0u) << "payments acknowledged after the file was " << static_cast<int>(f)
+                                   << " (0 deleted, 1 moved, 2 replaced, 3 WAL deleted)";
+        // Several failed rounds, each with a reconnect: still nothing created at the path.
+        const std::uint64_t until = g.snapshot().store_errors + 4;
+        EXPECT_TRUE(idem_test::wait_for([&] { return g.snapshot().store_errors >= until; }));
+        const std::string last = g.last_store_error();
+        EXPECT_TRUE(has(last, db)) << last;
+        EXPECT_TRUE(has(last, f == fault::wal_deleted ? "write-ahead log" : "deleted or replaced under the running process"))
+            << last;
+        if (f == fault::deleted || f == fault::moved_away) {
+            EXPECT_FALSE(std::filesystem::exists(db)) << "a reconnect created a new database at " << db;
+        }
+    }
+    if (f == fault::replaced) {
+        // Nothing was written after the replacement. (The old file's write-ahead log was left at
+        // the path, and SQLite reads it with the new file: what it holds was committed before.)
+        idem::sqlite_store st(db, true);
+        for (const auto& [k, r] : idem_test::load_all(st))
+            EXPECT_LT(std::stoul(k.substr(2)), 100u) << k << " was written after the file was replaced";
+    }
+    if (f == fault::moved_away) {  // everything acknowledged is in the file that moved, and nothing else
+        idem::sqlite_store st(moved, true);
+        const auto records = idem_test::load_all(st);
+        EXPECT_EQ(records.size(), 40u);
+        for (const auto& [k, r] : records) EXPECT_EQ(r.state, record_state::succeeded) << k;
+        EXPECT_TRUE(idem_test::verify_clean(st));
+    }
+}
+
+TEST(SqliteIntegrity, DeletedFileStopsAcknowledgements) { run_fault(fault::deleted); }
+TEST(SqliteIntegrity, MovedAwayFileStopsAcknowledgementsAndKeepsWhatWasAcknowledged) { run_fault(fault::moved_away); }
+TEST(SqliteIntegrity, ReplacedFileStopsAcknowledgementsAndIsNotWritten) { run_fault(fault::replaced); }
+TEST(SqliteIntegrity, WalDeletedStopsAcknowledgements) { run_fault(fault::wal_deleted); }
+
+TEST(SqliteIntegrity, ReconnectRefusesToCreateANewDatabaseAndResumesWhenTheFileIsBack) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    const std::string aside = dir.file("aside.db");
+    idem::sqlite_store st(db, true);
+    std::uint64_t seq = 0;
+    st.apply(std::vector{row({.key = "K1", .fence = 1, .at_ms = T0}, ++seq)}, 1);
+    ASSERT_EQ(::rename(db.c_str(), aside.c_str()), 0);
+    expect_error("apply after the file moved", errc::store_error, {db, "deleted or replaced under the running process"},
+                 [&] { st.apply(std::vector{row({.key = "K2", .fence = 1, .at_ms = T0}, ++seq)}, 2); });
+    expect_error("reconnect", errc::store_error, {db, "refusing to create a new, empty database"}, [&] { st.reconnect(); });
+    expect_error("apply after the refused reconnect", errc::store_error, {db, "refusing to create"},
+                 [&] { st.apply(std::vector{row({.key = "K3", .fence = 1, .at_ms = T0}, ++seq)}, 3); });
+    EXPECT_FALSE(std::filesystem::exists(db)) << "a new database was created at " << db;
+    // The same file back at the path: the store resumes.
+    ASSERT_EQ(::rename(aside.c_str(), db.c_str()), 0);
+    st.apply(std::vector{row({.key = "K4", .fence = 1, .at_ms = T0}, ++seq)}, 4);
+    EXPECT_TRUE(st.get("K1").has_value());
+    EXPECT_FALSE(st.get("K2").has_value());
+    EXPECT_TRUE(st.get("K4").has_value());
+}
+
+// ---- item 4: one writer per file ---------------------------------------------------------------
+
+TEST(SqliteIntegrity, SecondWriterProcessIsRefusedNamingTheLockAndTheHolder) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    const std::string me = "pid " + std::to_string(::getpid());
+    idem::options o = idem_test::durable_options();
+    o.lease = 1ms;  // the claim left open below has expired when the children start
+    idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), o, sync_options());
+    for (std::size_t i = 0; i < 20; ++i) ASSERT_TRUE(pay(g, i)) << g.last_store_error();
+    auto open_claim = g->begin(idem::key("TX_OPEN_PAY_v1"));  // in flight while the children run
+    ASSERT_EQ(open_claim.status, idem::begin_status::acquired);
+    ASSERT_TRUE(idem_test::wait_wall_past(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count() + 2));
+
+    const std::string sync_child = in_child("sync_guard", db);
+    EXPECT_TRUE(has(sync_child, "error durable store unavailable")) << sync_child;
+    for (const std::string& w : {db + ".lock", me, std::string("one writer at a time")})
+        EXPECT_TRUE(has(sync_child, w)) << "no '" << w << "' in: " << sync_child;
+    const std::string eager = in_child("open_at_open", db);
+    EXPECT_TRUE(has(eager, "error durable store unavailable") && has(eager, me)) << eager;
+    const std::string async_child = in_child("async_guard", db);
+    EXPECT_TRUE(has(async_child, "ok store errors: ") && has(async_child, db + ".lock") && has(async_child, me))
+        << async_child;
+    // A reader (what idem verify and idem stats open) works beside the writer.
+    const std::string reader = in_child("reader", db);
+    EXPECT_TRUE(has(reader, "ok 21 records, 0 violations")) << reader;
+
+    // The writer is untouched: nothing of the children's is in the store, every success and the
+    // open claim are as the writer left them, and it keeps writing.
+    ASSERT_TRUE(pay(g, 50)) << g.last_store_error();
+    ASSERT_FALSE(open_claim.ticket.succeed(7));
+    ASSERT_TRUE(g.flush(30s));
+    idem::store& st = g.backing_store();
+    EXPECT_FALSE(st.get("CHILD_v1").has_value());
+    for (const auto& a : idem_test::scan_all(st)) EXPECT_EQ(a.node, st.node()) << "a row from another process: " << a.detail;
+    EXPECT_EQ(st.get("TX_OPEN_PAY_v1")->state, record_state::succeeded);
+    EXPECT_TRUE(idem_test::verify_clean(st));
+}
+
+TEST(SqliteIntegrity, WriterLockIsReleasedWhenTheWriterCloses) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    {
+        idem::sqlite_store st(db, idem::sqlite_options{.writer_lock = idem::sqlite_lock::at_open});
+        EXPECT_TRUE(has(in_child("open_at_open", db), "error durable store unavailable"));
+        EXPECT_TRUE(has(in_child("open", db), "ok opened"));  // a store that may only read opens
+    }
+    EXPECT_EQ(in_child("open_at_open", db), "ok opened");
+    EXPECT_EQ(in_child("sync_guard", db), "ok started");
+}
+
+// In one process too: the lock belongs to the open file, not to the process.
+TEST(SqliteIntegrity, SecondStoreInTheSameProcessCannotWriteAndReadersDoNotDisturbTheWriter) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    idem::sqlite_store writer(db, true);
+    std::uint64_t seq = 0;
+    writer.apply(std::vector{row({.key = "W1", .fence = 1, .at_ms = T0}, ++seq)}, 1);
+    {
+        idem::sqlite_store reader(db, true);
+        EXPECT_TRUE(reader.get("W1").has_value());
+        EXPECT_TRUE(idem_test::verify_clean(reader));
+        expect_error("second store's apply", errc::store_unavailable, {db + ".lock", "pid " + std::to_string(::getpid())},
+                     [&] { reader.apply(std::vector{row({.key = "R1", .fence = 1, .at_ms = T0}, ++seq)}, 2); });
+        expect_error("second store's sync check", errc::store_unavailable, {db + ".lock"},
+                     [&] { reader.check_sync_durability(); });
+        expect_error("a store that locks at open", errc::store_unavailable, {db + ".lock"}, [&] {
+            idem::sqlite_store eager(db, idem::sqlite_options{.writer_lock = idem::sqlite_lock::at_open});
+        });
+        sqlite3* plain = nullptr;  // and a plain SQLite reader, opened and closed
+        ASSERT_EQ(sqlite3_open(db.c_str(), &plain), SQLITE_OK);
+        sqlite3_exec(plain, "SELECT count(*) FROM idempotent_audit", nullptr, nullptr, nullptr);
+        sqlite3_close(plain);
+    }
+    // Readers that came and went left the writer's files as they were.
+    writer.apply(std::vector{row({.key = "W2", .fence = 1, .at_ms = T0}, ++seq)}, 3);
+    writer.reconnect();
+    writer.apply(std::vector{row({.key = "W3", .fence = 1, .at_ms = T0}, ++seq)}, 4);
+    EXPECT_EQ(idem_test::load_all(writer).size(), 3u);
+}
+
+// A store that read the file, then finds the lock free when it first writes, must not write if
+// another writer committed in between: what it read (a guard's recovery) is out of date.
+TEST(SqliteIntegrity, StoreThatReadBeforeAnotherWriterCommittedNeverWrites) {
+    idem_test::temp_dir dir("idem-integrity");
+    const std::string db = dir.file("idem.db");
+    { idem::sqlite_store init(db, true); }
+    idem::sqlite_store late(db, true);
+    (void)idem_test::load_all(late);
+    std::uint64_t seq = 0;
+    {
+        idem::sqlite_store other(db, true);
+        other.apply(std::vector{row({.key = "O1", .fence = 1, .at_ms = T0}, ++seq)}, 1);
+    }
+    for (int attempt = 0; attempt < 2; ++attempt)
+        expect_error("apply of the store that read first", errc::store_unavailable, {db, "another writer committed"},
+                     [&] { late.apply(std::vector{row({.key = "L1", .fence = 1, .at_ms = T0}, ++seq)}, 2); });
+    idem::sqlite_store fresh(db, true);  // a store opened now reads the current state: it may write
+    fresh.apply(std::vector{row({.key = "F1", .fence = 1, .at_ms = T0}, ++seq)}, 3);
+    EXPECT_FALSE(fresh.get("L1").has_value());
+}
+
+// ---- item 5: read-only file or directory, as a user who is not root ----------------------------
+
+TEST(SqliteIntegrity, ReadOnlyFileOrDirectoryIsRefusedAtOpenForANonRootUser) {
+    ASSERT_EQ(::geteuid(), 0u) << "this test drops from root to uid nobody: run it as root";
+    const passwd* nobody = ::getpwnam("nobody");
+    ASSERT_NE(nobody, nullptr) << "no user 'nobody'";
+    const uid_t uid = nobody->pw_uid;
+    const gid_t gid = nobody->pw_gid;
+    idem_test::temp_dir top("idem-integrity");
+    ASSERT_EQ(::chmod(top.path().c_str(), 0755), 0);
+    auto make_dir = [&](const std::string& name, bool nobody_owns) {
+        const std::string d = top.file(name);
+        EXPECT_EQ(::mkdir(d.c_str(), 0755), 0);
+        if (nobody_owns) {
+            EXPECT_EQ(::chown(d.c_str(), uid, gid), 0);
+        }
+        return d;
+    };
+    auto make_db = [&](const std::string& d, bool nobody_owns, mode_t mode) {
+        const std::string db = d + "/idem.db";
+        fill(db, 2);
+        for (const char* suffix : {"", ".lock"})
+            if (std::filesystem::exists(db + suffix)) {
+                if (nobody_owns) {
+                    EXPECT_EQ(::chown((db + suffix).c_str(), uid, gid), 0);
+                }
+                EXPECT_EQ(::chmod((db + suffix).c_str(), mode), 0);
+            }
+        return db;
+    };
+    struct case_ {
+        std::string name, db;
+        std::vector<std::string> words;
+    };
+    std::vector<case_> cases;
+    {
+        const std::string d = make_dir("ro_dir_no_file", false);
+        cases.push_back({"read-only directory, no database yet", d + "/idem.db",
+                         {"no permission to create files in directory " + d}});
+    }
+    {
+        const std::string d = make_dir("ro_dir", false);
+        cases.push_back({"read-only directory, a writable database without its -wal/-shm", make_db(d, true, 0644),
+                         {"no permission to create the -wal", d}});
+        std::filesystem::remove(d + "/idem.db.lock");  // the lock file too must be created beside it
+    }
+    {
+        const std::string d = make_dir("ro_file", true);
+        cases.push_back({"writable directory, read-only database file (mode 0444)", make_db(d, true, 0444),
+                         {"no permission to read and write the file"}});
+    }
+    {
+        const std::string d = make_dir("root_file", true);
+        cases.push_back({"writable directory, database file owned by root (mode 0644)", make_db(d, false, 0644),
+                         {"no permission to read and write the file"}});
+    }
+    for (const case_& c : cases) {
+        SCOPED_TRACE(c.name);
+        const std::string got = in_child("open", c.db, uid, gid);
+        EXPECT_TRUE(has(got, "error invalid argument")) << got;
+        EXPECT_TRUE(has(got, "sqlite:" + c.db + ": ")) << got;
+        for (const auto& w : c.words) EXPECT_TRUE(has(got, w)) << "no '" << w << "' in: " << got;
+    }
+    // The control: the same user opens a database in a directory it may write.
+    const std::string ok = make_db(make_dir("writable", true), true, 0644);
+    EXPECT_EQ(in_child("open", ok, uid, gid), "ok opened");
+    EXPECT_EQ(in_child("sync_guard", ok, uid, gid), "ok started");
 }
 
 }  // namespace

@@ -19,8 +19,29 @@
 //
 // Errors while opening (constructor, reconnect()): invalid_argument when the file system shows a
 // configuration fault (a missing parent directory, a directory at the path, no permission to read
-// and write the file or to create files beside it, a read-only file system), naming the path and
-// the fault; otherwise store_unavailable (busy, cannot open) or store_error, as for any call.
+// and write the file or to create files beside it: PATH-wal, PATH-shm, PATH.lock; a read-only file
+// system), naming the path and the fault; otherwise store_unavailable (busy, cannot open, the
+// writer lock held elsewhere) or store_error, as for any call.
+//
+// The file under a running store. The store notes the identity (device, inode) of the file it
+// first opened, and of its write-ahead log at each open, and checks them with stat() before and
+// after each batch: a file deleted, moved away or replaced under the running process would take
+// every later commit to a file no restart finds, so apply() and committed() throw store_error
+// naming the path ("deleted or replaced under the running process") and nothing more is
+// acknowledged (sync callers get store_unavailable; async rows stay queued). A reopen (reconnect())
+// opens only that same file: it never creates a new, empty database where the old one was. Putting
+// the file back at the path resumes; a deleted write-ahead log or PATH.lock is final for the store.
+//
+// One writer. A database file has one writer at a time, marked by an exclusive flock() on the
+// sidecar file PATH.lock (created beside the database and left there), which records the holder
+// ("pid N on host H"). The lock belongs to the open file, so a second store in the same process is
+// refused like one in another process, and the kernel drops it when the holder exits, however it
+// exits. A store takes it before its first write (sqlite_options::writer_lock): by default at
+// check_sync_durability() (a sync-mode durable_guard, before recovery reads anything) or at the
+// first apply(), so a store that only reads (idem verify, idem stats) never takes it and runs beside
+// a live writer; with sqlite_lock::at_open, in the constructor. Refused: store_unavailable naming
+// PATH.lock and the holder. A store that took the lock after reading must still be current: when
+// another writer committed since it opened the file, it refuses to write for good (store_unavailable).
 //
 // Damage. Whichever call meets it (open, load, get, audit, scan_audit, apply), a damaged file
 // (SQLITE_CORRUPT, SQLITE_NOTADB) is corrupt_record naming the path, and so is a row no writer of
@@ -34,6 +55,7 @@
 
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,6 +73,12 @@
 
 namespace idem {
 
+/// When a sqlite_store takes its database's writer lock.
+enum class sqlite_lock : std::uint8_t {
+    on_first_write,  ///< at check_sync_durability() (a sync-mode durable_guard, before recovery) or the first apply()
+    at_open,         ///< in the constructor: a second writer is refused before it reads anything
+};
+
 /// How a sqlite_store opens its database.
 struct sqlite_options {
     /// synchronous=FULL (a commit survives power loss) instead of NORMAL (a commit survives a
@@ -62,6 +90,11 @@ struct sqlite_options {
     /// store keeps nothing once it is destroyed: a guard over it recovers nothing after a restart,
     /// whatever its durability mode. Off by default: those paths are refused as invalid_argument.
     bool allow_temporary = false;
+    /// When the store takes the database's writer lock (see "One writer" above): at its first write
+    /// (the default, so that read-only users such as `idem verify` and `idem stats` never take it
+    /// and run beside a live writer), or at open, so that a second writer is refused by the
+    /// constructor, before it reads anything.
+    sqlite_lock writer_lock = sqlite_lock::on_first_write;
 };
 
 class sqlite_store final : public store {
@@ -80,7 +113,8 @@ public:
         : path_(std::move(path)),
           full_sync_(opts.full_sync),
           busy_timeout_(opts.busy_timeout),
-          temporary_(is_temporary_path(path_)) {
+          temporary_(is_temporary_path(path_)),
+          lock_when_(opts.writer_lock) {
         std::string why;
         if (!check_path(path_, opts.allow_temporary, &why))
             throw error(errc::invalid_argument,
@@ -125,7 +159,7 @@ public:
                           "would survive a reopen; name a database file");
         return true;
     }
-    ~sqlite_store() override { close(); }
+    ~sqlite_store() override { close(); }  // then lock_fd_ closes, which releases the writer lock
     sqlite_store(const sqlite_store&) = delete;
     sqlite_store& operator=(const sqlite_store&) = delete;
 
@@ -133,6 +167,8 @@ public:
 
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
         ensure_open();
+        ensure_writer();
+        check_file("before the batch");
         exec("BEGIN IMMEDIATE", "begin batch");
         std::int64_t sequence = next_sequence_;
         try {
@@ -194,10 +230,22 @@ public:
             sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
             throw;
         }
+        // Checked again after the commit: a batch that committed into a file the path no longer
+        // names is reported as failed, so its rows stay pending and are never acknowledged.
+        check_file("after the batch committed");
+    }
+
+    /// A sync-mode durable_guard calls this before recovery reads anything: it is where a store
+    /// that will write takes the writer lock (sqlite_lock::on_first_write). Throws
+    /// store_unavailable naming the holder when another store holds it.
+    void check_sync_durability() override {
+        ensure_open();
+        ensure_writer();
     }
 
     bool committed(std::uint64_t batch_id) override {
         ensure_open();
+        check_file("asked whether a batch committed");
         sqlite3_stmt* s = prepare("SELECT 1 FROM idempotent_batch WHERE batch_id = ?1");
         sqlite3_bind_int64(s, 1, static_cast<std::int64_t>(batch_id));
         const int rc = sqlite3_step(s);
@@ -270,8 +318,10 @@ public:
         return v;
     }
 
-    /// Closes and reopens the connection. A temporary database lives only as long as its
-    /// connection, so while one is open it is kept (closing it would drop every record).
+    /// Closes and reopens the connection (the writer lock stays held). A temporary database lives
+    /// only as long as its connection, so while one is open it is kept (closing it would drop
+    /// every record). A file store reopens only the file it opened first: when the path no longer
+    /// names it, reconnect() refuses (store_error) instead of creating a new, empty database there.
     void reconnect() override {
         if (temporary_ && db_ != nullptr) return;
         close();
@@ -286,14 +336,223 @@ private:
         if (db_ == nullptr) open();
     }
 
+    // ---- path identity: the path must keep naming the file this store opened -----------------
+
+    [[nodiscard]] std::string lock_path() const { return path_ + ".lock"; }
+    [[nodiscard]] std::string where() const { return "sqlite:" + path_ + ": "; }
+
+    /// Notes, at each open, the identity of the database file (the first open's is kept for the
+    /// store's life) and of its write-ahead log (SQLite makes a new one when the last connection
+    /// closes and the next opens, so it is noted again). next_sequence at the first open is the
+    /// baseline against which a store that writes later checks that nobody wrote meanwhile.
+    void note_files(bool first) {
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+            throw error(errc::store_error, where() + "the database file vanished while it was being opened");
+        if (first) {
+            file_dev_ = st.st_dev;
+            file_ino_ = st.st_ino;
+            identity_known_ = true;
+            opened_sequence_ = next_sequence_;
+        } else if (st.st_dev != file_dev_ || st.st_ino != file_ino_) {
+            throw error(errc::store_error, where() + replaced_message("while it was being reopened"));
+        }
+        wal_known_ = ::stat((path_ + "-wal").c_str(), &st) == 0;
+        wal_dev_ = st.st_dev;
+        wal_ino_ = st.st_ino;
+    }
+
+    [[nodiscard]] static std::string replaced_message(const std::string& when) {
+        return "the database file was deleted or replaced under the running process (" + when +
+               "): the path no longer names the file this store opened, so a commit would go to a file that no "
+               "restart finds; this store acknowledges nothing until the path names that file again";
+    }
+
+    /// A reopen (reconnect, or the next call after a failed one) must find the file it opened
+    /// first. A missing file is not created again, and another file at the path is not used: either
+    /// would put an empty or foreign history in place of the one the guard's memory reflects.
+    /// Something that is not a regular file is left to SQLite's open and the configuration checks,
+    /// which name it (a directory at the path, ...).
+    void check_reopen() const {
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) != 0) {
+            const int e = errno;
+            if (e == ENOENT || e == ENOTDIR)
+                throw error(errc::store_error,
+                            where() + replaced_message(std::string("found at reconnect: ") + std::strerror(e)) +
+                                "; refusing to create a new, empty database in its place (that would drop the "
+                                "history of every key)");
+            return;  // unreachable for now: SQLite's open and the configuration checks say why
+        }
+        if (S_ISREG(st.st_mode) && (st.st_dev != file_dev_ || st.st_ino != file_ino_))
+            throw error(errc::store_error, where() + replaced_message("found at reconnect: another file is at the path") +
+                                               "; refusing to use it in place of the history this store opened");
+    }
+
+    /// What is wrong with the files under a writer, or "" when the path still names the database
+    /// file it opened, its write-ahead log is the one it opened, and (for the writer) PATH.lock is
+    /// the file it locked. Cheap: a few stat() calls, once before and once after each batch.
+    /// `sticky` is set for faults that a later call cannot see heal (see check_file).
+    [[nodiscard]] std::string file_fault(bool& sticky) const {
+        sticky = false;
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) != 0) {
+            const int e = errno;
+            if (e == ENOENT || e == ENOTDIR) return replaced_message(std::strerror(e));
+            return "the database file cannot be reached (" + std::string(std::strerror(e)) + ")";
+        }
+        if (st.st_dev != file_dev_ || st.st_ino != file_ino_)
+            return replaced_message("another file is at the path");
+        int moved = 0;
+        if (db_ && sqlite3_file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK && moved != 0)
+            return replaced_message("SQLite reports the file moved");
+        if (wal_known_) {
+            const std::string wal = path_ + "-wal";
+            if (::stat(wal.c_str(), &st) != 0 || st.st_dev != wal_dev_ || st.st_ino != wal_ino_) {
+                sticky = true;
+                return "the write-ahead log " + wal +
+                       " was deleted or replaced under the running process: the commits it held since the last "
+                       "checkpoint are no longer reachable by the path, so this store acknowledges nothing more; "
+                       "close it (its connection checkpoints the log it still holds into the database file when it "
+                       "is the last one) and restart";
+            }
+        }
+        if (writer_) {
+            struct stat held {};
+            if (::fstat(lock_fd_, &held) != 0 || ::stat(lock_path().c_str(), &st) != 0 || st.st_dev != held.st_dev ||
+                st.st_ino != held.st_ino) {
+                sticky = true;
+                return "the writer lock file " + lock_path() +
+                       " was deleted or replaced under the running process: another process could now lock the new "
+                       "file and write beside this one, so this store acknowledges nothing more; restart it";
+            }
+        }
+        return {};
+    }
+
+    /// Throws store_error when file_fault() finds something: the batch is not acknowledged. A
+    /// missing or replaced database file is checked again at every call, so putting the file back
+    /// (renaming it to the path) resumes; a lost write-ahead log or lock file is final for this store.
+    void check_file(const char* when) {
+        if (temporary_) return;
+        if (!lost_.empty()) throw error(errc::store_error, lost_);
+        bool sticky = false;
+        const std::string fault = file_fault(sticky);
+        if (fault.empty()) return;
+        const std::string msg = where() + fault + " [" + when + "]";
+        if (sticky) lost_ = msg;
+        throw error(errc::store_error, msg);
+    }
+
+    // ---- one writer: PATH.lock -----------------------------------------------------------------
+
+    /// Opens (creating it when missing) PATH.lock, the file whose lock marks the writer. Opened at
+    /// the first open even by a store that may only read, so that a directory where it cannot be
+    /// created is refused at open, not at the first write.
+    void open_lock_file() {
+        lock_fd_.reset(::open(lock_path().c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+        if (lock_fd_ >= 0) return;
+        const int e = errno;
+        const std::string fault = configuration_fault(path_);
+        throw error(fault.empty() ? errc::store_error : errc::invalid_argument,
+                    where() + (fault.empty() ? "" : fault + "; ") + "cannot open the writer lock file " + lock_path() +
+                        " (" + std::strerror(e) + ")");
+    }
+
+    /// Who holds the lock, as the holder wrote it into PATH.lock ("pid N on host H"), or "".
+    [[nodiscard]] std::string holder() const {
+        char buf[160] = {};
+        const auto n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
+        std::string h(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+        h = h.substr(0, h.find('\n'));
+        for (char& c : h)
+            if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+        return h;
+    }
+
+    /// Takes the writer lock (flock, exclusive, non-blocking) or throws store_unavailable naming
+    /// the holder. flock locks belong to the open file: a second store in the same process is
+    /// refused like one in another process; the kernel drops the lock when the holder's process
+    /// ends, however it ends (SIGKILL included), so a crashed writer never blocks its successor.
+    /// The descriptor is close-on-exec: a program the holder runs does not inherit it.
+    void take_writer_lock() {
+        for (int attempt = 0;; ++attempt) {
+            if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+                const int e = errno;
+                if (e != EWOULDBLOCK && e != EINTR)
+                    throw error(errc::store_error, where() + "cannot lock " + lock_path() + " (" + std::strerror(e) + ")");
+                const std::string who = holder();
+                throw error(errc::store_unavailable,
+                            where() + "another store holds the writer lock " + lock_path() + " (" +
+                                (who.empty() ? std::string("holder not recorded") : who) +
+                                "); a database file has one writer at a time: two would run the same keys twice and "
+                                "overwrite each other's records. Stop the other writer, or read with a store that "
+                                "does not write (idem verify, idem stats)");
+            }
+            // The file locked must still be the one at the path: one deleted or replaced in between
+            // would let another process lock the new file too.
+            struct stat held {}, now {};
+            if (::fstat(lock_fd_, &held) == 0 && ::stat(lock_path().c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+                held.st_ino == now.st_ino)
+                break;
+            lock_fd_.reset();
+            if (attempt == 3)
+                throw error(errc::store_unavailable, where() + "the writer lock file " + lock_path() +
+                                                         " keeps being replaced while it is locked");
+            open_lock_file();
+        }
+        char host[64] = {};
+        if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+        const std::string me = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
+        if (::ftruncate(lock_fd_, 0) == 0) (void)!::pwrite(lock_fd_, me.data(), me.size(), 0);
+        writer_ = true;
+    }
+
+    /// Makes this store the writer before it writes. With sqlite_lock::on_first_write the lock is
+    /// taken here; what the store read before then (a guard's recovery) must still be current, so
+    /// when another writer committed since this store first opened the file (next_sequence moved),
+    /// it refuses for good: acting on that older state could run a key twice.
+    void ensure_writer() {
+        if (temporary_ || writer_) return;
+        if (!stale_.empty()) throw error(errc::store_unavailable, stale_);
+        take_writer_lock();
+        sqlite3_stmt* m = prepare("SELECT next_sequence FROM idem_schema");
+        std::int64_t now = opened_sequence_;
+        try {
+            if (sqlite3_step(m) == SQLITE_ROW) now = integer(m, 0, "idem_schema");
+        } catch (...) {
+            sqlite3_finalize(m);
+            throw;
+        }
+        sqlite3_finalize(m);
+        if (now == opened_sequence_) return;
+        writer_ = false;
+        ::flock(lock_fd_, LOCK_UN);
+        stale_ = where() + "another writer committed to the file after this store opened it (audit sequence " +
+                 std::to_string(opened_sequence_) + " then, " + std::to_string(now) +
+                 " now), so what this store read may be out of date; it will not write. Open a new store (restart "
+                 "the process) once the other writer has stopped";
+        throw error(errc::store_unavailable, stale_);
+    }
+
     void open() {
         opening_ = true;
         struct end_opening {
             bool& flag;
             ~end_opening() { flag = false; }
         } end{opening_};
+        const bool first = !identity_known_;
+        if (!temporary_) {
+            if (!lost_.empty()) throw error(errc::store_error, lost_);
+            if (!first) check_reopen();
+            if (lock_fd_ < 0) open_lock_file();
+            if (first && lock_when_ == sqlite_lock::at_open) take_writer_lock();
+        }
+        // Only the first open may create the file: a reopen that found nothing at the path would
+        // otherwise start a new, empty history there.
         const int rc = sqlite3_open_v2(path_.c_str(), &db_,
-                                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+                                       SQLITE_OPEN_READWRITE | (first ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX,
+                                       nullptr);
         if (rc != SQLITE_OK) {
             std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
             close();
@@ -384,6 +643,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
                 "AND (idempotent_record.status NOT IN ('SUCCESS', 'FAILED') "
                 "OR excluded.status IN ('SUCCESS', 'FAILED')))");
             batch_stmt_ = prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
+            if (!temporary_) note_files(first);
         } catch (...) {
             sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
             close();
@@ -428,7 +688,8 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     }
 
     /// What in the file system keeps this process from opening `path` read-write in WAL mode
-    /// (SQLite creates PATH-wal and PATH-shm beside it), or "" when nothing shows. Checked with
+    /// (SQLite creates PATH-wal and PATH-shm beside it; this store, PATH.lock), or "" when nothing
+    /// shows. Checked with
     /// faccessat(AT_EACCESS), so it reflects what the process can really do: root is refused too
     /// by a read-only file system or an immutable file.
     static std::string configuration_fault(const std::string& path) {
@@ -443,15 +704,15 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
             if (S_ISDIR(st.st_mode)) return "the path is a directory, not a database file";
             if (!S_ISREG(st.st_mode)) return "the path is not a regular file";
             if (const int e = denied(path, R_OK | W_OK)) return "no permission to read and write the file" + because(e);
-            bool creates = false;  // a -wal or -shm file SQLite must create
-            for (const char* suffix : {"-wal", "-shm"}) {
+            bool creates = false;  // a -wal or -shm file SQLite must create, or PATH.lock
+            for (const char* suffix : {"-wal", "-shm", ".lock"}) {
                 const std::string side = path + suffix;
                 if (denied(side, F_OK) != 0) creates = true;
                 else if (const int e = denied(side, R_OK | W_OK))
                     return "no permission to read and write " + side + because(e);
             }
             if (const int e = creates ? denied(dir, W_OK | X_OK) : 0)
-                return "no permission to create the -wal and -shm files in directory " + dir + because(e);
+                return "no permission to create the -wal, -shm and .lock files in directory " + dir + because(e);
             return {};
         }
         if (const int e = errno; e != ENOENT && e != ENOTDIR) return "the path cannot be reached" + because(e);
@@ -571,6 +832,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     bool full_sync_;
     std::chrono::milliseconds busy_timeout_;
     bool temporary_;         // "" or ":memory:", accepted by explicit request
+    sqlite_lock lock_when_;
     bool opening_ = false;   // inside open(): failures are checked for a configuration fault
     sqlite3* db_ = nullptr;
     sqlite3_stmt* audit_stmt_ = nullptr;
@@ -578,6 +840,31 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     sqlite3_stmt* batch_stmt_ = nullptr;
     sqlite3_stmt* sequence_stmt_ = nullptr;
     std::int64_t next_sequence_ = 1;  // audit sequence: this store is the file's only writer
+    // Path identity (file stores): the database file the first open found, the log of the latest.
+    bool identity_known_ = false;
+    dev_t file_dev_ = 0;
+    ino_t file_ino_ = 0;
+    bool wal_known_ = false;
+    dev_t wal_dev_ = 0;
+    ino_t wal_ino_ = 0;
+    std::string lost_;   // set once a lost log or lock file is found: every write and reopen refuses
+    // One writer: PATH.lock, open from the first open to the destructor; writer_ once locked.
+    struct owned_fd {
+        int fd = -1;
+        owned_fd() = default;
+        owned_fd(const owned_fd&) = delete;
+        owned_fd& operator=(const owned_fd&) = delete;
+        ~owned_fd() { reset(); }
+        void reset(int to = -1) noexcept {
+            if (fd >= 0) ::close(fd);
+            fd = to;
+        }
+        operator int() const noexcept { return fd; }  // NOLINT: reads like the descriptor it is
+    };
+    owned_fd lock_fd_;  // closed after the connection (the destructor closes that first), also when the constructor throws
+    bool writer_ = false;
+    std::int64_t opened_sequence_ = 0;  // next_sequence at the first open
+    std::string stale_;  // set when another writer committed before this store took the lock
 };
 
 }  // namespace idem
