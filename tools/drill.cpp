@@ -27,8 +27,26 @@
 // SIGKILLed at its own random moment. The claims a killed worker leaves are resolved from the ledger
 // by the compensation of whichever live worker finds their lease expired first (in the same cycle or
 // a later one); the final run is N workers racing on the retries. The checks are the same.
-// Exit codes: 0 all checks held, 1 a check failed (the drill directory is kept for inspection),
-// 2 bad command line, 3 could not run (worker could not start, store could not be opened).
+//
+// Faults beyond a crash (SQLite stores, one worker):
+// --second-writer same|disjoint: in each cycle, once the worker is ready, the drill starts a second
+//   worker on the same database file, with the same request list (same) or with fresh keys of its
+//   own (disjoint), and holds the first worker's kill until the second has either been refused
+//   (its open failed: it prints "refused <the store's message>" and exits 3) or has reported ready
+//   (it opened the file beside the first: not refused, a failed check). A refusal must name the
+//   database path. The ledger checks then show what two writers did, if they both ran.
+// --delete-file: after the checks above, one more worker runs fresh keys without a kill, and after a
+//   random number of its acknowledgements the drill deletes the database file (unlink(PATH), what
+//   `rm PATH` does; PATH-wal, PATH-shm and PATH.lock stay). The worker reports each OK claim and
+//   acknowledgement with the time its call was made, and stops at its first failed commit. A call
+//   made after the unlink returned must never be confirmed: its commit could only have gone to a
+//   file no restart finds. The drill counts such confirmations (must be 0), reports the store's
+//   error as the worker saw it, and reports what a restart on the path finds. The records
+//   acknowledged before the deletion went with the file: no store can keep them, so they are
+//   reported, not judged.
+// Exit codes: 0 all checks held (an expected refusal included), 1 a check failed (the drill
+// directory is kept for inspection), 2 bad command line, 3 could not run (worker could not start,
+// store could not be opened).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -78,6 +96,8 @@ struct drill_config {
     double kill_min_ms = 50;
     double kill_max_ms = 500;
     bool keep = false;
+    std::string second_writer;  ///< "", "same" or "disjoint": a second worker on the same SQLite file
+    bool delete_file = false;   ///< delete the SQLite file under a running worker, after the checks
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -92,13 +112,15 @@ std::string self_exe() {
 /// A worker process with its stdout on a pipe.
 class worker_process {
 public:
-    worker_process(const std::string& exe, const std::vector<std::string>& args) {
+    /// quiet: the worker's stderr goes to /dev/null (a second writer whose refusal is expected).
+    worker_process(const std::string& exe, const std::vector<std::string>& args, bool quiet = false) {
         int fds[2];
         if (::pipe2(fds, O_CLOEXEC) != 0)
             throw idem::error(idem::errc::invalid_argument, std::string("pipe: ") + std::strerror(errno));
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
         posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);  // dup2 clears CLOEXEC on stdout
+        if (quiet) posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
         std::vector<std::string> argv_s{exe};
         argv_s.insert(argv_s.end(), args.begin(), args.end());
         std::vector<char*> argv;
@@ -199,8 +221,27 @@ struct cycle_result {
     bool killed_before_ready = false;
     bool ready = false;
     std::optional<drill::report_line> ready_line, done_line;
+    std::optional<std::string> refused;  ///< "refused <message>": the store refused to open
+    std::optional<std::string> error;    ///< "error <message>": the store's last error (--stop-on-unavailable)
+    std::vector<std::int64_t> claim_ok, ack_ok;  ///< call times of confirmed claims and acks (same)
     int status = 0;
 };
+
+/// The line a worker printed after its own word ("refused sqlite:/x: ..." -> "sqlite:/x: ...").
+std::optional<std::string> after_word(const std::string& line, std::string_view word) {
+    if (line.size() > word.size() && line.starts_with(word) && line[word.size()] == ' ')
+        return line.substr(word.size() + 1);
+    return std::nullopt;
+}
+
+/// " (the store refused: ...)" when the worker said so, for a failure message.
+std::string refusal_note(const cycle_result& r) {
+    return r.refused ? " (the store refused to open: " + *r.refused + ")" : std::string();
+}
+
+std::int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch()).count();
+}
 
 int run_drill(const drill_config& c) {
     const auto started = clock_type::now();
@@ -222,6 +263,21 @@ int run_drill(const drill_config& c) {
         std::filesystem::remove_all(dir, ec);
         std::cerr << "--workers: " << c.workers << " worker processes share one store through global scope, which "
                   << "needs a postgresql:// store (--store); the store is " << display_name(spec) << '\n';
+        return exit_usage;
+    }
+    if ((!c.second_writer.empty() || c.delete_file) && (spec.type != store_spec::kind::sqlite || c.workers != 1)) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        std::cerr << (c.delete_file ? "--delete-file" : "--second-writer")
+                  << ": the fault is one of a SQLite database file with one worker per cycle; the store is "
+                  << display_name(spec) << (c.workers != 1 ? " with --workers " + std::to_string(c.workers) : "") << '\n';
+        return exit_usage;
+    }
+    if (c.delete_file && std::filesystem::exists(spec.path)) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        std::cerr << "--delete-file: the drill deletes the database file; " << spec.path
+                  << " exists already: name a path that does not exist yet, or leave --store out\n";
         return exit_usage;
     }
     const std::string ledger_path = dir + "/ledger", acks_path = dir + "/acks";
@@ -248,6 +304,9 @@ int run_drill(const drill_config& c) {
     std::vector<std::string> failures;
     std::uint64_t kills = 0, kills_before_ready = 0, clean_exits = 0, requests_sent = 0;
     bool final_ran = false;  // the last worker ran every retry to completion
+    // --second-writer: second workers started, refused, opened beside the first, or ran after it ended.
+    std::uint64_t second_started = 0, second_refused = 0, second_not_refused = 0, second_alone = 0;
+    std::optional<std::string> first_refusal;
 
     auto refresh_acks = [&] {
         for (const drill::entry& e : drill::read_lines(acks_path).entries)
@@ -280,6 +339,19 @@ int run_drill(const drill_config& c) {
         return reqs;
     };
 
+    // New keys only. issue: the later cycles and the final run retry them until acknowledged (the
+    // --delete-file run's keys are not issued: the checks of the store have run by then).
+    auto fresh_requests = [&](unsigned n, bool issue) {
+        std::vector<drill::request> reqs;
+        for (unsigned i = 0; i < n; ++i) {
+            const std::string k = prefix + std::to_string(next_serial++) + "_PAY_v1";
+            info[k].amount = amount_dist(rng);
+            if (issue) issued.push_back(k);
+            reqs.push_back({k, info[k].amount});
+        }
+        return reqs;
+    };
+
     auto worker_args = [&](const std::string& req_path, unsigned index) {
         std::vector<std::string> a{"drill-worker", "--store", store_uri, "--ledger", ledger_path, "--acks", acks_path,
                                    "--requests", req_path, "--prefix", prefix, "--threads",
@@ -292,7 +364,19 @@ int run_drill(const drill_config& c) {
 
     auto absorb = [&](worker_process& w, cycle_result& r, std::chrono::milliseconds timeout) {
         for (const std::string& line : w.read_lines(timeout)) {
+            if (auto why = after_word(line, "refused")) {
+                r.refused = std::move(why);
+                continue;
+            }
+            if (auto why = after_word(line, "error")) {
+                r.error = std::move(why);
+                continue;
+            }
             drill::report_line rl = drill::parse_report(line);
+            if (rl.word == "claim_ok" || rl.word == "ack_ok") {
+                (rl.word == "claim_ok" ? r.claim_ok : r.ack_ok).push_back(rl.get("t"));
+                continue;
+            }
             if (rl.word == "ready") {
                 r.ready = true;
                 recovery_ms.push_back(static_cast<double>(rl.get("recovery_ns")) / 1e6);
@@ -316,12 +400,29 @@ int run_drill(const drill_config& c) {
         drill::write_requests(req_path, reqs);
 
         // Each worker has its own kill moment: from its "ready" line, or (one in four) from its start.
+        // --second-writer: once the worker is ready, a second one starts on the same file, and the
+        // first is not killed before the second has been refused or has reported ready.
         struct running {
             std::unique_ptr<worker_process> w;
             cycle_result r;
             clock_type::duration delay{};
             std::optional<clock_type::time_point> kill_at;
             bool over = false;
+            std::unique_ptr<worker_process> second;
+            cycle_result sr;
+            bool second_resolved = false;  // refused, ready, or ended
+            bool overlapped = false;       // the second reported ready while the first still ran
+        };
+        auto resolve_second = [&](running& x, std::chrono::milliseconds timeout) {
+            if (!x.second || x.second_resolved) return;
+            absorb(*x.second, x.sr, timeout);
+            if (x.sr.refused || x.sr.ready) {
+                x.second_resolved = true;
+                x.overlapped = x.sr.ready && !x.w->exited();
+            } else if (x.second->exited()) {
+                for (int i = 0; i < 50 && !x.second->eof(); ++i) absorb(*x.second, x.sr, std::chrono::milliseconds(10));
+                x.second_resolved = true;
+            }
         };
         std::vector<running> ws(c.workers);
         for (unsigned i = 0; i < c.workers; ++i) {
@@ -339,15 +440,9 @@ int run_drill(const drill_config& c) {
             for (running& x : ws) {
                 if (x.over) continue;
                 const auto now = clock_type::now();
-                if (x.kill_at && now >= *x.kill_at) {
-                    x.r.killed_before_ready = !x.r.ready;
-                    x.w->kill_now();
-                    x.r.killed = true;
-                    x.over = true;
-                    continue;
-                }
                 if (now > hang_deadline) {
                     x.w->kill_now();
+                    if (x.second) x.second->kill_now();
                     failures.push_back("cycle " + std::to_string(cycle) + ": a worker made no progress for 120 s");
                     x.over = true;
                     continue;
@@ -355,12 +450,35 @@ int run_drill(const drill_config& c) {
                 const bool was_ready = x.r.ready;
                 absorb(*x.w, x.r, std::chrono::milliseconds(0));
                 if (!was_ready && x.r.ready && !x.kill_at) x.kill_at = clock_type::now() + x.delay;
+                resolve_second(x, std::chrono::milliseconds(0));
+                if (!c.second_writer.empty() && x.r.ready && !x.second && !x.w->exited()) {
+                    std::string path2 = req_path;
+                    if (c.second_writer == "disjoint") {  // keys of its own: none of the first's
+                        const std::vector<drill::request> own = fresh_requests(c.keys, true);
+                        path2 = dir + "/requests-" + std::to_string(cycle) + "-second";
+                        drill::write_requests(path2, own);
+                        requests_sent += own.size();
+                    } else {
+                        requests_sent += reqs.size();
+                    }
+                    x.second = std::make_unique<worker_process>(exe, worker_args(path2, 0), /*quiet=*/true);
+                    ++second_started;
+                }
+                const bool second_pending = x.second && !x.second_resolved;
+                if (x.kill_at && now >= *x.kill_at && !second_pending) {
+                    x.r.killed_before_ready = !x.r.ready;
+                    x.w->kill_now();
+                    x.r.killed = true;
+                    if (x.second) x.second->kill_now();  // not refused: it dies with the first
+                    x.over = true;
+                    continue;
+                }
                 if (x.w->exited()) {  // finished every request before the kill
                     x.over = true;
                     continue;
                 }
                 all_over = false;
-                if (x.kill_at) next = std::min(next, *x.kill_at);
+                if (x.kill_at && !second_pending) next = std::min(next, *x.kill_at);
             }
             if (all_over) break;
             std::this_thread::sleep_until(std::min(next, clock_type::now() + std::chrono::milliseconds(20)));
@@ -376,7 +494,32 @@ int run_drill(const drill_config& c) {
             } else if (WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0) {
                 ++clean_exits;  // it finished before the kill fell
             } else {
-                failures.push_back("cycle " + std::to_string(cycle) + ": the worker " + describe_status(w.status()));
+                failures.push_back("cycle " + std::to_string(cycle) + ": the worker " + describe_status(w.status()) +
+                                   refusal_note(r));
+            }
+            if (!x.second) continue;
+            // The first finished before the second had an answer: wait for it (bounded), then stop it.
+            const auto give_up = clock_type::now() + std::chrono::seconds(30);
+            while (!x.second_resolved && clock_type::now() < give_up) resolve_second(x, std::chrono::milliseconds(20));
+            x.second->kill_now();
+            x.second->wait();
+            for (int i = 0; i < 50 && !x.second->eof(); ++i) absorb(*x.second, x.sr, std::chrono::milliseconds(10));
+            const std::string where = "cycle " + std::to_string(cycle) + ": ";
+            if (x.sr.refused) {
+                ++second_refused;
+                if (!first_refusal) first_refusal = *x.sr.refused;
+                if (x.sr.refused->find(spec.path) == std::string::npos)
+                    failures.push_back(where + "the second writer was refused, but the message does not name the "
+                                               "database file " + spec.path + ": " + *x.sr.refused);
+            } else if (x.overlapped) {
+                ++second_not_refused;
+                failures.push_back(where + "a second writer opened " + spec.path +
+                                   " while the first worker held it: it was not refused");
+            } else if (x.sr.ready) {
+                ++second_alone;  // the first had ended: one writer at a time, nothing to refuse
+            } else {
+                failures.push_back(where + "the second writer " + describe_status(x.second->status()) +
+                                   " without reporting a refusal or ready");
             }
         }
         refresh_acks();
@@ -414,7 +557,7 @@ int run_drill(const drill_config& c) {
             w.wait();
             for (int k = 0; k < 50 && !w.eof(); ++k) absorb(w, r, std::chrono::milliseconds(10));
             if (!WIFEXITED(w.status()) || WEXITSTATUS(w.status()) != 0)
-                failures.push_back("the final worker " + describe_status(w.status()));
+                failures.push_back("the final worker " + describe_status(w.status()) + refusal_note(r));
             else if (!r.done_line)
                 failures.push_back("the final worker exited without its report");
             final_ran = final_ran && WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0 && r.done_line.has_value();
@@ -499,6 +642,105 @@ int run_drill(const drill_config& c) {
     const idem::verify_report vr = idem::verify(*st);
     st.reset();
 
+    // ---- --delete-file: the database file deleted under a running worker ----
+    struct deletion_result {
+        bool ran = false, deleted = false;
+        std::uint64_t trigger = 0;             // deleted after this many acknowledgements
+        std::uint64_t claims = 0, acks = 0;    // confirmed in the deletion run
+        std::uint64_t claims_after = 0, acks_after = 0;  // of those, calls made after the unlink
+        std::string worker_error;              // the store's error as the worker saw it
+        std::string worker_status;
+        std::vector<std::string> left_at_path;  // what is at PATH, PATH-wal, PATH-shm, PATH.lock afterwards
+        std::string restart;                    // what a restart on the path found
+        std::uint64_t acked_without_record = 0, acked_total = 0;
+    } del;
+    if (c.delete_file && failures.empty()) {
+        del.ran = true;
+        if (tty) std::cerr << "idem drill: deleting " << spec.path << " under a running worker\n";
+        const std::vector<drill::request> reqs = fresh_requests(c.keys, false);
+        const std::string req_path = dir + "/requests-delete";
+        drill::write_requests(req_path, reqs);
+        requests_sent += reqs.size();
+        del.trigger = 1 + rng() % std::max<std::uint64_t>(1, c.keys / 2);
+        std::vector<std::string> args = worker_args(req_path, 0);
+        args.insert(args.end(), {"--stop-on-unavailable", "--sync-timeout-ms", "2000"});
+        worker_process w(exe, args, /*quiet=*/true);  // its store error is reported below
+        cycle_result r;
+        std::int64_t unlinked_ns = 0;
+        const auto deadline = clock_type::now() + std::chrono::seconds(120);
+        while (!w.exited() && clock_type::now() < deadline) {
+            absorb(w, r, std::chrono::milliseconds(20));  // wakes on the worker's next line
+            if (!del.deleted && r.ack_ok.size() >= del.trigger) {
+                if (::unlink(spec.path.c_str()) != 0)
+                    throw idem::error(idem::errc::store_error,
+                                      "cannot delete " + spec.path + ": " + std::strerror(errno));
+                unlinked_ns = steady_ns();  // after unlink() returned: the path no longer names the file
+                del.deleted = true;
+            }
+        }
+        if (!w.exited()) {
+            w.kill_now();
+            failures.push_back("--delete-file: the worker did not end within 120 s of its start");
+        }
+        w.wait();
+        for (int i = 0; i < 50 && !w.eof(); ++i) absorb(w, r, std::chrono::milliseconds(10));
+        del.worker_status = describe_status(w.status());
+        del.worker_error = r.error.value_or(r.refused.value_or(""));
+        del.claims = r.claim_ok.size();
+        del.acks = r.ack_ok.size();
+        for (const std::int64_t t : r.claim_ok) del.claims_after += t > unlinked_ns;
+        for (const std::int64_t t : r.ack_ok) del.acks_after += t > unlinked_ns;
+        if (!del.deleted) {
+            failures.push_back("--delete-file: the worker confirmed " + grouped(del.acks) + " acknowledgement(s), " +
+                               "fewer than the " + grouped(del.trigger) + " after which the file was to be deleted" +
+                               (r.refused ? " (the store refused to open: " + *r.refused + ")" : std::string()));
+        } else {
+            if (del.claims_after || del.acks_after)
+                failures.push_back("--delete-file: the store confirmed " + grouped(del.claims_after) + " claim(s) and " +
+                                   grouped(del.acks_after) + " acknowledgement(s) asked for after " + spec.path +
+                                   " was deleted: they went to a file no restart finds");
+            if (del.worker_error.empty())
+                failures.push_back("--delete-file: the worker reported no store error after " + spec.path +
+                                   " was deleted (" + del.worker_status + ")");
+            else if (del.worker_error.find(spec.path) == std::string::npos)
+                failures.push_back("--delete-file: the store's error does not name " + spec.path + ": " + del.worker_error);
+        }
+        for (const char* suffix : {"", "-wal", "-shm", ".lock"}) {
+            std::error_code ec;
+            if (std::filesystem::exists(spec.path + suffix, ec)) del.left_at_path.push_back(spec.path + suffix);
+        }
+        // A restart on the path, as a worker would do it (it creates the file when it is missing).
+        try {
+            std::unique_ptr<idem::store> again = open_store(spec, idem::durability::sync, open_mode::create);
+            std::unordered_set<std::string> present;
+            std::uint64_t n = 0;
+            again->load([&](const idem::stored_record& rec) {
+                ++n;
+                if (rec.key.starts_with(prefix) && rec.state == idem::record_state::succeeded) present.insert(rec.key);
+            });
+            std::unordered_set<std::string> acked_keys;
+            for (const drill::entry& e : drill::read_lines(acks_path).entries)
+                if (e.tag == 'A') acked_keys.insert(e.key);
+            del.acked_total = acked_keys.size();
+            for (const std::string& k : acked_keys) del.acked_without_record += !present.contains(k);
+            del.restart = "opened with " + grouped(n) + " record(s); " + grouped(del.acked_without_record) + " of " +
+                          grouped(del.acked_total) + " acknowledged key(s) have no SUCCESS record there";
+        } catch (const idem::error& e) {
+            del.restart = std::string("refused: ") + e.what();
+        }
+        // The ledger as it is now: a double execution in the deletion run counts too.
+        std::unordered_map<std::string, std::uint64_t> now_count;
+        for (const drill::entry& e : drill::read_lines(ledger_path).entries)
+            if (e.tag == 'E') ++now_count[e.key];
+        double_executions = 0;
+        for (const auto& [k, n] : now_count)
+            if (n > 1) {
+                ++double_executions;
+                if (effect_count[k] < 2 && problems.size() < 10)  // not listed above
+                    problems.push_back("double execution: key '" + k + "' has " + std::to_string(n) + " effects in the ledger");
+            }
+    }
+
     if (double_executions) failures.push_back(grouped(double_executions) + " key(s) executed more than once");
     if (lost_acknowledged) failures.push_back(grouped(lost_acknowledged) + " acknowledged key(s) not SUCCESS in the store");
     if (unresolved) failures.push_back(grouped(unresolved) + " key(s) not SUCCESS after the final run");
@@ -553,6 +795,33 @@ int run_drill(const drill_config& c) {
             .add("verify_transitions", vr.transitions)
             .add("elapsed_s", elapsed_s)
             .add("failures", failures);
+        if (!c.second_writer.empty()) {
+            json_object sw;
+            sw.add("mode", c.second_writer)
+                .add("started", second_started)
+                .add("refused", second_refused)
+                .add("not_refused", second_not_refused)
+                .add("ran_alone", second_alone)
+                .add("refusal", first_refusal.value_or(""));
+            j.add("second_writer", sw);
+        }
+        if (del.ran) {
+            json_object dj;
+            dj.add("deleted", del.deleted)
+                .add("path", spec.path)
+                .add("deleted_after_acks", del.trigger)
+                .add("claims_confirmed", del.claims)
+                .add("acks_confirmed", del.acks)
+                .add("claims_after_delete", del.claims_after)
+                .add("acks_after_delete", del.acks_after)
+                .add("worker_error", del.worker_error)
+                .add("worker_status", del.worker_status)
+                .add("left_at_path", del.left_at_path)
+                .add("restart", del.restart)
+                .add("acked_total", del.acked_total)
+                .add("acked_without_record", del.acked_without_record);
+            j.add("delete_file", dj);
+        }
         if (!ok || c.keep) j.add("drill_dir", dir);
         std::cout << j.str() << std::endl;
     } else {
@@ -577,10 +846,35 @@ int run_drill(const drill_config& c) {
               "(max " + fixed(rec_max, 2) + " ms over " + grouped(recovery_ms.size()) + " worker starts)");
         t.row("verify", grouped(vr.violations.size()) + " violations",
               "(" + grouped(vr.keys) + " keys, " + grouped(vr.transitions) + " audit rows)");
+        if (!c.second_writer.empty())
+            t.row("second writer", grouped(second_refused) + " refused",
+                  "(" + c.second_writer + " keys; " + grouped(second_started) + " started while the worker held the file, " +
+                      grouped(second_not_refused) + " not refused, " + grouped(second_alone) +
+                      " ran after the worker had ended)");
+        if (del.ran) {
+            t.row("file deleted", del.deleted ? "after " + grouped(del.trigger) + " acks" : std::string("no"),
+                  "(unlink of the database file under a running worker)");
+            t.row("confirmed after it", grouped(del.claims_after + del.acks_after),
+                  "(claims and acks asked for after the unlink that the store confirmed: " + grouped(del.claims_after) +
+                      " claims, " + grouped(del.acks_after) + " acks)");
+        }
         t.row("elapsed", fixed(elapsed_s, 1) + " s");
         t.print(std::cout);
+        if (first_refusal) std::cout << "\nsecond writer refused: " << *first_refusal << '\n';
+        if (del.ran) {
+            std::cout << "\nafter the deletion the worker " << (del.worker_error.empty() ? "reported no store error" : "was refused: " + del.worker_error)
+                      << "\nleft at the path: " << (del.left_at_path.empty() ? std::string("nothing") : [&] {
+                             std::string l;
+                             for (const std::string& p : del.left_at_path) l += (l.empty() ? "" : ", ") + p;
+                             return l;
+                         }())
+                      << "\nrestart on the path: " << del.restart
+                      << "\n(the records acknowledged before the deletion went with the file: no store can keep them)\n";
+        }
         std::cout << '\n'
-                  << (ok ? "PASS: no double execution, no lost acknowledgement, every audit trail legal."
+                  << (ok ? std::string("PASS: no double execution, no lost acknowledgement, every audit trail legal") +
+                               (second_refused ? "; the second writer was refused" : "") +
+                               (del.deleted ? "; nothing confirmed after the file was deleted" : "") + "."
                          : "FAIL: see below; the drill directory is kept: " + dir)
                   << '\n';
     }
@@ -633,6 +927,13 @@ command add_drill(CLI::App& root) {
         ->check(in_range(0.0, 600'000.0, "milliseconds"))
         ->capture_default_str();
     app->add_flag("--keep", c->keep, "Keep the drill directory (ledger, acks, request lists, default store)");
+    app->add_option("--second-writer", c->second_writer,
+                    "SQLite: in each cycle start a second worker on the same file once the first is ready, with the "
+                    "same requests (same) or keys of its own (disjoint); it must be refused")
+        ->check(CLI::IsMember({"same", "disjoint"}));
+    app->add_flag("--delete-file", c->delete_file,
+                  "SQLite: after the checks, delete the database file under a running worker; nothing asked for "
+                  "after the deletion may be confirmed (the path must not exist before the drill)");
     return {app, [c] { return run_drill(*c); }};
 }
 

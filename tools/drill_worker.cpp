@@ -19,6 +19,17 @@
 // 4. Reports "done ..." and exits 0; exit 1 on an answer a sync store must never give; 3 on setup
 //    failure. The drill usually SIGKILLs it somewhere in steps 1-3.
 //
+// When the store refuses to open (for example because another process holds the SQLite file's
+// writer lock: `idem drill --second-writer`), the worker prints "refused <the store's message>" on
+// stdout and exits 3, so the drill can report the refusal and hold it to naming the path.
+//
+// With --stop-on-unavailable (`idem drill --delete-file`) every claim and every acknowledgement is
+// also reported as it happens, "claim_ok t=N" and "ack_ok t=N" (N: the steady clock, in ns, when the
+// begin() or succeed() call that returned OK was made; the clock is the system-wide monotonic one,
+// so the drill compares it with the moment it deleted the file). After the first answer that the
+// store could not commit (store_unavailable, or a succeed() that failed), the threads take no new
+// request; the worker reports "done ...", then "error <the store's last error>".
+//
 // With --scope global (`idem drill --workers N`, PostgreSQL only) the worker is one of N processes
 // that share the store through an idem::global_guard and race on the same requests (each in its own
 // order, from --worker-index). Differences: there is no recovery to wait for (the store is the
@@ -63,7 +74,30 @@ struct worker_config {
     double lease_ms = 200;
     std::string scope = "process";  ///< process: durable_guard; global: global_guard (PostgreSQL)
     unsigned worker_index = 0;      ///< global: orders this worker's requests
+    bool stop_on_unavailable = false;  ///< report each OK claim and ack; stop at the first failed commit
+    double sync_timeout_ms = 10'000;   ///< store_options::sync_timeout
 };
+
+/// Steady-clock time in ns (CLOCK_MONOTONIC on Linux: comparable between processes).
+std::int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+/// One line of free text for the drill: newlines would split it into several report lines.
+std::string one_line(std::string s) {
+    for (char& ch : s)
+        if (ch == '\n' || ch == '\r') ch = ' ';
+    return s;
+}
+
+/// An event line for the drill ("claim_ok t=N"), whole lines only: several threads print them.
+void print_event(const char* word, std::int64_t t) {
+    static std::mutex m;
+    std::lock_guard lock(m);
+    std::printf("%s t=%lld\n", word, static_cast<long long>(t));
+    std::fflush(stdout);
+}
 
 /// The ledger as other processes append to it: re-read from where the last read stopped, whenever
 /// the file has grown (global scope: the resolver must see effects written by other workers).
@@ -180,7 +214,17 @@ int run_worker(const worker_config& c) {
     idem::store_options so;
     so.mode = idem::durability::sync;
     so.offer_wait = std::chrono::seconds(2);
-    std::unique_ptr<guarded_store> gs = make_guard(spec, std::move(opts), std::move(so));
+    so.sync_timeout =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.sync_timeout_ms));
+    std::unique_ptr<guarded_store> gs;
+    try {
+        gs = make_guard(spec, std::move(opts), std::move(so));
+    } catch (const idem::error& e) {
+        // The store refused to open (another writer holds the file, ...): say so, with its words.
+        std::printf("refused %s\n", one_line(e.what()).c_str());
+        std::fflush(stdout);
+        return exit_runtime;
+    }
     idem::durable_guard& d = *gs->durable();
     idem::guard& g = d.guard();
     const idem::recovery_report rec = d.recovery();
@@ -212,10 +256,12 @@ int run_worker(const worker_config& c) {
 
     counts n;
     std::atomic<std::size_t> cursor{0};
+    std::atomic<bool> stop{false};  // --stop-on-unavailable: the store could not commit
     first_problem problem;
     auto note = [&](const std::string& what) { problem.note(what); };
     auto work = [&] {
         for (;;) {
+            if (stop.load()) return;
             const std::size_t i = cursor.fetch_add(1, std::memory_order_relaxed);  // relaxed: distinct positions only
             if (i >= reqs.size()) return;
             const drill::request& rq = reqs[i];
@@ -223,29 +269,36 @@ int run_worker(const worker_config& c) {
             const std::uint64_t fp = idem::fingerprint_of("amount=" + std::to_string(rq.amount));
             const std::uint64_t outcome = rq.amount;
             app->enter(rq.key);
+            std::int64_t called = steady_ns();
             idem::begin_result r = g.begin(k, fp);
             while (r.status == idem::begin_status::backpressure) {
                 std::this_thread::yield();
+                called = steady_ns();
                 r = g.begin(k, fp);
             }
             switch (r.status) {
                 case idem::begin_status::acquired: {
+                    if (c.stop_on_unavailable) print_event("claim_ok", called);
                     // The effect, durable before the success is recorded: if we die between the two,
                     // the resolver finds it and answers succeeded.
                     ledger.append(drill::make_line('E', rq.key, outcome));
                     app->effect_recorded(rq.key, outcome);
                     ++n.executed;
+                    called = steady_ns();
                     std::error_code ec = r.ticket.succeed(outcome);
                     while (ec == idem::errc::backpressure || ec == idem::errc::busy) {
                         std::this_thread::yield();
+                        called = steady_ns();
                         ec = r.ticket.succeed(outcome);
                     }
                     if (!ec) {
                         acks.append(drill::make_line('A', rq.key, outcome));  // committed: acknowledge
                         ++n.acked;
+                        if (c.stop_on_unavailable) print_event("ack_ok", called);
                     } else {
                         ++n.unacked;  // e.g. store_unavailable: not known durable, so not acknowledged
                         note(rq.key + ": succeed() answered " + ec.message());
+                        if (c.stop_on_unavailable) stop.store(true);
                     }
                     break;
                 }
@@ -259,7 +312,10 @@ int run_worker(const worker_config& c) {
                     break;
                 case idem::begin_status::in_progress: ++n.busy; break;
                 case idem::begin_status::in_doubt: ++n.in_doubt; break;
-                case idem::begin_status::store_unavailable: ++n.unavailable; break;
+                case idem::begin_status::store_unavailable:
+                    ++n.unavailable;
+                    if (c.stop_on_unavailable) stop.store(true);
+                    break;
                 default:
                     ++n.unexpected;
                     note(rq.key + ": begin() answered " + idem::to_string(r.status));
@@ -272,8 +328,14 @@ int run_worker(const worker_config& c) {
     for (auto& t : threads) t.join();
 
     print_done(reqs.size(), n, "");
+    if (c.stop_on_unavailable) {
+        if (const std::string why = d.last_store_error(); !why.empty()) {
+            std::printf("error %s\n", one_line(why).c_str());
+            std::fflush(stdout);
+        }
+    }
     problem.report();
-    gs.reset();  // drains the flusher and closes the store
+    gs.reset();  // drains the flusher (up to sync_timeout for rows it cannot commit) and closes the store
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
 
@@ -419,6 +481,9 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--lease-ms", c->lease_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
     app->add_option("--scope", c->scope)->check(CLI::IsMember({"process", "global"}));
     app->add_option("--worker-index", c->worker_index);
+    app->add_flag("--stop-on-unavailable", c->stop_on_unavailable,
+                  "Report each OK claim and ack with its call time; stop at the first failed commit");
+    app->add_option("--sync-timeout-ms", c->sync_timeout_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
     return {app, [c]() -> int {
                 if (c->scope == "global") {
 #ifdef IDEM_HAVE_POSTGRES

@@ -10,6 +10,11 @@ Runs, in a fresh temporary directory:
   3. idem audit on a key of the first run: found, SUCCESS, a claim and a success in its trail;
   4. idem drill --cycles 5: workers SIGKILLed and recovered, no double execution, no lost
      acknowledgement, 0 violations;
+  4b. idem drill --second-writer same and disjoint: every second worker started on the file while the
+     first held it is refused with a message naming the file; 0 double executions, 0 lost
+     acknowledgements, exit 0;
+  4c. idem drill --delete-file: the file is deleted under a running worker, the worker reports the
+     store's error naming the file, nothing asked for after the deletion is confirmed, exit 0;
   5. the negative control: idem demo --naive must find double executions and exit 1;
   6. usage and runtime errors give exit codes 2 and 3.
 With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
@@ -134,6 +139,45 @@ def main():
                       "recovery_ms_p50", "recovery_ms_max", "violations"):
                 check(k in d, f"drill JSON lacks '{k}'")
 
+        print("4b. drill --second-writer: the second writer is refused, nothing lost", flush=True)
+        for mode in ("same", "disjoint"):
+            db = f"{tmp}/second-{mode}.db"
+            _, d, _, _ = run(idem, "drill", "--cycles", "3", "--keys", "100", "--second-writer", mode, "--json",
+                             "--store", f"sqlite:{db}", timeout=120)
+            if d:
+                sw = d.get("second_writer") or {}
+                check(d["ok"], f"drill --second-writer {mode} failed: {d.get('failures')}")
+                check(d["double_executions"] == 0 and d["lost_acknowledged"] == 0 and d["violations"] == 0,
+                      f"drill --second-writer {mode}: {d['double_executions']} double executions, "
+                      f"{d['lost_acknowledged']} lost acknowledgements, {d['violations']} violations")
+                check(sw.get("refused", 0) > 0 and sw.get("not_refused", 1) == 0,
+                      f"drill --second-writer {mode}: second writer {sw}")
+                check(sw.get("refused", 0) + sw.get("ran_alone", 0) == sw.get("started", -1),
+                      f"drill --second-writer {mode}: outcomes do not add up: {sw}")
+                check(db in sw.get("refusal", ""), f"drill --second-writer {mode}: refusal does not name {db}: {sw}")
+        rc, _, text, _ = run(idem, "drill", "--cycles", "1", "--keys", "50", "--second-writer", "same",
+                             "--store", f"sqlite:{tmp}/second-text.db", timeout=60)
+        check("second writer refused: " in text and "PASS" in text,
+              f"drill --second-writer (text): no refusal line or no PASS: {text[-600:]!r}")
+
+        print("4c. drill --delete-file: nothing confirmed after the deletion", flush=True)
+        db = f"{tmp}/deleted.db"
+        _, d, _, _ = run(idem, "drill", "--cycles", "2", "--keys", "200", "--delete-file", "--json",
+                         "--store", f"sqlite:{db}", timeout=120)
+        if d:
+            df = d.get("delete_file") or {}
+            check(d["ok"], f"drill --delete-file failed: {d.get('failures')}")
+            check(df.get("deleted") is True, f"drill --delete-file: the file was not deleted: {df}")
+            check(df.get("claims_after_delete", 1) == 0 and df.get("acks_after_delete", 1) == 0,
+                  f"drill --delete-file: confirmed after the deletion: {df}")
+            check(df.get("acks_confirmed", 0) >= df.get("deleted_after_acks", 1) > 0,
+                  f"drill --delete-file: acks before the deletion: {df}")
+            check(db in df.get("worker_error", ""), f"drill --delete-file: the store's error does not name {db}: {df}")
+            check(d["double_executions"] == 0 and d["lost_acknowledged"] == 0,
+                  f"drill --delete-file: {d['double_executions']} double executions, "
+                  f"{d['lost_acknowledged']} lost acknowledgements")
+        run(idem, "drill", "--delete-file", "--cycles", "1", "--store", f"sqlite:{tmp}/d.db", expect=2)  # exists
+
         print("5. negative control: --naive", flush=True)
         _, n, _, _ = run(idem, "demo", "--naive", "--requests", "20000", "--threads", "4", "--dup-rate", "0.05",
                          "--race-share", "1", "--json", "--store", "memory", expect=1)
@@ -167,6 +211,8 @@ def main():
         run(idem, "demo", "--durability", "eventually", expect=2)
         run(idem, "demo", "--processes", "2", "--store", "memory", expect=2)  # global scope needs PostgreSQL
         run(idem, "drill", "--workers", "2", "--cycles", "1", expect=2)
+        run(idem, "drill", "--second-writer", "twice", "--cycles", "1", expect=2)
+        run(idem, "drill", "--second-writer", "same", "--cycles", "1", "--store", "memory", expect=2)
         run(idem, "verify", "--store", f"sqlite:{tmp}/missing.db", expect=3)
         check(not os.path.exists(f"{tmp}/missing.db"), "verify created the missing database file")
 
