@@ -80,6 +80,9 @@ inline constexpr std::string_view schema_version_select = "SELECT max(version) F
 //      fence <= P's fence, which ON CONFLICT cannot see (it sees the proposed row and the stored
 //      one, nothing else), so a plain UPDATE sets it first, while the stored fence is still the old
 //      one.
+// Both record upserts have the same fence guard: a lower fence never overwrites a higher one, and at
+// the same fence a terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED
+// (a late doubt mark or release of the same claim is audited; the outcome stays).
 // Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
 // batch has class-Y keys. The CTEs write different tables, or different rows (X and Y keys are
 // disjoint), so no row is modified twice by one statement.
@@ -112,7 +115,9 @@ ON CONFLICT (idempotent_key) DO UPDATE
   SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, lease_until = EXCLUDED.lease_until,
       outcome = EXCLUDED.outcome, request_fingerprint = EXCLUDED.request_fingerprint,
       updated_time = EXCLUDED.updated_time
-  WHERE (r.fencing_token # (-9223372036854775808)::bigint) <= (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
+  WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
+     OR (r.fencing_token = EXCLUDED.fencing_token
+         AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
 )sql";
 
 // Statement 2: the class-Y records ($1..$9 as $14..$22 above). lease_until and request_fingerprint
@@ -126,7 +131,9 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigin
 ON CONFLICT (idempotent_key) DO UPDATE
   SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, outcome = EXCLUDED.outcome,
       updated_time = EXCLUDED.updated_time
-  WHERE (r.fencing_token # (-9223372036854775808)::bigint) <= (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
+  WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
+     OR (r.fencing_token = EXCLUDED.fencing_token
+         AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
 )sql";
 
 // committed(batch_id): a speculative insert, rolled back by the caller. It waits for a transaction
