@@ -19,6 +19,12 @@
 //    waited_ms=N pending=N"                      after recovery and compensation, before any request
 //   "done requests=N executed=N acked=N replayed=N busy=N in_doubt=N unavailable=N unacked=N
 //    unexpected=N replay_mismatches=N"           after the last request (a run that was not killed)
+//   "refused <message>"                          the store would not open (another writer holds the
+//                                                file, ...): the worker exits 3
+// and with --stop-on-unavailable (`idem drill --delete-file`):
+//   "claim_ok t=N", "ack_ok t=N"                 a confirmed claim or acknowledgement; N is the
+//                                                steady clock (ns) when its call was made
+//   "error <message>"                            after "done": the store's last error
 #pragma once
 
 #include <fcntl.h>
