@@ -389,7 +389,7 @@ bool pay(idem::durable_guard& g, std::size_t i) {
 enum class fault { deleted, moved_away, replaced, wal_deleted };
 
 /// Runs 40 acknowledged payments, applies the fault, then tries 10 more: none may be acknowledged,
-/// and the flusher's error names the path and what happened. Returns the guard's last error.
+/// and the flusher's error names the path and what happened.
 void run_fault(fault f) {
     idem_test::temp_dir dir("idem-integrity");
     const std::string db = dir.file("idem.db");
