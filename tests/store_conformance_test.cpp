@@ -401,6 +401,27 @@ TYPED_TEST(StoreConformance, CompletionInTheClaimsBatchKeepsLeaseFingerprintAndC
     EXPECT_TRUE(this->same_as_reference());
 }
 
+// A second writer replaying a claim, or a row of this key's claim batch arriving after its
+// completion, must not take a terminal record back: at the same fence SUCCESS / FAILED stay.
+TYPED_TEST(StoreConformance, ATerminalRecordNeverRegressesAtItsOwnFence) {
+    this->apply({{.key = "K", .fence = F1, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 500}}, 1);
+    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = F1, .outcome = 100, .at_ms = T0 + 1}},
+                2);
+    this->apply({{.key = "K", .fence = F1, .fingerprint = 3, .at_ms = T0 + 2, .lease_until_ms = T0 + 900}}, 3);
+    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::released,
+                  .cause = transition_cause::release, .fence = F1, .at_ms = T0 + 3}},
+                4);
+    const auto got = this->st().get("K");
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->state, record_state::succeeded);
+    EXPECT_EQ(got->fence, F1);
+    EXPECT_EQ(got->outcome, 100u);
+    EXPECT_EQ(got->updated_ms, T0 + 1);
+    EXPECT_EQ(this->st().audit("K").size(), 4u);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
 TYPED_TEST(StoreConformance, OlderFenceDoesNotOverwriteANewerRecord) {
     const std::uint64_t newer = F1 + 5;
     this->apply({{.key = "K", .fence = newer, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 500}}, 1);

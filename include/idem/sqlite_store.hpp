@@ -301,6 +301,22 @@ public:
         scan_audit_where("ORDER BY idempotent_key, sequence", {}, fn);
     }
 
+    /// Runs fn (load, scan_audit, get, audit) in one read transaction on this connection: under WAL
+    /// a deferred transaction keeps the snapshot of its first read until COMMIT, so a live store's
+    /// records and audit trail are read as of one moment (idem verify on a store being written).
+    void snapshot_read(const std::function<void()>& fn) override {
+        ensure_open();
+        if (sqlite3_get_autocommit(db_) == 0) return fn();  // already inside a transaction
+        exec("BEGIN", "begin snapshot read");
+        try {
+            fn();
+        } catch (...) {
+            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+            throw;
+        }
+        exec("COMMIT", "end snapshot read");
+    }
+
     std::uint64_t max_fence() override {
         ensure_open();
         // MAX() orders text above every integer, so a damaged text fence would be the maximum.

@@ -178,7 +178,11 @@ public:
                               r.at_ms, audit_detail(r.t)});
             auto [it, inserted] = records_.try_emplace(k);
             stored_record& rec = it->second;
-            if (!inserted && rec.fence > r.t.fence) continue;
+            // The SQL stores' upsert guard: a newer fence wins; at the same fence a terminal record
+            // (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED.
+            const auto terminal = [](record_state s) { return s == record_state::succeeded || s == record_state::failed; };
+            if (!inserted && (rec.fence > r.t.fence || (rec.fence == r.t.fence && terminal(rec.state) && !terminal(r.t.to))))
+                continue;
             if (inserted) {
                 rec.key = k;
                 rec.biz_type = biz_type_of(k);

@@ -395,6 +395,7 @@ public:
     std::optional<idem::stored_record> get(std::string_view key) override { return inner_.get(key); }
     std::vector<idem::audit_entry> audit(std::string_view key) override { return inner_.audit(key); }
     void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { inner_.scan_audit(fn); }
+    void snapshot_read(const std::function<void()>& fn) override { inner_.snapshot_read(fn); }
     void check_sync_durability() override { inner_.check_sync_durability(); }
     void reconnect() override { inner_.reconnect(); }
     std::string name() const override { return "faulty(" + inner_.name() + ")"; }
@@ -437,6 +438,7 @@ public:
     std::optional<idem::stored_record> get(std::string_view key) override { return inner_.get(key); }
     std::vector<idem::audit_entry> audit(std::string_view key) override { return inner_.audit(key); }
     void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { inner_.scan_audit(fn); }
+    void snapshot_read(const std::function<void()>& fn) override { inner_.snapshot_read(fn); }
     void check_sync_durability() override { inner_.check_sync_durability(); }
     bool accepts(const idem::key& k, std::string* why) const noexcept override { return inner_.accepts(k, why); }
     void reconnect() override { inner_.reconnect(); }
