@@ -140,7 +140,14 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
             if (how == open_mode::existing && ::access(spec.path.c_str(), F_OK) != 0)
                 throw idem::error(idem::errc::invalid_argument,
                                   "sqlite:" + spec.path + ": no such database file (nothing to read; check the path)");
-            return std::make_unique<idem::sqlite_store>(spec.path, mode == idem::durability::sync);
+        {
+            idem::sqlite_options so;
+            so.full_sync = mode == idem::durability::sync;
+            // Writers (demo, drill) hold the file from the start, so a second writer is refused
+            // before it reads anything; readers (audit, verify, stats) never take the lock.
+            if (how == open_mode::create) so.writer_lock = idem::sqlite_lock::at_open;
+            return std::make_unique<idem::sqlite_store>(spec.path, so);
+        }
         case store_spec::kind::postgres:
             // PLUG-IN: postgres (2 of 2): the one place a PostgreSQL store is opened.
 #ifdef IDEM_HAVE_POSTGRES
