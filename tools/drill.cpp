@@ -31,7 +31,8 @@
 // Faults beyond a crash (SQLite stores, one worker):
 // --second-writer same|disjoint: in each cycle, once the worker is ready, the drill starts a second
 //   worker on the same database file, with the same request list (same) or with fresh keys of its
-//   own (disjoint), and holds the first worker's kill until the second has either been refused
+//   own (disjoint). The first worker runs with --hold (it keeps the file open after its last
+//   request, until killed), and the drill holds its kill until the second has either been refused
 //   (its open failed: it prints "refused <the store's message>" and exits 3) or has reported ready
 //   (it opened the file beside the first: not refused, a failed check). A refusal must name the
 //   database path. The ledger checks then show what two writers did, if they both ran.
@@ -307,6 +308,9 @@ int run_drill(const drill_config& c) {
     // --second-writer: second workers started, refused, opened beside the first, or ran after it ended.
     std::uint64_t second_started = 0, second_refused = 0, second_not_refused = 0, second_alone = 0;
     std::optional<std::string> first_refusal;
+    // A second writer that was not refused fails the drill, but the cycles and the final run go on,
+    // so the checks show what it did (merged into failures before the checks).
+    std::vector<std::string> second_failures;
 
     auto refresh_acks = [&] {
         for (const drill::entry& e : drill::read_lines(acks_path).entries)
@@ -419,6 +423,9 @@ int run_drill(const drill_config& c) {
             if (x.sr.refused || x.sr.ready) {
                 x.second_resolved = true;
                 x.overlapped = x.sr.ready && !x.w->exited();
+                // Not refused: let both writers run side by side for a kill delay before the kill,
+                // so the checks show what two writers on one file cost.
+                if (x.overlapped) x.kill_at = std::max(x.kill_at.value_or(clock_type::now()), clock_type::now() + x.delay);
             } else if (x.second->exited()) {
                 for (int i = 0; i < 50 && !x.second->eof(); ++i) absorb(*x.second, x.sr, std::chrono::milliseconds(10));
                 x.second_resolved = true;
@@ -430,7 +437,9 @@ int run_drill(const drill_config& c) {
             const bool kill_from_start = from_start(rng);
             x.delay = std::chrono::duration_cast<clock_type::duration>(
                 std::chrono::duration<double, std::milli>(delay_dist(rng)));
-            x.w = std::make_unique<worker_process>(exe, worker_args(req_path, i));
+            std::vector<std::string> args = worker_args(req_path, i);
+            if (!c.second_writer.empty()) args.push_back("--hold");  // holds the file until killed
+            x.w = std::make_unique<worker_process>(exe, args);
             if (kill_from_start) x.kill_at = x.w->started() + x.delay;
         }
         const auto hang_deadline = clock_type::now() + std::chrono::seconds(120);
@@ -465,7 +474,8 @@ int run_drill(const drill_config& c) {
                     ++second_started;
                 }
                 const bool second_pending = x.second && !x.second_resolved;
-                if (x.kill_at && now >= *x.kill_at && !second_pending) {
+                const bool finished = x.r.done_line.has_value();  // --hold: done, still holding the file
+                if (((x.kill_at && now >= *x.kill_at) || finished) && !second_pending) {
                     x.r.killed_before_ready = !x.r.ready;
                     x.w->kill_now();
                     x.r.killed = true;
@@ -488,7 +498,9 @@ int run_drill(const drill_config& c) {
             cycle_result& r = x.r;
             w.wait();
             for (int i = 0; i < 50 && !w.eof(); ++i) absorb(w, r, std::chrono::milliseconds(10));
-            if (r.killed && WIFSIGNALED(w.status()) && WTERMSIG(w.status()) == SIGKILL) {
+            if (r.killed && WIFSIGNALED(w.status()) && WTERMSIG(w.status()) == SIGKILL && r.done_line) {
+                ++clean_exits;  // --hold: it finished its list, then held the file until killed
+            } else if (r.killed && WIFSIGNALED(w.status()) && WTERMSIG(w.status()) == SIGKILL) {
                 ++kills;
                 kills_before_ready += r.killed_before_ready;
             } else if (WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0) {
@@ -513,7 +525,7 @@ int run_drill(const drill_config& c) {
                                                "database file " + spec.path + ": " + *x.sr.refused);
             } else if (x.overlapped) {
                 ++second_not_refused;
-                failures.push_back(where + "a second writer opened " + spec.path +
+                second_failures.push_back(where + "a second writer opened " + spec.path +
                                    " while the first worker held it: it was not refused");
             } else if (x.sr.ready) {
                 ++second_alone;  // the first had ended: one writer at a time, nothing to refuse
@@ -565,6 +577,7 @@ int run_drill(const drill_config& c) {
         refresh_acks();
     }
     bar.stop();
+    failures.insert(failures.end(), second_failures.begin(), second_failures.end());
 
     // ---- Checks: the ledger, the acknowledgements and the store, read independently ----
     if (tty) std::cerr << "idem drill: checking the ledger, the acknowledgements and the store\n";

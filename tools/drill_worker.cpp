@@ -23,6 +23,9 @@
 // writer lock: `idem drill --second-writer`), the worker prints "refused <the store's message>" on
 // stdout and exits 3, so the drill can report the refusal and hold it to naming the path.
 //
+// With --hold (`idem drill --second-writer`) the worker does not exit after "done": it keeps the
+// store open, and so the file held, until the drill kills it.
+//
 // With --stop-on-unavailable (`idem drill --delete-file`) every claim and every acknowledgement is
 // also reported as it happens, "claim_ok t=N" and "ack_ok t=N" (N: the steady clock, in ns, when the
 // begin() or succeed() call that returned OK was made; the clock is the system-wide monotonic one,
@@ -52,6 +55,7 @@
 
 #include <random>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "command.hpp"
 #include "drill.hpp"
@@ -76,6 +80,7 @@ struct worker_config {
     unsigned worker_index = 0;      ///< global: orders this worker's requests
     bool stop_on_unavailable = false;  ///< report each OK claim and ack; stop at the first failed commit
     double sync_timeout_ms = 10'000;   ///< store_options::sync_timeout
+    bool hold = false;  ///< after "done", keep the store open until killed (the file stays held)
 };
 
 /// Steady-clock time in ns (CLOCK_MONOTONIC on Linux: comparable between processes).
@@ -328,6 +333,11 @@ int run_worker(const worker_config& c) {
     for (auto& t : threads) t.join();
 
     print_done(reqs.size(), n, "");
+    if (c.hold) {
+        // `idem drill --second-writer`: this worker holds the file until the drill has seen how a
+        // second writer fares, and then kills it; it must not let go of the file by finishing.
+        for (;;) ::pause();
+    }
     if (c.stop_on_unavailable) {
         if (const std::string why = d.last_store_error(); !why.empty()) {
             std::printf("error %s\n", one_line(why).c_str());
@@ -483,6 +493,7 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--worker-index", c->worker_index);
     app->add_flag("--stop-on-unavailable", c->stop_on_unavailable,
                   "Report each OK claim and ack with its call time; stop at the first failed commit");
+    app->add_flag("--hold", c->hold, "After 'done', keep the store open until killed");
     app->add_option("--sync-timeout-ms", c->sync_timeout_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
     return {app, [c]() -> int {
                 if (c->scope == "global") {
