@@ -25,6 +25,7 @@
 #include "idem/detail/pipeline_core.hpp"
 #include "idem/durable.hpp"
 #include "idem/postgres_store.hpp"
+#include "support/pg_database.hpp"
 #include "support/store_fixtures.hpp"
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks the PGresult of the ROLLBACK that a transaction's
@@ -47,39 +48,18 @@ const std::string bad_text = "bad\xff";
 class PoisonPg : public ::testing::Test {
 protected:
     void SetUp() override {
-        const char* u = std::getenv("IDEM_TEST_PG_URI");
-        server_ = u ? u : "";
-        ASSERT_FALSE(server_.empty()) << "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
-                                         "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
-        std::random_device rd;
-        char name[32];
-        std::snprintf(name, sizeof name, "idem_t_%08x%08x", rd(), rd());
-        db_ = name;
-        try {
-            pqxx::connection c(server_ + (pg::is_uri(server_) ? (server_.find('?') == std::string::npos ? "?" : "&")
-                                                               : " ") + "connect_timeout=10");
-            pqxx::nontransaction n(c);
-            n.exec("CREATE DATABASE " + db_);  // db_ is generated above: hex digits only
-            created_ = true;
-        } catch (const std::exception& e) {
-            FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
-        }
-        uri_ = pg::with_database(server_, db_);
+        std::string why;
+        ASSERT_TRUE(db_.create(&why)) << why;
+        uri_ = db_.uri();
     }
 
     void TearDown() override {
-        if (!created_) return;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
-        } catch (const std::exception& e) {
-            ADD_FAILURE() << "cannot drop test database " << db_ << ": " << e.what();
-        }
+        std::string why;
+        if (!db_.drop(&why)) ADD_FAILURE() << why;
     }
 
-    std::string server_, db_, uri_;
-    bool created_ = false;
+    idem_test::pg_database db_;
+    std::string uri_;
 };
 
 template <class Fn>

@@ -8,6 +8,8 @@
 // server's user. Timing is asserted only as "returns at all within 30 s".
 #include <gtest/gtest.h>
 
+#include "support/pg_database.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -74,11 +76,6 @@ std::vector<idem::store_row> make_batch(const std::vector<row_spec>& specs, std:
 
 // ---- server and databases ----------------------------------------------------------------------
 
-std::string test_uri() {
-    const char* u = std::getenv("IDEM_TEST_PG_URI");
-    return u ? u : "";
-}
-
 /// Sends SIGSTOP to a server process and SIGCONT when it goes out of scope (even when a test fails).
 class paused_process {
 public:
@@ -105,35 +102,15 @@ private:
 class PostgresStore : public ::testing::Test {
 protected:
     void SetUp() override {
-        server_ = test_uri();
-        ASSERT_FALSE(server_.empty()) << "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
-                                         "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
-        std::random_device rd;
-        char name[32];
-        std::snprintf(name, sizeof name, "idem_t_%08x%08x", rd(), rd());
-        db_ = name;
-        try {
-            pqxx::connection c(server_ + (pg::is_uri(server_) ? (server_.find('?') == std::string::npos ? "?" : "&")
-                                                               : " ") + "connect_timeout=10");
-            pqxx::nontransaction n(c);
-            n.exec("CREATE DATABASE " + db_);  // db_ is generated above: hex digits only
-            created_ = true;
-        } catch (const std::exception& e) {
-            FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
-        }
-        uri_ = pg::with_database(server_, db_);
+        std::string why;
+        ASSERT_TRUE(db_.create(&why)) << why;
+        uri_ = db_.uri();
     }
 
     void TearDown() override {
         stores_.clear();
-        if (!created_) return;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
-        } catch (const std::exception& e) {
-            ADD_FAILURE() << "cannot drop test database " << db_ << ": " << e.what();
-        }
+        std::string why;
+        if (!db_.drop(&why)) ADD_FAILURE() << why;
     }
 
     idem::postgres_store& open(std::chrono::milliseconds deadline = 5s) {
@@ -162,8 +139,8 @@ protected:
         ADD_FAILURE() << "backend " << pid << " still there after 6 s";
     }
 
-    std::string server_, db_, uri_;
-    bool created_ = false;
+    idem_test::pg_database db_;
+    std::string uri_;
     std::vector<std::unique_ptr<idem::postgres_store>> stores_;
 };
 
@@ -686,9 +663,9 @@ TEST_F(PostgresStore, SyncDurabilityRefusesSynchronousCommitOff) {
         auto& pgs = open();
         EXPECT_NO_THROW(pgs.check_sync_durability());
     }
-    sql("ALTER DATABASE " + db_ + " SET synchronous_commit = local");
+    sql("ALTER DATABASE " + db_.name() + " SET synchronous_commit = local");
     EXPECT_NO_THROW(open().check_sync_durability());  // local still flushes this server's WAL
-    sql("ALTER DATABASE " + db_ + " SET synchronous_commit = off");
+    sql("ALTER DATABASE " + db_.name() + " SET synchronous_commit = off");
     auto& off = open();
     try {
         off.check_sync_durability();

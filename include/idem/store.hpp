@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -172,17 +173,21 @@ public:
             --fail_next_;
             throw error(errc::store_unavailable, "memory store: injected failure");
         }
+        // Within a batch a key's rows apply in order, a row with a lower fence than the record's
+        // skipped (the SQL stores fold a key's rows the same way). Against the record as it was
+        // before the batch the SQL stores' upsert guard then holds: a terminal record (SUCCESS,
+        // FAILED) is never taken back to PROCESSING or RELEASED at its own fence.
+        std::map<std::string, stored_record> before;  // keys that had a record before this batch
+        std::set<std::string> created;
         for (const store_row& r : rows) {
             const std::string k(r.t.k.view());
             audit_.push_back({static_cast<std::int64_t>(audit_.size() + 1), k, r.t.from, r.t.to, r.t.fence, node_,
                               r.at_ms, audit_detail(r.t)});
             auto [it, inserted] = records_.try_emplace(k);
             stored_record& rec = it->second;
-            // The SQL stores' upsert guard: a newer fence wins; at the same fence a terminal record
-            // (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED.
-            const auto terminal = [](record_state s) { return s == record_state::succeeded || s == record_state::failed; };
-            if (!inserted && (rec.fence > r.t.fence || (rec.fence == r.t.fence && terminal(rec.state) && !terminal(r.t.to))))
-                continue;
+            if (inserted) created.insert(k);
+            else if (!created.count(k)) before.try_emplace(k, rec);
+            if (!inserted && rec.fence > r.t.fence) continue;
             if (inserted) {
                 rec.key = k;
                 rec.biz_type = biz_type_of(k);
@@ -196,6 +201,11 @@ public:
             }
             rec.outcome = r.t.outcome;
             rec.updated_ms = r.at_ms;
+        }
+        const auto terminal = [](record_state s) { return s == record_state::succeeded || s == record_state::failed; };
+        for (auto& [k, was] : before) {
+            stored_record& rec = records_[k];
+            if (rec.fence == was.fence && terminal(was.state) && !terminal(rec.state)) rec = was;
         }
         batches_.push_back(batch_id);
     }
