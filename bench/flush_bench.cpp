@@ -55,7 +55,7 @@ std::unique_ptr<idem::store> open_store(const std::string& uri, bool sync, bool 
     if (uri.rfind("sqlite:", 0) == 0) {
         const std::string path = uri.substr(7);
         if (fresh)
-            for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+            for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
         return std::make_unique<idem::sqlite_store>(path, sync);
     }
     auto st = std::make_unique<idem::postgres_store>(uri);

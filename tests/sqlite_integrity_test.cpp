@@ -430,6 +430,21 @@ void run_fault(fault f) {
             EXPECT_FALSE(std::filesystem::exists(db)) << "a reconnect created a new database at " << db;
         }
     }
+    if (f == fault::deleted || f == fault::moved_away) {
+        // A restart on the path: PATH.lock records that a writer had a database here, so a new,
+        // empty one (in which every acknowledged key would run again) is refused.
+        try {
+            idem::sqlite_store again(db, true);
+            ADD_FAILURE() << "a restart created a new, empty database at " << db;
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), errc::invalid_argument) << e.what();
+            EXPECT_TRUE(has(e.what(), db + ".lock") && has(e.what(), "missing")) << e.what();
+        }
+        EXPECT_FALSE(std::filesystem::exists(db)) << "the refused restart left a database at " << db;
+        ASSERT_EQ(::unlink((db + ".lock").c_str()), 0);  // a new history, on purpose
+        idem::sqlite_store fresh(db, true);
+        EXPECT_TRUE(idem_test::load_all(fresh).empty());
+    }
     if (f == fault::replaced) {
         // Nothing was written after the replacement. (The old file's write-ahead log was left at
         // the path, and SQLite reads it with the new file: what it holds was committed before.)

@@ -436,9 +436,11 @@ std::string random_run_id() {
     return buf;
 }
 
-/// Removes a SQLite database and its WAL files (--fresh). A missing file is fine.
+/// Removes a SQLite database, its WAL files and its writer lock file (--fresh: a new history on
+/// purpose; the store refuses a missing database whose lock file records a writer). A missing file
+/// is fine.
 void remove_sqlite_files(const std::string& path) {
-    for (const std::string& f : {path, path + "-wal", path + "-shm"})
+    for (const std::string& f : {path, path + "-wal", path + "-shm", path + ".lock"})
         if (::unlink(f.c_str()) != 0 && errno != ENOENT)
             throw idem::error(idem::errc::store_error,
                               "--fresh: cannot remove '" + f + "': " + std::strerror(errno));

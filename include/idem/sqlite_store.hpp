@@ -475,6 +475,22 @@ private:
                         " (" + std::strerror(e) + ")");
     }
 
+    /// A first open that finds no database file but a PATH.lock in which a writer recorded itself:
+    /// the database this path held was deleted or moved (`rm PATH`). Creating a new one would start
+    /// an empty history in which every key the old one recorded runs again, so this is refused,
+    /// naming both files. Deleting PATH.lock as well starts a new history on purpose.
+    void refuse_lost_database() const {
+        struct stat st {};
+        if (::stat(path_.c_str(), &st) == 0 || errno != ENOENT) return;
+        const std::string who = holder();
+        if (who.empty()) return;  // no writer ever wrote here: a new database is expected
+        throw error(errc::invalid_argument,
+                    where() + "the database file is missing, but " + lock_path() + " records a writer (" + who +
+                        "): the database this path held was deleted or moved, and a new, empty one would let every "
+                        "key it recorded run again. Put the file back, or delete " + lock_path() +
+                        " too to start a new, empty history on purpose");
+    }
+
     /// Who holds the lock, as the holder wrote it into PATH.lock ("pid N on host H"), or "".
     [[nodiscard]] std::string holder() const {
         char buf[160] = {};
@@ -562,6 +578,7 @@ private:
             if (!lost_.empty()) throw error(errc::store_error, lost_);
             if (!first) check_reopen();
             if (lock_fd_ < 0) open_lock_file();
+            if (first) refuse_lost_database();
             if (first && lock_when_ == sqlite_lock::at_open) take_writer_lock();
         }
         // Only the first open may create the file: a reopen that found nothing at the path would
