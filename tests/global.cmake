@@ -13,4 +13,4 @@ add_test(NAME global_test COMMAND global_test)
 # Label concurrency too: scripts/test reruns it under ThreadSanitizer (the batchers' hand-offs between
 # callers and connections, the local table under 100 racing threads, the watchdogs; the child
 # processes are the same instrumented binary). About 50 s there, 50 s here.
-set_tests_properties(global_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 900)
+set_tests_properties(global_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 900 RESOURCE_LOCK private_pg)
