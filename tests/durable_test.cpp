@@ -63,10 +63,7 @@ std::unique_ptr<idem::durable_guard> open_sqlite(const std::string& path, durabi
 std::unique_ptr<idem::durable_guard> open_faulty(idem::store& inner, faulty_store** faults, durability mode,
                                                  idem::options o = durable_options(),
                                                  idem::store_options so = {}) {
-    so.mode = mode;
-    auto f = std::make_unique<faulty_store>(inner);
-    *faults = f.get();
-    return std::make_unique<idem::durable_guard>(std::move(f), std::move(o), so);
+    return idem_test::open_wrapped(faults, mode, std::move(o), so, inner);
 }
 
 idem::key pay_key(std::size_t i) { return idem::key("TX" + std::to_string(i) + "_PAY_v1"); }

@@ -58,6 +58,7 @@ using idem_test::gated_store;
 using idem_test::poisoned_store;
 using idem_test::temp_dir;
 using idem_test::verify_clean;
+using idem_test::open_wrapped;
 using idem_test::wait_for;
 
 using manual_durable_guard = idem::basic_durable_guard<std::atomic, idem::manual_clock>;
@@ -66,15 +67,6 @@ idem::key pay_key(const std::string& prefix, std::size_t i) {
     return idem::key(prefix + std::to_string(i) + "_PAY_v1");
 }
 
-/// A durable guard over `inner` through a wrapper W the guard owns; *wrapper receives its address.
-template <class W, class... Args>
-std::unique_ptr<idem::durable_guard> open_wrapped(W** wrapper, durability mode, idem::options o,
-                                                  idem::store_options so, Args&&... args) {
-    so.mode = mode;
-    auto w = std::make_unique<W>(std::forward<Args>(args)...);
-    *wrapper = w.get();
-    return std::make_unique<idem::durable_guard>(std::move(w), std::move(o), so);
-}
 
 /// begin() until the answer is not backpressure (the queue is small in these tests), as run() and
 /// a well-behaved caller do. The last answer, backpressure only if the wait timed out.

@@ -8,6 +8,7 @@
 //   commit_unknown after or before the commit, committed() failing); thread-safe switches, and a
 //   mutex-protected copy of what the inner store acknowledged, so a test thread can ask what is
 //   durable while the flusher runs.
+// * open_wrapped(): a durable guard over a store wrapper it owns, the wrapper steered by the test.
 // * forwarding_store: forwards every call to a store the test owns; the base of wrappers that
 //   change one thing. gated_store holds every apply() at a commit_gate the test closes and opens
 //   (a commit that takes as long as the test wants; gate_opener opens it at scope exit);
@@ -609,6 +610,17 @@ inline idem::options durable_options(std::size_t capacity = 4096) {
     o.capacity = capacity;
     o.maintenance_interval = {};
     return o;
+}
+
+/// A durable guard over a store wrapper W (faulty_store, gated_store, ...) that the guard owns,
+/// built from args; *wrapper receives its address so the test can steer it.
+template <class W, class... Args>
+std::unique_ptr<idem::durable_guard> open_wrapped(W** wrapper, idem::durability mode, idem::options o,
+                                                  idem::store_options so, Args&&... args) {
+    so.mode = mode;
+    auto w = std::make_unique<W>(std::forward<Args>(args)...);
+    *wrapper = w.get();
+    return std::make_unique<idem::durable_guard>(std::move(w), std::move(o), so);
 }
 
 }  // namespace idem_test
