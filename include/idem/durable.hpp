@@ -80,6 +80,7 @@ public:
         s.flush_lag_ns = static_cast<std::uint64_t>(c.lag_ns);
         s.store_errors = c.errors;
         s.rejected_rows = c.rejected;
+        s.flusher_cpu_ns = c.cpu_ns;
         return s;
     }
     [[nodiscard]] std::string last_store_error() { return pipeline_.snapshot().last_error; }

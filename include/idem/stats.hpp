@@ -32,6 +32,7 @@ struct stats {
     std::uint64_t flush_lag_ns = 0;
     std::uint64_t store_errors = 0;
     std::uint64_t rejected_rows = 0;       ///< rows the store can never take, set aside (last_store_error() names the last)
+    std::uint64_t flusher_cpu_ns = 0;      ///< CPU time the flusher thread has used; / flushed_transitions = its cost per row
 };
 
 /// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
@@ -71,6 +72,7 @@ inline std::string to_prometheus(const stats& s) {
     put("flush_lag_seconds_x1e9", "gauge", s.flush_lag_ns);
     put("store_errors_total", "counter", s.store_errors);
     put("rejected_rows_total", "counter", s.rejected_rows);
+    put("flusher_cpu_seconds_x1e9_total", "counter", s.flusher_cpu_ns);
     return out;
 }
 
