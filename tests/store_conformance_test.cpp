@@ -6,7 +6,8 @@
 // rows refused by load() with errc::corrupt_record naming the key.
 //
 // Adding a store: write a maker (open() / reopen() / insert_raw(), two flags) and add it to
-// store_makers below: one line. postgres_store joins when the build defines IDEM_TEST_POSTGRES
+// store_makers below: one line. rocksdb_store joins when the build defines IDEM_TEST_ROCKSDB (the
+// idem::rocksdb target exists). postgres_store joins when the build defines IDEM_TEST_POSTGRES
 // (tests/CMakeLists.txt does when the idem::postgres target exists); it reads the server from
 // IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database.
 #include <idem/sqlite_store.hpp>
@@ -26,6 +27,9 @@
 
 #ifdef IDEM_TEST_POSTGRES
 #include <idem/postgres_store.hpp>
+#endif
+#ifdef IDEM_TEST_ROCKSDB
+#include <idem/rocksdb_store.hpp>
 #endif
 
 namespace {
@@ -191,13 +195,64 @@ struct postgres_maker {
 #define IDEM_TEST_PG_MAKER
 #endif
 
-using store_makers = ::testing::Types<memory_maker, sqlite_maker IDEM_TEST_PG_MAKER>;
+#ifdef IDEM_TEST_ROCKSDB
+/// A database directory per test. RocksDB lets one DB handle have the directory (PATH/LOCK), so
+/// insert_raw() and delete_raw() close the store first (the suite reopens it after writing).
+struct rocksdb_maker {
+    static constexpr bool raw_rows = true;
+    static constexpr bool any_bytes = true;
+    idem_test::temp_dir dir{"idem-conformance"};
+    std::string path = dir.file("idem.rocksdb");
+    std::unique_ptr<idem::rocksdb_store> store;
+    idem::store& open() {
+        store = std::make_unique<idem::rocksdb_store>(path);
+        return *store;
+    }
+    idem::store& reopen() {
+        store.reset();
+        return open();
+    }
+    /// Writes a record value directly, as a bad migration or a hand edit would: an unknown status
+    /// is stored as byte 0xEE, a fence as the varint of its bits. Returns "" or RocksDB's message.
+    std::string insert_raw(const std::string& key, const std::string& status, std::int64_t fence) {
+        namespace codec = idem::detail::rocksdb_codec;
+        std::string value(1, static_cast<char>(codec::value_version));
+        const auto st = idem::parse_status(status);
+        value.push_back(static_cast<char>(st ? static_cast<std::uint8_t>(*st) : 0xEE));
+        codec::put_varint(value, static_cast<std::uint64_t>(fence));
+        for (int i = 0; i < 6; ++i) codec::put_varint(value, 1);  // lease, outcome, fingerprint, created, updated
+        return raw([&](rocksdb::DB& db) { return db.Put(rocksdb::WriteOptions(), codec::record_key(key), value); });
+    }
+    std::string delete_raw(const std::string& key) {
+        return raw([&](rocksdb::DB& db) {
+            return db.Delete(rocksdb::WriteOptions(), idem::detail::rocksdb_codec::record_key(key));
+        });
+    }
+    template <class Fn>
+    std::string raw(Fn&& fn) {
+        store.reset();
+        rocksdb::DB* db = nullptr;
+        rocksdb::Status s = rocksdb::DB::Open(rocksdb::Options(), path, &db);
+        if (s.ok()) s = fn(*db);
+        delete db;
+        return s.ok() ? "" : s.ToString();
+    }
+};
+#define IDEM_TEST_ROCKSDB_MAKER , rocksdb_maker
+#else
+#define IDEM_TEST_ROCKSDB_MAKER
+#endif
+
+using store_makers = ::testing::Types<memory_maker, sqlite_maker IDEM_TEST_PG_MAKER IDEM_TEST_ROCKSDB_MAKER>;
 
 struct maker_names {
     template <class T>
     static std::string GetName(int) {
         if constexpr (std::is_same_v<T, memory_maker>) return "memory";
         else if constexpr (std::is_same_v<T, sqlite_maker>) return "sqlite";
+#ifdef IDEM_TEST_ROCKSDB
+        else if constexpr (std::is_same_v<T, rocksdb_maker>) return "rocksdb";
+#endif
         else return "postgres";
     }
 };
