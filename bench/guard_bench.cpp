@@ -37,6 +37,7 @@
 #include "guards.hpp"
 #include "idem_bench_build.hpp"
 #include "net_guards.hpp"
+#include "uuid_keys.hpp"
 
 namespace idem_bench {
 namespace {
@@ -93,6 +94,23 @@ const std::vector<K>& keys() {
         std::vector<K> v;
         v.reserve(key_count);
         for (std::size_t i = 0; i < key_count; ++i) v.emplace_back(key_text(i));
+        return v;
+    }();
+    return all;
+}
+
+/// The overhead scenario's keys: UUID-v4 text (36 bytes) in the random order a PRNG draws them
+/// (bench/uuid_keys.hpp), as clients send them; overhead_keys of them, at most key_count.
+constexpr std::size_t overhead_keys = 16384;
+
+template <class K>
+const std::vector<K>& uuid_keys() {
+    static const std::vector<K> all = [] {
+        std::vector<K> v;
+        const std::size_t n = std::min(key_count, overhead_keys);
+        v.reserve(n);
+        std::mt19937_64 rng(14);
+        for (std::size_t i = 0; i < n; ++i) v.emplace_back(format_uuid(draw_uuid(rng)));
         return v;
     }();
     return all;
@@ -334,6 +352,9 @@ void zipf_begin(benchmark::State& state) {
 // The payment the guard protects, simulated as 10 us of work (a spin on steady_clock: a sleep would
 // measure the scheduler), run unguarded and inside begin()/succeed() of each guard, on fresh keys.
 // The throughput lost to the guard, in percent, is in results.json (bench/report.py).
+// Keys: random-order UUIDs (uuid_keys()) for every guard; the durable guard runs a second time on
+// the sequential TX... keys, as "idem_durable_sqlite_sequential", the figure published before
+// (sequential keys append at the right edge of SQLite's B-tree).
 
 void simulated_payment() noexcept {
     const std::int64_t until = now_ns() + 10'000;
@@ -346,16 +367,17 @@ struct unguarded {
     static constexpr std::string_view name = "unguarded";
 };
 
+template <bool Sequential>
 struct overhead_tag {};
 
-template <class G>
+template <class G, bool Sequential = false>
 void overhead_10us(benchmark::State& state) {
-    using sh = shared<G, overhead_tag>;
+    using sh = shared<G, overhead_tag<Sequential>>;
     constexpr bool guarded = !std::is_same_v<G, unguarded>;
-    const std::size_t n = std::min<std::size_t>(keys_for<G>(), 16384);
+    const std::size_t n = std::min<std::size_t>(keys_for<G>(), overhead_keys);
     const std::size_t slice = n / static_cast<std::size_t>(state.threads());
     const std::size_t first = slice * static_cast<std::size_t>(state.thread_index());
-    const auto& ks = keys<typename G::key_type>();
+    const auto& ks = Sequential ? keys<typename G::key_type>() : uuid_keys<typename G::key_type>();
     const auto& fps = fingerprints();
     if (state.thread_index() == 0) {
         if constexpr (guarded) {
@@ -470,12 +492,12 @@ void register_in_process() {
     benchmark::RegisterBenchmark(("memory/" + name).c_str(), memory<G>)->Iterations(1)->Unit(benchmark::kMillisecond);
 }
 
-template <class G>
+template <class G, bool Sequential = false>
 void register_overhead() {
-    const std::string name(G::name);
+    const std::string name = std::string(G::name) + (Sequential ? "_sequential" : "");
     for (int threads : {1, 2}) {
-        const std::size_t n = std::min<std::size_t>(keys_for<G>(), 16384);
-        benchmark::RegisterBenchmark(("overhead_10us/" + name).c_str(), overhead_10us<G>)
+        const std::size_t n = std::min<std::size_t>(keys_for<G>(), overhead_keys);
+        benchmark::RegisterBenchmark(("overhead_10us/" + name).c_str(), overhead_10us<G, Sequential>)
             ->Threads(threads)
             ->Iterations(static_cast<benchmark::IterationCount>(n / static_cast<std::size_t>(threads)))
             ->UseRealTime();
@@ -529,6 +551,7 @@ int main(int argc, char** argv) {
     register_overhead<unguarded>();
     register_overhead<idem_guard>();
     register_overhead<idem_durable_guard>();
+    register_overhead<idem_durable_guard, true>();
     register_overhead<redis_guard>();
     register_overhead<postgres_guard>();
 
@@ -538,11 +561,14 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("redis_keys_per_run", std::to_string(redis_keys));
     benchmark::AddCustomContext("pg_keys_per_run", std::to_string(pg_keys));
     benchmark::AddCustomContext("key_example", key_text(0));
+    benchmark::AddCustomContext("overhead_key_example", uuid_keys<std::string>().front());
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     // Keys before any timing (and before the first run's setup).
     (void)keys<idem::key>();
     (void)keys<std::string>();
+    (void)uuid_keys<idem::key>();
+    (void)uuid_keys<std::string>();
     (void)shuffled_keys<idem::key>();
     (void)shuffled_keys<std::string>();
     (void)shuffled_fingerprints();

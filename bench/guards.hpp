@@ -122,7 +122,8 @@ public:
 
 private:
     static std::unique_ptr<idem::store> open(const std::string& path) {
-        for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+        // A fresh start: PATH.lock too (the store refuses a missing file whose lock names a writer).
+        for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
         return std::make_unique<idem::sqlite_store>(path);
     }
     static idem::options options(std::size_t capacity) {
