@@ -28,7 +28,7 @@ SCENARIOS = {
     "zipf_begin": "Zipf(0.99) keys: begin, then succeed when acquired",
     "overhead_10us": "a 10 us operation, unguarded and guarded",
 }
-PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
+PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "idem_durable_sqlite_sequential", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
               "redis", "postgres"]
 
 
@@ -163,15 +163,18 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=()):
         ts = guards.get(s, {})
         if 2 in ts and 100 in ts:
             scaling[s] = {g: ts[100][g] / ts[2][g] for g in ts[2] if g in ts[100] and ts[2][g]}
-    flush_rows = [r for r in flush if r.get("mode") in ("async", "sync")]
-    recovery = [r for r in flush if "recovered" in r]
+    flush_rows = [r for r in flush if r.get("mode") in ("async", "sync", "retry")]
+    recovery = [r for r in flush if "open_total_s" in r]  # recovery runs (throughput rows report recovered too)
     latency = next((r for r in flush if "latency_ops" in r), None)
 
     def ratio(s, t, peer):
         return scenarios.get(s, {}).get(str(t), {}).get("idem_ratio", {}).get(peer)
 
     def flush_rate(store, mode, field):
-        r = next((x for x in flush_rows if x["store"] == store and x["mode"] == mode), None)
+        # The targets hold for random-order keys on a store without preloaded records (rows
+        # written before issue 14 carry no "keys": they were sequential).
+        r = next((x for x in flush_rows if x["store"] == store and x["mode"] == mode
+                  and x.get("keys") == "random" and not x.get("preload")), None)
         return r.get(field) if r else None
 
     targets = []
@@ -194,8 +197,8 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=()):
     target("fresh keys, 1 thread: idem / redis (one client)", ratio("fresh_begin_succeed", 1, "redis"), 1000, "x")
     target("fresh keys, 1 thread: idem / postgres (per request)", ratio("fresh_begin_succeed", 1, "postgres"), 10000, "x")
     target("fresh keys: idem 100 threads / 2 threads", scaling.get("fresh_begin_succeed", {}).get("idem"), 0.5, "x")
-    target("flusher async, SQLite", flush_rate("sqlite", "async", "transitions_per_sec"), 200000, "transitions/s")
-    target("flusher async, PostgreSQL", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
+    target("flusher async, SQLite (random keys)", flush_rate("sqlite", "async", "transitions_per_sec"), 200000, "transitions/s")
+    target("flusher async, PostgreSQL (random keys)", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
     target("sync acknowledgements, PostgreSQL", flush_rate("postgresql", "sync", "acks_per_sec"), 20000, "acks/s")
     target("sync begin p99 wait, PostgreSQL", flush_rate("postgresql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
     storm = summarize_storm(storm_rows)
@@ -340,17 +343,58 @@ def table_memory(results):
     return "\n".join(lines) + "\n"
 
 
+def keys_label(r):
+    """The key order of a flush row, with the records preloaded into its store."""
+    label = r.get("keys", "sequential")
+    if label == "sequential":
+        label = "**sequential**"  # the older, flattering figure: marked wherever it stands
+    if r.get("preload"):
+        label += f", store preloaded with {r['preload']:,}"
+    return label
+
+
 def table_flush(results):
-    lines = ["| store | mode | threads | operations | transitions/s committed | acknowledged ops/s | begin p50 ms | begin p99 ms | begin max ms | failures |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| store | mode | keys | threads | operations | transitions/s committed | pairs/s (claim + succeed) | "
+             "acknowledged ops/s | begin p50 ms | begin p99 ms | begin max ms | refusals | flusher CPU ns / transition | failures |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["flush"]:
-        lines.append(f"| {r['store']} | {r['mode']} | {r['threads']} | {r['ops']:,} | {r['transitions_per_sec']:,.0f} | "
-                     f"{r['acks_per_sec']:,.0f} | {r['begin_ms_p50']:.3f} | {r['begin_ms_p99']:.3f} | {r['begin_ms_max']:.3f} | {r['failures']} |")
+        cpu = r.get("flusher_cpu_ns_per_transition")
+        lines.append(f"| {r['store']} | {r['mode']} | {keys_label(r)} | {r['threads']} | {r['ops']:,} | "
+                     f"{r['transitions_per_sec']:,.0f} | {r['transitions_per_sec'] / 2:,.0f} | {r['acks_per_sec']:,.0f} | "
+                     f"{r['begin_ms_p50']:.3f} | {r['begin_ms_p99']:.3f} | {r['begin_ms_max']:.3f} | "
+                     f"{r.get('backpressure', 0):,} | {'n/a' if cpu is None else f'{cpu:,.0f}'} | {r['failures']} |")
+    pre = [r for r in results["flush"] if r.get("preload")]
+    if pre:
+        lines.append("")
+        lines.append("Preloaded stores: " + "; ".join(
+            f"{r['store']} {r['mode']}, {r['preload']:,} records: prepared in {r['preload_s']:.1f} s "
+            f"({'copied from the cached template' if r.get('preload_cached') else 'built'}), "
+            f"recovered into the table in {r['recovery_s']:.1f} s (untimed)" for r in pre) + ".")
     lines.append("")
     lines.append("| store | records recovered | recovery (load into the table) s | constructor total s |")
     lines.append("|---|---|---|---|")
     for r in results["recovery"]:
         lines.append(f"| {r['store']} | {r['recovered']:,} | {r['recovery_s']:.3f} | {r['open_total_s']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_flusher_cpu(results):
+    """Flusher CPU time per committed transition, per store, mode and keys: the async, retry and sync
+    rows of the durable table and both halves of each retry storm run (medians over repetitions)."""
+    cells = defaultdict(list)
+    for r in results["flush"]:
+        if r.get("flusher_cpu_ns_per_transition") is not None:
+            cells[(r["store"], r["mode"], keys_label(r), r["threads"])].append(r["flusher_cpu_ns_per_transition"])
+    for r in results.get("storm_runs", []):
+        if r.get("flusher_cpu_ns_per_transition") is not None:
+            cells[(r["store"], "storm", keys_label(r), r["threads"])].append(r["flusher_cpu_ns_per_transition"])
+            cells[(r["store"], "storm: plain half", keys_label(r), r["threads"])].append(
+                r["plain_flusher_cpu_ns_per_transition"])
+    if not cells:
+        return "_not measured in this run_\n"
+    lines = ["| store | mode | keys | threads | flusher CPU ns per committed transition | runs |", "|---|---|---|---|---|---|"]
+    for (store, mode, keys, threads), v in sorted(cells.items(), key=lambda x: (x[0][0] != "sqlite", x[0])):
+        lines.append(f"| {store} | {mode} | {keys} | {threads} | {statistics.median(v):,.0f} | {len(v)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -401,6 +445,7 @@ def main():
     ap.add_argument("--command", default="scripts/bench")
     ap.add_argument("--started", default="")
     ap.add_argument("--machine", default="")
+    ap.add_argument("--commit", default="", help="the git commit the benchmarks were built from")
     a = ap.parse_args()
 
     guards, context, problems = load_guards(os.path.join(a.dir, "guards.json"))
@@ -412,6 +457,7 @@ def main():
     meta = {
         "date": a.started,
         "command": a.command,
+        "commit": a.commit,
         "machine": a.machine,
         "compiler": context.get("compiler", ""),
         "cxx_flags": context.get("cxx_flags", ""),
@@ -422,6 +468,7 @@ def main():
         "cpu_scaling_enabled": context.get("cpu_scaling_enabled"),
     }
     results = build_results(guards, memory, flush, meta, problems, storm_rows)
+    results["storm_runs"] = storm_rows
     results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
     results["plots"] = plots(results, a.dir)
     with open(os.path.join(a.dir, "results.json"), "w", encoding="utf-8") as f:
@@ -437,6 +484,7 @@ def main():
             "MEMORY": table_memory(results),
             "FLUSH": table_flush(results),
             "STORM": table_storm(results),
+            "FLUSHER_CPU": table_flusher_cpu(results),
             "LATENCY": table_latency(results),
             "GLOBAL": table_global(results),
             "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
