@@ -8,6 +8,11 @@
 //                       store's rules (sqlite_store::check_path): ":memory:" and "file:" URIs are
 //                       refused, since the tool offers no temporary SQLite store (`memory` is the
 //                       store that keeps nothing)
+//   rocksdb:DIR         idem::rocksdb_store, one database directory (an LSM tree), when this build
+//                       has it (IDEM_HAVE_ROCKSDB, set by tools/CMakeLists.txt when the idem::rocksdb
+//                       target exists); created when missing, except by the read-only subcommands.
+//                       RocksDB locks DIR/LOCK while a store is open, so audit, verify and stats
+//                       are refused while a writer runs
 //   postgresql://...    idem::postgres_store (also postgres://...), when this build has it
 //                       (IDEM_HAVE_POSTGRES, set by tools/CMakeLists.txt when the idem::postgres
 //                       target exists)
@@ -37,28 +42,41 @@
 #ifdef IDEM_HAVE_POSTGRES
 #include "idem/postgres_store.hpp"
 #endif
+#ifdef IDEM_HAVE_ROCKSDB
+#include "idem/rocksdb_store.hpp"
+#define IDEM_TOOL_ROCKSDB_URI ", rocksdb:DIR"
+#else
+#define IDEM_TOOL_ROCKSDB_URI ""
+#endif
 
 namespace idem::tool {
 
 /// Whether this build can open postgresql:// URIs.
 #ifdef IDEM_HAVE_POSTGRES
 inline constexpr bool have_postgres = true;
-inline constexpr const char* accepted_stores = "memory, sqlite:PATH, postgresql://USER@HOST:PORT/DB";
-inline constexpr const char* durable_stores = "sqlite:PATH, postgresql://USER@HOST:PORT/DB";
+inline constexpr const char* accepted_stores =
+    "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI ", postgresql://USER@HOST:PORT/DB";
+inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI ", postgresql://USER@HOST:PORT/DB";
 #else
 inline constexpr bool have_postgres = false;
-inline constexpr const char* accepted_stores = "memory, sqlite:PATH";
-inline constexpr const char* durable_stores = "sqlite:PATH";
+inline constexpr const char* accepted_stores = "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI;
+inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI;
+#endif
+/// Whether this build can open rocksdb: URIs.
+#ifdef IDEM_HAVE_ROCKSDB
+inline constexpr bool have_rocksdb = true;
+#else
+inline constexpr bool have_rocksdb = false;
 #endif
 
 /// Deadline of every PostgreSQL call (connect, batch, read); a paused server would block forever.
 inline constexpr std::chrono::milliseconds postgres_call_deadline{5000};
 
 struct store_spec {
-    enum class kind { memory, sqlite, postgres };
+    enum class kind { memory, sqlite, postgres, rocksdb };
     kind type = kind::memory;
     std::string uri;   ///< as given, for reports
-    std::string path;  ///< sqlite: the database file
+    std::string path;  ///< sqlite: the database file; rocksdb: the database directory
     [[nodiscard]] bool durable() const noexcept { return type != kind::memory; }
 };
 
@@ -85,6 +103,16 @@ inline std::optional<store_spec> parse_store(std::string_view uri, std::string* 
             return std::nullopt;
         }
         return store_spec{store_spec::kind::sqlite, std::string(uri), std::string(path)};
+    }
+    if (uri.starts_with("rocksdb:")) {
+        std::string_view path = uri.substr(8);
+        if (path.starts_with("//")) path.remove_prefix(2);  // rocksdb://PATH is accepted too
+        if (!have_rocksdb)
+            return refuse("is a RocksDB store, which this build does not include (it needs librocksdb-dev, so that "
+                          "the idem::rocksdb CMake target exists when the tool is configured)");
+        if (path.empty()) return refuse("names no database directory (write rocksdb:DIR)");
+        if (path.find('\0') != std::string_view::npos) return refuse("holds a NUL byte");
+        return store_spec{store_spec::kind::rocksdb, std::string(uri), std::string(path)};
     }
     if (uri.starts_with("postgresql://") || uri.starts_with("postgres://")) {
         // PLUG-IN: postgres (1 of 2): the URI is accepted only when the store is built in.
@@ -129,7 +157,7 @@ enum class open_mode {
 };
 
 /// Opens a durable store. `mode` selects the SQLite synchronous level (FULL for sync durability, so a
-/// commit survives power loss; NORMAL for async). Throws idem::error naming the store and the cause.
+/// commit survives power loss; NORMAL for async) and RocksDB's WAL fsync per batch (sync only). Throws idem::error naming the store and the cause.
 inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::durability mode = idem::durability::sync,
                                                open_mode how = open_mode::create) {
     switch (spec.type) {
@@ -148,6 +176,16 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
             if (how == open_mode::create) so.writer_lock = idem::sqlite_lock::at_open;
             return std::make_unique<idem::sqlite_store>(spec.path, so);
         }
+        case store_spec::kind::rocksdb:
+#ifdef IDEM_HAVE_ROCKSDB
+            if (how == open_mode::existing && ::access((spec.path + "/CURRENT").c_str(), F_OK) != 0)
+                throw idem::error(idem::errc::invalid_argument,
+                                  "rocksdb:" + spec.path + ": no RocksDB database in this directory (nothing to read; "
+                                                           "check the path)");
+            return std::make_unique<idem::rocksdb_store>(spec.path, mode == idem::durability::sync);
+#else
+            break;
+#endif
         case store_spec::kind::postgres:
             // PLUG-IN: postgres (2 of 2): the one place a PostgreSQL store is opened.
 #ifdef IDEM_HAVE_POSTGRES

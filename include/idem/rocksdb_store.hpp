@@ -281,6 +281,14 @@ public:
         return deleted;
     }
 
+    /// Compacts the whole key range now, which runs the window's compaction filter over every
+    /// record (RocksDB otherwise compacts in the background as files accumulate).
+    void compact() {
+        ensure_open();
+        const rocksdb::Status s = db_->CompactRange(rocksdb::CompactRangeOptions(), nullptr, nullptr);
+        if (!s.ok()) fail(s, "compact");
+    }
+
     /// Whether a record in `state` last updated at `updated_ms` is past a window that ends at
     /// `before_ms`: terminal or RELEASED, and older. PROCESSING records are never pruned.
     [[nodiscard]] static bool expired(record_state state, std::int64_t updated_ms, std::int64_t before_ms) noexcept {
@@ -494,7 +502,7 @@ private:
                 return "no permission to read and write in the directory" + because(e);
             return {};
         }
-        if (const int e = errno; e != ENOENT) return "the path cannot be reached" + because(e);
+        if (const int e = errno; e != ENOENT && e != ENOTDIR) return "the path cannot be reached" + because(e);
         std::string parent = path;
         while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
         const std::size_t slash = parent.find_last_of('/');
