@@ -8,8 +8,13 @@
 // audit(), scan_audit(), idem::verify(), and a full durable_guard recovery (restore into the table,
 // compensation of expired claims, then a begin on a recovered key and a flush).
 //
+// The same input is first decoded as a rocksdb_store record value and audit value (include/idem/
+// detail/rocksdb_codec.hpp, no database needed): any bytes must decode, or raise corrupt_record,
+// and what decodes must encode and decode again to the same record.
+//
 // Corrupt or hostile rows must give idem::error (or a clean start); anything else escaping, a
 // crash, a leak or undefined behaviour (ASan + UBSan) is a finding.
+#include <idem/detail/rocksdb_codec.hpp>
 #include <idem/durable.hpp>
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
@@ -237,7 +242,31 @@ void recover(const std::string& path) {
 
 }  // namespace
 
+/// rocksdb_store's value decoders over the raw input: decode or corrupt_record, never a crash.
+void rocksdb_values(const std::uint8_t* data, std::size_t size) {
+    namespace codec = idem::detail::rocksdb_codec;
+    const std::string_view value(reinterpret_cast<const char*>(data), size);
+    try {
+        const idem::stored_record r = codec::decode_record("fuzz: ", "TX1_PAY_v1", value);
+        if (codec::decode_record("fuzz: ", "TX1_PAY_v1", codec::encode_record(r)) != r) std::abort();
+    } catch (const idem::error& e) {
+        if (e.kind() != idem::errc::corrupt_record) std::abort();
+    }
+    try {
+        const idem::audit_entry a = codec::decode_audit("fuzz: ", codec::audit_key("TX1_PAY_v1", 7), value);
+        if (a.key != "TX1_PAY_v1" || a.sequence != 7) std::abort();
+    } catch (const idem::error& e) {
+        if (e.kind() != idem::errc::corrupt_record) std::abort();
+    }
+    try {
+        (void)codec::decode_audit("fuzz: ", value, value);  // the input as an audit key, too
+    } catch (const idem::error& e) {
+        if (e.kind() != idem::errc::corrupt_record) std::abort();
+    }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    rocksdb_values(data, size);
     // tmpfs when there is one: the target writes and reads a fresh database for every input
     static const std::string path = std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
                                     "/idem_fuzz_recovery_" + std::to_string(::getpid()) + ".db";
