@@ -10,7 +10,8 @@
 // binary; one that does not decode is corrupt_record naming the key and the field.
 //
 // A batch is one rocksdb::WriteBatch: its audit rows, the records it changes, its batch marker and
-// the two counters, written atomically. The records it may change are read first with one MultiGet
+// the two counters, written atomically, in ascending key order (so each memtable insert starts
+// from the previous one). The records it may change are read first with one MultiGet
 // (the flusher is the only writer, so nothing changes between that read and the write), and folded
 // as memory_store does (store.hpp): rows in seq order, a row below the record's fence skipped,
 // lease and fingerprint from PROCESSING rows only, created_time from the first insert, and at the
