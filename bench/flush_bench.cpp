@@ -1,6 +1,6 @@
 // flush_bench: what the durable pipeline sustains, per store (docs/benchmarks.md, "Durability").
 //
-//   flush_bench --store sqlite:/tmp/f.db|postgresql://... --mode async|sync --threads T --ops N
+//   flush_bench --store sqlite:/tmp/f.db|postgresql://...|rocksdb:DIR --mode async|sync --threads T --ops N
 //   flush_bench --store ... --recovery N      # write N records, reopen, time the recovery
 //   flush_bench --store sqlite:... --latency N  # begin() latency with and without a busy flusher
 //   flush_bench --store ... --mode storm --threads T --ops N [--first plain|storm]
@@ -133,7 +133,7 @@ std::unique_ptr<idem::store> open_store(const std::string& uri, bool sync, bool 
         return std::make_unique<idem::sqlite_store>(path, sync);
     }
 #if IDEM_BENCH_HAVE_ROCKSDB
-    // ROCKSDB: the constructor as include/idem/rocksdb_store.hpp declares it.
+    // rocksdb_store(path, sync): sync asks for a synced WAL write per batch, as full_sync does for SQLite.
     if (uri.rfind("rocksdb:", 0) == 0) {
         const std::string dir = uri.substr(8);
         if (fresh) std::filesystem::remove_all(dir);

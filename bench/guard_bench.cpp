@@ -370,6 +370,11 @@ struct unguarded {
 template <bool Sequential>
 struct overhead_tag {};
 
+/// The durable guard's flusher counters at the start of an overhead run (thread 0 takes them).
+struct flusher_mark {
+    std::uint64_t cpu_ns = 0, transitions = 0;
+};
+
 template <class G, bool Sequential = false>
 void overhead_10us(benchmark::State& state) {
     using sh = shared<G, overhead_tag<Sequential>>;
@@ -389,6 +394,12 @@ void overhead_10us(benchmark::State& state) {
         }
         sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
     }
+    static flusher_mark mark;  // thread 0 only
+    if constexpr (requires(G& d) { d.snapshot().flusher_cpu_ns; })
+        if (state.thread_index() == 0 && sh::guard) {
+            const auto s = sh::guard->snapshot();
+            mark = {s.flusher_cpu_ns, s.flushed_transitions};
+        }
     G* g = nullptr;
     std::size_t i = first;
     std::uint64_t unexpected = 0;
@@ -421,6 +432,18 @@ void overhead_10us(benchmark::State& state) {
         ++i;
     }
     report(state, sh::start_ns, unexpected);
+    // The durable guard: what its flusher did while the operations ran (after the stop barrier;
+    // rows still queued are flushed after timing, by the guard's destructor). flusher_cpu_ns_per_op:
+    // the flusher's CPU time per guarded operation (two transitions), the core it takes from the
+    // callers on a machine with as many cores as callers; flushed_share: transitions committed
+    // during the run / transitions made.
+    if constexpr (requires(G& d) { d.snapshot().flusher_cpu_ns; })
+        if (state.thread_index() == 0 && sh::guard) {
+            const auto s = sh::guard->snapshot();
+            const double ops = static_cast<double>(state.iterations()) * state.threads();
+            state.counters["flusher_cpu_ns_per_op"] = static_cast<double>(s.flusher_cpu_ns - mark.cpu_ns) / ops;
+            state.counters["flushed_share"] = static_cast<double>(s.flushed_transitions - mark.transitions) / (2 * ops);
+        }
     if constexpr (guarded)
         if (state.thread_index() == 0) sh::guard.reset();
 }

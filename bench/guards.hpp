@@ -120,6 +120,9 @@ public:
     claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_->begin(k, fingerprint)}; }
     bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
 
+    /// The guard's and the flusher's counters (flusher_cpu_ns, flushed_transitions, backpressure).
+    [[nodiscard]] idem::stats snapshot() { return g_.snapshot(); }
+
 private:
     static std::unique_ptr<idem::store> open(const std::string& path) {
         // A fresh start: PATH.lock too (the store refuses a missing file whose lock names a writer).
