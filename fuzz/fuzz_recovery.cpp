@@ -158,16 +158,24 @@ bool build(const std::string& path, reader& r) {
     }
     sqlite3_stmt* rec = nullptr;
     sqlite3_stmt* aud = nullptr;
-    ok = ok && sqlite3_prepare_v2(db, "INSERT INTO idempotent_record VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)", -1, &rec,
-                                  nullptr) == SQLITE_OK;
-    if (ok && audit_table)
-        ok = sqlite3_prepare_v2(db, "INSERT INTO idempotent_audit VALUES (?1,?2,?3,?4,?5,?6,?7,?8)", -1, &aud,
-                                nullptr) == SQLITE_OK;
+    // The library's own schema is version 2 (a record's last_audit, an audit row's previous: the
+    // chain audit() follows, fuzzed like every other column); the lax one is version 1, which the
+    // store upgrades in place when it opens the file.
+    const char* record_sql = own_schema ? "INSERT INTO idempotent_record (idempotent_key, biz_type, status, "
+                                          "fencing_token, lease_until, outcome, request_fingerprint, created_time, "
+                                          "updated_time, last_audit) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)"
+                                        : "INSERT INTO idempotent_record VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)";
+    const char* audit_sql = own_schema ? "INSERT INTO idempotent_audit (sequence, idempotent_key, from_status, "
+                                         "to_status, fencing_token, node, at_time, detail, previous) VALUES "
+                                         "(?1,?2,?3,?4,?5,?6,?7,?8,?9)"
+                                       : "INSERT INTO idempotent_audit VALUES (?1,?2,?3,?4,?5,?6,?7,?8)";
+    ok = ok && sqlite3_prepare_v2(db, record_sql, -1, &rec, nullptr) == SQLITE_OK;
+    if (ok && audit_table) ok = sqlite3_prepare_v2(db, audit_sql, -1, &aud, nullptr) == SQLITE_OK;
     for (int rows = 0; ok && r.n > 0 && rows < 64; ++rows) {
         const bool audit = aud != nullptr && (r.byte() & 1);
         sqlite3_stmt* s = audit ? aud : rec;
         sqlite3_reset(s);
-        const int cols = audit ? 8 : 9;
+        const int cols = (audit ? 8 : 9) + (own_schema ? 1 : 0);
         for (int c = 1; c <= cols; ++c) bind(s, c, r, audit ? c == 2 : c == 1);
         sqlite3_step(s);  // a refused row (duplicate key, ...) is simply not there
     }

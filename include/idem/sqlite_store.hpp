@@ -163,7 +163,7 @@ public:
     sqlite_store(const sqlite_store&) = delete;
     sqlite_store& operator=(const sqlite_store&) = delete;
 
-    static constexpr int schema_version = 1;
+    static constexpr int schema_version = 2;
 
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
         ensure_open();
@@ -179,12 +179,14 @@ public:
             step_done(b, "insert batch id");
             std::size_t first_of_key = 0;        // the key's first row in this batch (created_time)
             const store_row* claim = nullptr;    // the key's last PROCESSING row (lease, fingerprint)
+            std::int64_t previous = 0;           // the key's latest audit row (the chain audit() follows)
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 const store_row& r = rows[i];
                 const auto k = r.t.k.view();
                 if (i == 0 || rows[i - 1].t.k.view() != k) {
                     first_of_key = i;
                     claim = nullptr;
+                    previous = last_audit(k);
                 }
                 if (r.t.to == record_state::processing) claim = &r;
                 sqlite3_stmt* a = audit_stmt_;
@@ -199,8 +201,10 @@ public:
                 const int n = std::snprintf(detail, sizeof detail, "%s outcome=%llu", to_string(r.t.cause),
                                             static_cast<unsigned long long>(r.t.outcome));
                 sqlite3_bind_text(a, 7, detail, n, SQLITE_TRANSIENT);
-                sqlite3_bind_int64(a, 8, sequence++);
+                sqlite3_bind_int64(a, 8, sequence);
+                sqlite3_bind_int64(a, 9, previous);
                 step_done(a, "insert audit row");
+                previous = sequence++;
                 const bool last_of_key = i + 1 == rows.size() || rows[i + 1].t.k.view() != k;
                 if (!last_of_key) continue;
                 // One upsert per key with the batch's net effect, as if the rows were applied one by
@@ -219,6 +223,7 @@ public:
                 sqlite3_bind_int64(u, 8, r.at_ms);
                 sqlite3_bind_int(u, 9, claim ? 1 : 0);
                 sqlite3_bind_int64(u, 10, rows[first_of_key].at_ms);
+                sqlite3_bind_int64(u, 11, previous);
                 step_done(u, "upsert record");
             }
             sqlite3_reset(sequence_stmt_);
@@ -289,16 +294,45 @@ public:
         return out;
     }
 
+    /// The key's audit rows, found by following the chain from its record's last_audit back
+    /// through each row's `previous` (one rowid lookup per row). A key with no record (or none
+    /// that points at its history) is looked for by a scan of the whole audit table.
     std::vector<audit_entry> audit(std::string_view key) override {
         ensure_open();
         std::vector<audit_entry> out;
-        scan_audit_where("WHERE idempotent_key = ?1 ORDER BY idempotent_key, sequence", key, [&](const audit_entry& a) { out.push_back(a); });
+        std::int64_t at = last_audit(key);
+        if (at == 0) {
+            scan_audit_where("WHERE idempotent_key = ?1 ORDER BY sequence", key,
+                             [&](const audit_entry& a, std::int64_t) { out.push_back(a); });
+            return out;
+        }
+        const std::string_view by_sequence = "WHERE sequence = ?1";
+        while (at != 0) {
+            bool found = false;
+            std::int64_t previous = 0;
+            scan_audit_where(by_sequence, std::nullopt,
+                             [&](const audit_entry& a, std::int64_t prev) {
+                                 found = true;
+                                 previous = prev;
+                                 out.push_back(a);
+                             },
+                             at);
+            const std::string row = "audit row " + std::to_string(at) + " of key '" + key::printable(key) + "'";
+            if (!found) throw error(errc::corrupt_record, where() + row + " is missing (the key's chain of audit rows is broken)");
+            if (out.back().key != key)
+                throw error(errc::corrupt_record, where() + row + " belongs to key '" + key::printable(out.back().key) + "'");
+            if (previous < 0 || previous >= at)
+                throw error(errc::corrupt_record, where() + row + " has previous = " + std::to_string(previous) +
+                                                      "; it must be 0 or an earlier sequence");
+            at = previous;
+        }
+        std::reverse(out.begin(), out.end());
         return out;
     }
 
     void scan_audit(const std::function<void(const audit_entry&)>& fn) override {
         ensure_open();
-        scan_audit_where("ORDER BY idempotent_key, sequence", {}, fn);
+        scan_audit_where("ORDER BY idempotent_key, sequence", {}, [&](const audit_entry& a, std::int64_t) { fn(a); });
     }
 
     /// Runs fn (load, scan_audit, get, audit) in one read transaction on this connection: under WAL
@@ -602,51 +636,20 @@ private:
             exec("PRAGMA journal_mode=WAL", "enable WAL");
             exec(full_sync_ ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", "set synchronous");
             exec("PRAGMA cache_size=-65536", "set cache size");
+            // With random keys a batch dirties more pages than the default 1,000-page checkpoint
+            // threshold, which then checkpointed (and fsynced) after every batch.
+            exec("PRAGMA wal_autocheckpoint=16384", "set checkpoint threshold");
             exec("BEGIN IMMEDIATE", "begin schema");
-            exec(R"SQL(
-CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
-CREATE TABLE IF NOT EXISTS idempotent_record (
-  idempotent_key      VARCHAR(128) PRIMARY KEY,
-  biz_type            VARCHAR(32)  NOT NULL,
-  status              VARCHAR(16)  NOT NULL CHECK (status IN ('PROCESSING','SUCCESS','FAILED','RELEASED')),
-  fencing_token       BIGINT       NOT NULL,
-  lease_until         BIGINT       NOT NULL,
-  outcome             BIGINT       NOT NULL,
-  request_fingerprint BIGINT       NOT NULL,
-  created_time        BIGINT       NOT NULL,
-  updated_time        BIGINT       NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idx_idempotent_record_biz_status ON idempotent_record (biz_type, status);
-CREATE TABLE IF NOT EXISTS idempotent_audit (
-  sequence       BIGINT       NOT NULL,
-  idempotent_key VARCHAR(128) NOT NULL,
-  from_status    VARCHAR(16)  NOT NULL,
-  to_status      VARCHAR(16)  NOT NULL,
-  fencing_token  BIGINT       NOT NULL,
-  node           VARCHAR(64)  NOT NULL,
-  at_time        BIGINT       NOT NULL,
-  detail         TEXT         NOT NULL,
-  PRIMARY KEY (idempotent_key, sequence)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, committed_time BIGINT NOT NULL);
-)SQL",
-                 "create schema");
-            sqlite3_stmt* v = prepare("SELECT version FROM idem_schema");
-            int rc2 = sqlite3_step(v);
-            const int version = rc2 == SQLITE_ROW ? sqlite3_column_int(v, 0) : 0;
-            sqlite3_finalize(v);
-            if (rc2 == SQLITE_DONE) exec("INSERT INTO idem_schema (version) VALUES (1)", "record schema version");
-            else if (version != schema_version)
-                throw error(errc::store_error, "sqlite:" + path_ + ": schema version " + std::to_string(version) +
-                                                   " is not the supported version 1");
+            create_or_upgrade_schema();
             exec("COMMIT", "commit schema");
             audit_stmt_ = prepare(
                 "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, "
-                "detail, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-            // The audit table is keyed by (key, sequence), so MAX(sequence) would scan it: the next
-            // sequence is kept in idem_schema and advanced in each batch's transaction.
+                "detail, sequence, previous) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+            last_audit_stmt_ = prepare("SELECT last_audit FROM idempotent_record WHERE idempotent_key = ?1");
+            // The next sequence is kept in idem_schema and advanced in each batch's transaction
+            // (MAX(sequence) would do as well now that sequence is the rowid; version 1 needed it).
             sqlite3_stmt* m = prepare("SELECT next_sequence FROM idem_schema");
-            rc2 = sqlite3_step(m);
+            int rc2 = sqlite3_step(m);
             try {
                 next_sequence_ = rc2 == SQLITE_ROW ? integer(m, 0, "idem_schema") : 1;
             } catch (...) {
@@ -661,20 +664,31 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
                                                       std::to_string(next_sequence_) +
                                                       "; it must be between 1 and 2^62 (damaged file?)");
             sequence_stmt_ = prepare("UPDATE idem_schema SET next_sequence = ?1");
-            upsert_stmt_ = prepare(
-                "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
-                "request_fingerprint, created_time, updated_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8) "
-                "ON CONFLICT (idempotent_key) DO UPDATE SET status = excluded.status, "
-                "fencing_token = excluded.fencing_token, outcome = excluded.outcome, "
-                "lease_until = CASE WHEN ?9 THEN excluded.lease_until ELSE idempotent_record.lease_until END, "
-                "request_fingerprint = CASE WHEN ?9 THEN excluded.request_fingerprint "
-                "ELSE idempotent_record.request_fingerprint END, updated_time = excluded.updated_time "
-                // The fence guard: a lower fence never overwrites a higher one, and at the same fence a
-                // terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED.
-                "WHERE idempotent_record.fencing_token < excluded.fencing_token "
+            // The fence guard, per column rather than as the upsert's WHERE, because last_audit must
+            // follow every audit row, also one whose record change the guard refuses: a lower fence
+            // never overwrites a higher one, and at the same fence a terminal record (SUCCESS,
+            // FAILED) is never taken back to PROCESSING or RELEASED.
+            static constexpr const char* guard =
+                "(idempotent_record.fencing_token < excluded.fencing_token "
                 "OR (idempotent_record.fencing_token = excluded.fencing_token "
                 "AND (idempotent_record.status NOT IN ('SUCCESS', 'FAILED') "
-                "OR excluded.status IN ('SUCCESS', 'FAILED')))");
+                "OR excluded.status IN ('SUCCESS', 'FAILED'))))";
+            auto guarded = [](const char* column, const std::string& value) {
+                return std::string(column) + " = CASE WHEN " + guard + " THEN " + value + " ELSE idempotent_record." +
+                       column + " END";
+            };
+            const std::string upsert =
+                "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+                "request_fingerprint, created_time, updated_time, last_audit) "
+                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?11) ON CONFLICT (idempotent_key) DO UPDATE SET " +
+                guarded("status", "excluded.status") + ", " + guarded("fencing_token", "excluded.fencing_token") +
+                ", " + guarded("outcome", "excluded.outcome") + ", " +
+                guarded("lease_until", "CASE WHEN ?9 THEN excluded.lease_until ELSE idempotent_record.lease_until END") +
+                ", " +
+                guarded("request_fingerprint",
+                        "CASE WHEN ?9 THEN excluded.request_fingerprint ELSE idempotent_record.request_fingerprint END") +
+                ", " + guarded("updated_time", "excluded.updated_time") + ", last_audit = excluded.last_audit";
+            upsert_stmt_ = prepare(upsert.c_str());
             batch_stmt_ = prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
             if (!temporary_) note_files(first);
         } catch (...) {
@@ -685,7 +699,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     }
 
     void close() noexcept {
-        for (sqlite3_stmt** s : {&audit_stmt_, &upsert_stmt_, &batch_stmt_, &sequence_stmt_}) {
+        for (sqlite3_stmt** s : {&audit_stmt_, &upsert_stmt_, &batch_stmt_, &sequence_stmt_, &last_audit_stmt_}) {
             sqlite3_finalize(*s);
             *s = nullptr;
         }
@@ -760,6 +774,108 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
         return {};
     }
 
+    /// Inside the open's schema transaction: creates the current layout in an empty file, or
+    /// upgrades a version 1 file in place, or refuses a version it does not know.
+    ///
+    /// Version 2 (why: random-order keys). Each batch appends its audit rows at the end of a table
+    /// keyed by sequence (the rowid), instead of inserting them into a B-tree ordered by
+    /// (key, sequence), and keeps no (biz_type, status) index: with keys that arrive in random
+    /// order (client UUIDs) each of those dirtied about one page per row, so every commit wrote
+    /// several pages per row to the log (docs/stores.md, "Layout"). A key's audit rows are chained:
+    /// each names the key's previous row, and the record names the latest (last_audit), so
+    /// audit(key) stays a few rowid lookups.
+    void create_or_upgrade_schema() {
+        int version = 0;
+        sqlite3_stmt* v = nullptr;
+        if (sqlite3_prepare_v2(db_, "SELECT version FROM idem_schema", -1, &v, nullptr) == SQLITE_OK) {
+            // The table exists (an empty file has none): it must hold one integer version.
+            const int rc = sqlite3_step(v);
+            try {
+                if (rc == SQLITE_ROW) version = static_cast<int>(integer(v, 0, "idem_schema"));
+            } catch (...) {
+                sqlite3_finalize(v);
+                throw;
+            }
+            sqlite3_finalize(v);
+            if (rc == SQLITE_DONE)
+                throw error(errc::corrupt_record, where() + "idem_schema has no version row (damaged file?)");
+            if (rc != SQLITE_ROW) fail(rc, "read schema version");
+            if (version == 0) version = -1;  // not a version any writer wrote
+        }
+        if (version == schema_version) return;
+        if (version == 1) {
+            exec(R"SQL(
+ALTER TABLE idempotent_record ADD COLUMN last_audit BIGINT NOT NULL DEFAULT 0;
+DROP INDEX IF EXISTS idx_idempotent_record_biz_status;
+ALTER TABLE idempotent_audit RENAME TO idempotent_audit_v1;
+)SQL",
+                 "upgrade schema 1 to 2");
+            exec(audit_table_sql, "upgrade schema 1 to 2: create audit table");
+            exec(R"SQL(
+INSERT INTO idempotent_audit (sequence, previous, idempotent_key, from_status, to_status, fencing_token, node,
+                              at_time, detail)
+  SELECT sequence, COALESCE(LAG(sequence) OVER (PARTITION BY idempotent_key ORDER BY sequence), 0), idempotent_key,
+         from_status, to_status, fencing_token, node, at_time, detail
+  FROM idempotent_audit_v1 ORDER BY sequence;
+UPDATE idempotent_record SET last_audit = COALESCE(
+  (SELECT MAX(a.sequence) FROM idempotent_audit_v1 a WHERE a.idempotent_key = idempotent_record.idempotent_key), 0);
+DROP TABLE idempotent_audit_v1;
+UPDATE idem_schema SET version = 2;
+)SQL",
+                 "upgrade schema 1 to 2: copy audit rows");
+            return;
+        }
+        if (version != 0)
+            throw error(errc::store_error, where() + "schema version " + std::to_string(version) +
+                                               " is not one this library reads (1, upgraded in place, or 2)");
+        exec(R"SQL(
+CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS idempotent_record (
+  idempotent_key      VARCHAR(128) PRIMARY KEY,
+  biz_type            VARCHAR(32)  NOT NULL,
+  status              VARCHAR(16)  NOT NULL CHECK (status IN ('PROCESSING','SUCCESS','FAILED','RELEASED')),
+  fencing_token       BIGINT       NOT NULL,
+  lease_until         BIGINT       NOT NULL,
+  outcome             BIGINT       NOT NULL,
+  request_fingerprint BIGINT       NOT NULL,
+  created_time        BIGINT       NOT NULL,
+  updated_time        BIGINT       NOT NULL,
+  last_audit          BIGINT       NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, committed_time BIGINT NOT NULL);
+INSERT INTO idem_schema (version) VALUES (2);
+)SQL",
+             "create schema");
+        exec(audit_table_sql, "create audit table");
+    }
+
+    static constexpr const char* audit_table_sql = R"SQL(
+CREATE TABLE IF NOT EXISTS idempotent_audit (
+  sequence       INTEGER      PRIMARY KEY,
+  previous       BIGINT       NOT NULL,
+  idempotent_key VARCHAR(128) NOT NULL,
+  from_status    VARCHAR(16)  NOT NULL,
+  to_status      VARCHAR(16)  NOT NULL,
+  fencing_token  BIGINT       NOT NULL,
+  node           VARCHAR(64)  NOT NULL,
+  at_time        BIGINT       NOT NULL,
+  detail         TEXT         NOT NULL
+);
+)SQL";
+
+    /// The key's latest audit row (its record's last_audit), 0 when it has no record.
+    std::int64_t last_audit(std::string_view key) {
+        sqlite3_stmt* s = last_audit_stmt_;
+        sqlite3_reset(s);
+        sqlite3_bind_text(s, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+        const int rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE) return 0;
+        if (rc != SQLITE_ROW) fail(rc, "read the key's latest audit row");
+        const std::int64_t at = integer(s, 0, "record '" + key::printable(key) + "'");
+        sqlite3_reset(s);
+        return at;
+    }
+
     void exec(const char* sql, const char* step) {
         const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
         if (rc != SQLITE_OK) fail(rc, step);
@@ -825,14 +941,18 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
         return r;
     }
 
+    /// Calls fn(row, previous) for each audit row the clause selects; ?1 is bound to `key` or,
+    /// without one, to `sequence`.
     template <class Fn>
-    void scan_audit_where(const char* where, std::optional<std::string_view> key, Fn&& fn) {
+    void scan_audit_where(std::string_view where, std::optional<std::string_view> key, Fn&& fn,
+                          std::int64_t sequence = 0) {
         const std::string sql = std::string(
                                     "SELECT sequence, idempotent_key, from_status, to_status, fencing_token, node, "
-                                    "at_time, detail FROM idempotent_audit ") +
-                                where;
+                                    "at_time, detail, previous FROM idempotent_audit ") +
+                                std::string(where);
         sqlite3_stmt* s = prepare(sql.c_str());
         if (key) sqlite3_bind_text(s, 1, key->data(), static_cast<int>(key->size()), SQLITE_TRANSIENT);
+        else if (sequence != 0) sqlite3_bind_int64(s, 1, sequence);
         try {
             int rc;
             while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -851,7 +971,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
                 a.node = text(s, 5);
                 a.at_ms = integer(s, 6, row);
                 a.detail = text(s, 7);
-                fn(a);
+                fn(a, integer(s, 8, row));
             }
             if (rc != SQLITE_DONE) fail(rc, "read audit trail");
         } catch (...) {
@@ -872,6 +992,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (batch_id BIGINT PRIMARY KEY, commit
     sqlite3_stmt* upsert_stmt_ = nullptr;
     sqlite3_stmt* batch_stmt_ = nullptr;
     sqlite3_stmt* sequence_stmt_ = nullptr;
+    sqlite3_stmt* last_audit_stmt_ = nullptr;
     std::int64_t next_sequence_ = 1;  // audit sequence: this store is the file's only writer
     // Path identity (file stores): the database file the first open found, the log of the latest.
     bool identity_known_ = false;

@@ -1,0 +1,194 @@
+// sqlite_layout_test: the SQLite store's version 2 layout, made for keys that arrive in random
+// order (docs/stores.md, "Layout"). The audit table is appended to in sequence order; a key's rows
+// are chained (previous) from its record's last_audit, so audit(key) follows the chain.
+//
+// * A version 1 file (audit keyed by (key, sequence), a (biz_type, status) index) is upgraded in
+//   place at open: every record and audit row is kept, each key's trail reads as before, new
+//   batches continue the sequence, and verify passes.
+// * The chain holds a row whose record change the fence guard refused (a stale owner's late row).
+// * A key whose record is gone (deleted by hand, as a prune would) still has its trail, by scan.
+// * A broken chain is corrupt_record naming the key and the row, never a short trail.
+#include <idem/sqlite_store.hpp>
+#include <idem/verify.hpp>
+
+#include <gtest/gtest.h>
+
+#include <sqlite3.h>
+
+#include <string>
+#include <vector>
+
+#include "support/store_fixtures.hpp"
+
+namespace {
+
+using idem::errc;
+using idem::record_state;
+using idem::transition_cause;
+using idem_test::row;
+
+void raw_exec(const std::string& db, const std::string& sql) {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << sql << ": " << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(h);
+}
+
+std::int64_t raw_int(const std::string& db, const std::string& sql) {
+    sqlite3* h = nullptr;
+    EXPECT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    sqlite3_stmt* s = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &s, nullptr), SQLITE_OK) << sql << ": " << sqlite3_errmsg(h);
+    std::int64_t v = -1;
+    if (s && sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(h);
+    return v;
+}
+
+/// The trail as "FROM>TO@fence" strings, in the order audit() returns it.
+std::vector<std::string> trail(idem::store& st, const std::string& k) {
+    std::vector<std::string> out;
+    for (const auto& a : st.audit(k))
+        out.push_back(std::string(idem::status_text(a.from)) + ">" + idem::status_text(a.to) + "@" +
+                      std::to_string(a.fence));
+    return out;
+}
+
+// The layout of version 1, as that release created it.
+constexpr const char* version_1_schema = R"SQL(
+CREATE TABLE idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
+CREATE TABLE idempotent_record (
+  idempotent_key VARCHAR(128) PRIMARY KEY, biz_type VARCHAR(32) NOT NULL,
+  status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING','SUCCESS','FAILED','RELEASED')),
+  fencing_token BIGINT NOT NULL, lease_until BIGINT NOT NULL, outcome BIGINT NOT NULL,
+  request_fingerprint BIGINT NOT NULL, created_time BIGINT NOT NULL, updated_time BIGINT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX idx_idempotent_record_biz_status ON idempotent_record (biz_type, status);
+CREATE TABLE idempotent_audit (
+  sequence BIGINT NOT NULL, idempotent_key VARCHAR(128) NOT NULL, from_status VARCHAR(16) NOT NULL,
+  to_status VARCHAR(16) NOT NULL, fencing_token BIGINT NOT NULL, node VARCHAR(64) NOT NULL,
+  at_time BIGINT NOT NULL, detail TEXT NOT NULL, PRIMARY KEY (idempotent_key, sequence)
+) WITHOUT ROWID;
+CREATE TABLE idempotent_batch (batch_id BIGINT PRIMARY KEY, committed_time BIGINT NOT NULL);
+INSERT INTO idem_schema (version, next_sequence) VALUES (1, 6);
+INSERT INTO idempotent_record VALUES ('A_PAY_v1', 'PAY', 'SUCCESS', 1, 0, 7, 0, 100, 101);
+INSERT INTO idempotent_record VALUES ('B_PAY_v1', 'PAY', 'PROCESSING', 2, 900, 0, 5, 100, 102);
+INSERT INTO idempotent_audit VALUES (1, 'A_PAY_v1', 'ABSENT', 'PROCESSING', 1, 'n', 100, 'claim outcome=0');
+INSERT INTO idempotent_audit VALUES (2, 'B_PAY_v1', 'ABSENT', 'PROCESSING', 1, 'n', 100, 'claim outcome=0');
+INSERT INTO idempotent_audit VALUES (3, 'A_PAY_v1', 'PROCESSING', 'SUCCESS', 1, 'n', 101, 'succeed outcome=7');
+INSERT INTO idempotent_audit VALUES (4, 'B_PAY_v1', 'PROCESSING', 'RELEASED', 1, 'n', 101, 'release outcome=0');
+INSERT INTO idempotent_audit VALUES (5, 'B_PAY_v1', 'RELEASED', 'PROCESSING', 2, 'n', 102, 'claim outcome=0');
+INSERT INTO idempotent_batch VALUES (1, 101);
+)SQL";
+
+TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("v1.db");
+    raw_exec(db, version_1_schema);
+    {
+        idem::sqlite_store st(db);
+        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 2);
+        EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_biz_status'"), 0);
+        EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 5);
+        EXPECT_EQ(trail(st, "A_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
+        EXPECT_EQ(trail(st, "B_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>RELEASED@1",
+                                                                   "RELEASED>PROCESSING@2"}));
+        auto a = st.get("A_PAY_v1");
+        ASSERT_TRUE(a);
+        EXPECT_EQ(a->state, record_state::succeeded);
+        EXPECT_EQ(a->outcome, 7u);
+        EXPECT_TRUE(st.committed(1));
+        // New batches continue the file's sequence and chain onto the upgraded trail.
+        st.apply(std::vector{row({.key = "B_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                                  .cause = transition_cause::succeed, .fence = 2, .outcome = 9},
+                                 1)},
+                 2);
+        EXPECT_EQ(raw_int(db, "SELECT max(sequence) FROM idempotent_audit"), 6);
+        EXPECT_EQ(trail(st, "B_PAY_v1").back(), "PROCESSING>SUCCESS@2");
+        EXPECT_EQ(trail(st, "B_PAY_v1").size(), 4u);
+        EXPECT_TRUE(idem_test::verify_clean(st));
+    }
+    idem::sqlite_store again(db);  // a second open finds version 2 and changes nothing
+    EXPECT_EQ(trail(again, "A_PAY_v1").size(), 2u);
+    EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 6);
+}
+
+TEST(SqliteLayout, TheChainHoldsARowTheFenceGuardRefused) {
+    idem_test::temp_dir dir("idem-layout");
+    idem::sqlite_store st(dir.file("chain.db"));
+    std::uint64_t seq = 0;
+    // Fence 2 claims and succeeds; the fence-1 owner's late release arrives in a later batch. The
+    // record keeps SUCCESS at fence 2, and the trail still shows the late row, in order.
+    st.apply(std::vector{row({.key = "K_PAY_v1", .fence = 2}, ++seq)}, 1);
+    st.apply(std::vector{row({.key = "K_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                              .cause = transition_cause::succeed, .fence = 2, .outcome = 3},
+                             ++seq)},
+             2);
+    st.apply(std::vector{row({.key = "K_PAY_v1", .from = record_state::processing, .to = record_state::released,
+                              .cause = transition_cause::release, .fence = 1},
+                             ++seq),
+                         row({.key = "L_PAY_v1"}, ++seq)},
+             3);
+    auto r = st.get("K_PAY_v1");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->state, record_state::succeeded);
+    EXPECT_EQ(r->fence, 2u);
+    EXPECT_EQ(r->outcome, 3u);
+    EXPECT_EQ(trail(st, "K_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@2", "PROCESSING>SUCCESS@2",
+                                                               "PROCESSING>RELEASED@1"}));
+    EXPECT_EQ(trail(st, "L_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
+}
+
+TEST(SqliteLayout, AKeyWithoutItsRecordStillHasItsTrail) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("pruned.db");
+    {
+        idem::sqlite_store st(db);
+        st.apply(std::vector{row({.key = "P_PAY_v1"}, 1), row({.key = "Q_PAY_v1"}, 2)}, 1);
+    }
+    raw_exec(db, "DELETE FROM idempotent_record WHERE idempotent_key = 'P_PAY_v1'");
+    idem::sqlite_store st(db);
+    EXPECT_EQ(trail(st, "P_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
+    EXPECT_TRUE(trail(st, "NEVER_PAY_v1").empty());
+}
+
+TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("broken.db");
+    {
+        idem::sqlite_store st(db);
+        st.apply(std::vector{row({.key = "C_PAY_v1"}, 1), row({.key = "D_PAY_v1"}, 2)}, 1);
+        st.apply(std::vector{row({.key = "C_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                                  .cause = transition_cause::succeed},
+                                 3)},
+                 2);
+    }
+    struct damage {
+        const char* sql;
+        std::vector<std::string> words;
+    };
+    for (const damage& d : std::vector<damage>{
+             {"DELETE FROM idempotent_audit WHERE sequence = 1", {"C_PAY_v1", "audit row 1", "missing"}},
+             {"UPDATE idempotent_audit SET previous = 2 WHERE sequence = 3", {"C_PAY_v1", "belongs to key", "D_PAY_v1"}},
+             {"UPDATE idempotent_audit SET previous = 3 WHERE sequence = 3", {"C_PAY_v1", "previous = 3", "earlier"}},
+         }) {
+        SCOPED_TRACE(d.sql);
+        idem_test::temp_dir copy_dir("idem-layout");
+        const std::string copy = copy_dir.file("copy.db");
+        raw_exec(db, "VACUUM INTO '" + copy + "'");
+        raw_exec(copy, d.sql);
+        idem::sqlite_store st(copy);
+        try {
+            (void)st.audit("C_PAY_v1");
+            ADD_FAILURE() << "audit() returned a trail from a broken chain";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.code(), errc::corrupt_record) << e.what();
+            for (const auto& w : d.words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << w << " in " << e.what();
+        }
+    }
+}
+
+}  // namespace
