@@ -16,6 +16,14 @@
 // committed id again fails with store_error and writes nothing. committed(batch_id) resolves a
 // commit_unknown by asking the server, waiting for the old session's COMMIT if it is still running.
 //
+// Lanes (pipelined commits). The store is a pipelined_store with `lanes` connections (default 4):
+// lane 0 is its own connection, lane i > 0 a second postgres_store on the same URI, opened at its
+// first use and carrying this store's settings (node, sync durability, remote_apply, test hook;
+// no schema step: this store did it). A
+// durable_guard's flush pipeline then keeps up to `lanes` batches in flight, one per connection,
+// never two sharing a key (docs/pg_pipeline.md); PostgreSQL's group commit flushes their WAL
+// together. lanes = 1 gives the single-connection flusher. Every other call uses lane 0.
+//
 // Deadlines. libpq blocks in poll() for as long as the server does not answer: a server stopped
 // with SIGSTOP, or a network that drops packets, would block the flusher forever, and neither
 // statement_timeout (enforced by the stopped server) nor TCP keepalives (answered by the server's
@@ -55,8 +63,8 @@
 //    remote_apply when the server is configured with it; never weaker), in the round trip that sets
 //    the session up. A reload of the server's configuration does not reach a session's own SET.
 //  - fsync cannot be pinned. Once sync durability was required, every (re)connect reads it (same
-//    round trip) and every apply() reads it inside the batch's transaction, right before COMMIT (one
-//    more round trip per batch, sync mode only). When it is off, apply() throws store_unavailable
+//    round trip) and every apply() reads it inside the batch's transaction, right before COMMIT (the
+//    main statement answers with it: no round trip of its own for a typical batch). When it is off, apply() throws store_unavailable
 //    naming fsync and commits nothing: no acknowledgement rests on a commit the server may not have
 //    flushed. The batch waits (the flusher retries) until fsync is on again.
 //
@@ -98,6 +106,7 @@
 
 #include <pqxx/pqxx>
 
+#include "idem/detail/pipeline_core.hpp"
 #include "idem/detail/postgres_sql.hpp"
 #include "idem/store.hpp"
 
@@ -216,18 +225,25 @@ public:
 
 }  // namespace detail
 
-class postgres_store final : public store {
+class postgres_store final : public store, public pipelined_store {
 public:
+    /// Connections a durable_guard's flusher commits on at once, unless the constructor says.
+    static constexpr std::size_t default_lanes = 4;
+
     /// Connects to `uri` (postgresql://user@host:port/db, or a libpq key=value string, taken as is
     /// plus the deadline options it does not set itself) and creates or checks the schema.
-    /// Throws idem::error: invalid_argument for a non-positive deadline, store_unavailable when the
-    /// server cannot be reached, store_error when the schema cannot be created or is newer than
-    /// this library.
-    explicit postgres_store(std::string uri, std::chrono::milliseconds call_deadline = std::chrono::seconds(5))
+    /// `lanes` (>= 1): connections the flush pipeline may commit on at once (opened when first used).
+    /// Throws idem::error: invalid_argument for a non-positive deadline or zero lanes,
+    /// store_unavailable when the server cannot be reached, store_error when the schema cannot be
+    /// created or is newer than this library.
+    explicit postgres_store(std::string uri, std::chrono::milliseconds call_deadline = std::chrono::seconds(5),
+                            std::size_t lanes = default_lanes)
         : uri_(std::move(uri)), name_(detail::pg::redact(uri_)), deadline_(call_deadline) {
         if (deadline_ <= std::chrono::milliseconds::zero())
             throw error(errc::invalid_argument, "postgres store " + name_ + ": call_deadline must be positive, got " +
                                                     std::to_string(deadline_.count()) + " ms");
+        if (lanes == 0) throw error(errc::invalid_argument, "postgres store " + name_ + ": lanes must be at least 1");
+        lane_stores_.resize(lanes - 1);
         conninfo_ = uri_;
         const auto secs = std::max<std::int64_t>(2, (deadline_.count() + 999) / 1000);
         detail::pg::add_option(conninfo_, "connect_timeout", std::to_string(secs));
@@ -281,22 +297,26 @@ public:
             step_ = "begin";
             pqxx::work w(*conn_);
             step_ = "write batch id, audit rows and records";
-            w.exec_prepared(std::string(detail::pg::apply_main_name), static_cast<std::int64_t>(batch_id), now_ms,
-                            p.a_key.str(), p.a_from.str(), p.a_to.str(), p.a_fence.str(), p.a_at.str(),
-                            p.a_detail.str(), node, p.l_key.str(), p.l_fence.str(), p.l_lease.str(), p.l_fp.str(),
-                            p.x.key.str(), p.x.biz.str(), p.x.status.str(), p.x.fence.str(), p.x.lease.str(),
-                            p.x.outcome.str(), p.x.fp.str(), p.x.created.str(), p.x.updated.str());
+            const auto main = w.exec_prepared(
+                std::string(detail::pg::apply_main_name), static_cast<std::int64_t>(batch_id), now_ms, p.a_key.str(),
+                p.a_from.str(), p.a_to.str(), p.a_fence.str(), p.a_at.str(), p.a_detail.str(), node, p.l_key.str(),
+                p.l_fence.str(), p.l_lease.str(), p.l_fp.str(), p.x.key.str(), p.x.biz.str(), p.x.status.str(),
+                p.x.fence.str(), p.x.lease.str(), p.x.outcome.str(), p.x.fp.str(), p.x.created.str(), p.x.updated.str());
+            // Sync mode reads fsync right before COMMIT: the main statement's answer when it was
+            // the last statement, else one more read after the class-Y records.
+            std::string fsync = main[0][0].c_str();
             if (!p.y.key.empty()) {
                 step_ = "write records that keep their lease";
                 w.exec_prepared(std::string(detail::pg::apply_keep_lease_name), p.y.key.str(), p.y.biz.str(),
                                 p.y.status.str(), p.y.fence.str(), p.y.lease.str(), p.y.outcome.str(), p.y.fp.str(),
                                 p.y.created.str(), p.y.updated.str());
+                if (durable_required_) {
+                    step_ = "check fsync";
+                    fsync = w.exec(std::string(detail::pg::fsync_now))[0][0].c_str();
+                }
             }
-            if (durable_required_) {
-                step_ = "check fsync";
-                const std::string fsync = w.exec(std::string(detail::pg::fsync_now))[0][0].c_str();
-                if (fsync == "off") refuse_fsync();
-            }
+            step_ = "check fsync";
+            if (durable_required_ && fsync == "off") refuse_fsync();
             step_ = "commit";
             committing_ = true;
             if (before_commit_) before_commit_();
@@ -478,6 +498,8 @@ public:
         if (fsync == "off") refuse("fsync=off", "fsync=on");
         if (sync_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");
         durable_required_ = true;
+        for (auto& l : lane_stores_)
+            if (l) l->durable_required_ = true;
     }
 
     /// Runs fn inside one REPEATABLE READ READ ONLY transaction: every load(), scan_audit(), get()
@@ -533,6 +555,18 @@ public:
         run("reconnect", [] {});
     }
 
+    // ---- pipelined_store: lane 0 is this store's connection, lane i its i-th lane store ----------
+    [[nodiscard]] std::size_t lanes() const noexcept override { return lane_stores_.size() + 1; }
+    void apply_on(std::size_t lane, std::span<const store_row> rows, std::uint64_t batch_id) override {
+        lane_store(lane).apply(rows, batch_id);
+    }
+    [[nodiscard]] bool committed_on(std::size_t lane, std::uint64_t batch_id) override {
+        return lane_store(lane).committed(batch_id);  // any session can probe idempotent_batch
+    }
+    void reconnect_on(std::size_t lane) override {
+        if (lane == 0 || lane_stores_.at(lane - 1)) lane_store(lane).reconnect();  // an unopened lane opens on use
+    }
+
     [[nodiscard]] std::string name() const override { return name_; }
 
     std::uint64_t max_fence() override {
@@ -552,9 +586,35 @@ public:
     [[nodiscard]] std::chrono::milliseconds call_deadline() const noexcept { return deadline_; }
 
     /// Test hook: runs right before COMMIT is sent (to pause the server at the worst moment).
-    void set_before_commit_hook_for_testing(std::function<void()> hook) { before_commit_ = std::move(hook); }
+    void set_before_commit_hook_for_testing(std::function<void()> hook) {
+        for (auto& l : lane_stores_)
+            if (l) l->before_commit_ = hook;
+        before_commit_ = std::move(hook);
+    }
 
 private:
+    /// The store that commits on `lane`, opened on first use with this store's settings. Only that
+    /// lane's flusher thread calls this for lane > 0 (lane_stores_ never changes size).
+    postgres_store& lane_store(std::size_t lane) {
+        if (lane == 0) return *this;
+        std::unique_ptr<postgres_store>& l = lane_stores_.at(lane - 1);
+        if (!l) {
+            l.reset(new postgres_store(lane_of{}, *this));
+        }
+        return *l;
+    }
+
+    struct lane_of {};
+    /// A lane of `first`: its settings, and no schema step. This store created or checked the schema
+    /// already, and CREATE INDEX IF NOT EXISTS takes a SHARE lock on its table even when the index
+    /// exists, which would deadlock with another lane's batch. It connects at its first call.
+    postgres_store(lane_of, const postgres_store& first)
+        : uri_(first.uri_), name_(first.name_), conninfo_(first.conninfo_), deadline_(first.deadline_),
+          durable_required_(first.durable_required_), keep_remote_apply_(first.keep_remote_apply_),
+          before_commit_(first.before_commit_) {
+        node_ = first.node_;
+    }
+
     /// The bound parameters of one apply(): array literals, one per column.
     ///
     /// How a key's rows fold into one record write, matching memory_store (rows applied in order; a
@@ -826,6 +886,7 @@ private:
     bool keep_remote_apply_ = false;  // the server was configured with remote_apply: keep pinning it
     pqxx::transaction_base* snap_ = nullptr;  // inside snapshot_read(): its transaction
     std::function<void()> before_commit_;
+    std::vector<std::unique_ptr<postgres_store>> lane_stores_;  // lanes 1.., opened on first use
 };
 
 }  // namespace idem

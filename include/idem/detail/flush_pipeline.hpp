@@ -11,6 +11,14 @@
 // waiter. Sync mode: await(seq) blocks until the row with seq is decided (group commit: every
 // waiter whose row was in the batch wakes on one commit), or until sync_timeout, after which the
 // caller gets store_unavailable while the row stays queued.
+//
+// Pipelined stores (pipelined_store with lanes() > 1, pipeline_core.hpp "Lanes"): one flusher
+// thread per lane, each stepping the core on its lane (its own backoff and reconnect), so several
+// commits are in flight at once; the watermark still moves over a contiguous prefix only. Idle lanes
+// do not all poll: one polls the queue (sleeping idle_poll between looks), the others sleep on
+// idle_cv_ until a lane takes a job (one of them then looks, and polls if it finds nothing) or the
+// pipeline stops. So an idle pipeline costs what one flusher costs, and a busy one still starts a
+// second commit as soon as rows arrive while the first is in flight.
 #pragma once
 
 #include <algorithm>
@@ -56,27 +64,43 @@ public:
     /// (invalid_argument) for a queue_capacity or max_batch out of range.
     flush_pipeline(store& st, store_options opts, std::function<std::int64_t(std::chrono::nanoseconds)> to_wall_ms)
         : store_(st), opts_(std::move(opts)), to_wall_ms_(std::move(to_wall_ms)),
-          core_(opts_.queue_capacity, opts_.max_batch, random_batch_prefix()) {}
+          core_(opts_.queue_capacity, opts_.max_batch, random_batch_prefix()),
+          pipelined_(dynamic_cast<pipelined_store*>(&st)),
+          lanes_(pipelined_ != nullptr ? std::max<std::size_t>(1, pipelined_->lanes()) : 1) {}
     ~flush_pipeline() override { stop(); }
 
     void start() {
-        running_.store(true, std::memory_order_relaxed);  // relaxed: the thread start below orders it
-        thread_ = std::thread([this] { run(); });
+        running_.store(true, std::memory_order_relaxed);  // relaxed: the thread starts below order it
+        if (lanes_ == 1) {
+            threads_.emplace_back([this] { run(); });
+            return;
+        }
+        for (std::size_t lane = 0; lane < lanes_; ++lane) threads_.emplace_back([this, lane] { run(lane); });
     }
+
+    /// Flusher threads (and commits in flight at most): the store's lanes, else 1.
+    [[nodiscard]] std::size_t lanes() const noexcept { return lanes_; }
 
     /// Drains the queue and stops the flusher. If the store refuses the rows for longer than
     /// sync_timeout after stop() began, the flusher gives up: those rows were acknowledged only in
     /// async mode (sync callers were told store_unavailable), which is the async contract.
     void stop() {
-        if (!thread_.joinable()) return;
+        if (threads_.empty()) return;
         stop_deadline_.store((std::chrono::steady_clock::now() + opts_.sync_timeout).time_since_epoch().count(),
                              std::memory_order_relaxed);  // relaxed: published by (F1)
         running_.store(false, std::memory_order_release);  // (F1) pairs with (F2)
-        thread_.join();
+        {
+            std::lock_guard lock(idle_mutex_);  // a lane between its check of running_ and its wait sees the notify
+        }
+        idle_cv_.notify_all();
+        for (auto& t : threads_) t.join();
+        threads_.clear();
     }
 
-    /// Rows the flusher gave up on at stop() (lost if the process now exits).
-    [[nodiscard]] std::uint64_t abandoned_at_stop() const noexcept { return abandoned_at_stop_; }
+    /// Rows the flusher gave up on at stop() (lost if the process now exits). After stop().
+    [[nodiscard]] std::uint64_t abandoned_at_stop() const noexcept {
+        return abandoned_at_stop_.load(std::memory_order_relaxed);  // relaxed: the joins in stop() order it
+    }
 
     bool reserve() noexcept override {
         if (core_.try_reserve()) return true;
@@ -135,7 +159,7 @@ public:
     struct counters {
         std::uint64_t batches = 0, rows = 0, errors = 0, commit_unknown = 0, rejected = 0, queue_depth = 0;
         std::int64_t lag_ns = 0;
-        std::uint64_t cpu_ns = 0;  ///< CPU time the flusher thread has used (its thread CPU clock)
+        std::uint64_t cpu_ns = 0;  ///< CPU time the flusher threads have used (their thread CPU clocks, summed)
         std::string last_error;
     };
     [[nodiscard]] counters snapshot() const {
@@ -167,13 +191,21 @@ private:
         return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
     }
 
-    void run() {
+    /// One flusher thread: the whole store (lane == npos, core_.step) or one lane of a pipelined
+    /// store (core_.step_lane). Their CPU time adds up in cpu_ns_.
+    void run(std::size_t lane = static_cast<std::size_t>(-1)) {
+        const bool one = lane == static_cast<std::size_t>(-1);
         std::chrono::nanoseconds backoff = 1ms;
         auto oldest = std::chrono::steady_clock::now();
+        std::uint64_t cpu_seen = thread_cpu_ns();
         for (;;) {
             if (!core_.batch_pending()) oldest = std::chrono::steady_clock::now();
-            const auto result = core_.step(store_);
-            cpu_ns_.store(thread_cpu_ns(), std::memory_order_relaxed);  // relaxed: a statistic
+            const auto result = one ? core_.step(store_) : core_.step_lane(*pipelined_, lane, [this] {
+                idle_cv_.notify_one();  // this lane is busy now: another one looks for work
+            });
+            const std::uint64_t cpu = thread_cpu_ns();
+            cpu_ns_.fetch_add(cpu - cpu_seen, std::memory_order_relaxed);  // relaxed: a statistic
+            cpu_seen = cpu;
             switch (result) {
                 case pipeline_core::step_result::progress:
                     backoff = 1ms;
@@ -186,24 +218,42 @@ private:
                     continue;
                 case pipeline_core::step_result::idle:
                     if (!running_.load(std::memory_order_acquire)) return;  // (F2) pairs with (F1)
-                    std::this_thread::sleep_for(opts_.idle_poll);
+                    if (one) std::this_thread::sleep_for(opts_.idle_poll);
+                    else idle_lane();
                     continue;
                 case pipeline_core::step_result::failed: break;
             }
             if (!running_.load(std::memory_order_acquire) &&  // (F2)
                 std::chrono::steady_clock::now().time_since_epoch().count() >
                     stop_deadline_.load(std::memory_order_relaxed)) {
-                abandoned_at_stop_ = core_.abandon();
+                abandoned_at_stop_.fetch_add(core_.abandon(), std::memory_order_relaxed);  // relaxed: read after join
                 return;
             }
             std::this_thread::sleep_for(backoff);
             backoff = std::min<std::chrono::nanoseconds>(backoff * 2, opts_.max_backoff);
             try {
-                store_.reconnect();
+                if (one) store_.reconnect();
+                else pipelined_->reconnect_on(lane);
             } catch (const std::exception&) {
                 // The next step reports the outage (with its own message) if it persists.
             }
         }
+    }
+
+    /// An idle lane: polls when no other lane does, else sleeps until a lane takes a job or stop().
+    /// The wait is bounded too (a lost wake-up costs at most that long, never a hang).
+    void idle_lane() {
+        std::unique_lock lock(idle_mutex_);
+        if (!polling_) {
+            polling_ = true;
+            lock.unlock();
+            std::this_thread::sleep_for(opts_.idle_poll);
+            lock.lock();
+            polling_ = false;
+            return;
+        }
+        if (!running_.load(std::memory_order_acquire)) return;  // (F2)
+        idle_cv_.wait_for(lock, std::chrono::milliseconds(50));
     }
 
     /// The watermark moved: every waiter re-checks its row. Taking the mutex between the core's
@@ -217,12 +267,17 @@ private:
     store_options opts_;
     std::function<std::int64_t(std::chrono::nanoseconds)> to_wall_ms_;
     pipeline_core core_;
+    pipelined_store* const pipelined_;  // the same store, when it can commit on several lanes
+    const std::size_t lanes_;
     alignas(64) std::atomic<bool> running_{false};
     std::atomic<std::int64_t> stop_deadline_{0};
     std::atomic<std::int64_t> lag_ns_{0};
-    std::atomic<std::uint64_t> cpu_ns_{0};
-    std::uint64_t abandoned_at_stop_ = 0;
-    std::thread thread_;
+    std::atomic<std::uint64_t> cpu_ns_{0};  // summed over the flusher threads
+    std::atomic<std::uint64_t> abandoned_at_stop_{0};
+    std::vector<std::thread> threads_;
+    std::mutex idle_mutex_;  // idle lanes (lanes > 1 only): who polls
+    std::condition_variable idle_cv_;
+    bool polling_ = false;
 
     std::mutex mutex_;  // flusher <-> sync waiters only; never taken on the async hot path
     std::condition_variable decided_;

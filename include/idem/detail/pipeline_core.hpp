@@ -25,17 +25,31 @@
 //     last_error, its seq remembered as rejected) and the others commit. The width grows back after
 //     each success, so one bad row costs O(log max_batch) extra transactions.
 //
+// Lanes (pipelined commits; docs/pg_pipeline.md). A store that is also a pipelined_store with
+// lanes() > 1 can commit on several connections at once: one flusher thread per lane calls
+// step_lane(store, lane), and up to lanes() batches ("jobs") are in flight. Per-key order holds by
+// one rule: a job is formed only of rows whose key no other job holds, where a job holds its keys
+// from its forming until every one of its rows is decided: while in flight, and while it waits to
+// be retried after an outage, an unknown commit, or a rejected row. Rows whose key is held wait in
+// `deferred_` in pop order, ahead of the queue, so a key's rows still reach the store in the order
+// a single lane would give them. A failed job is retried (by the next lane that is free) before any
+// new job can hold one of its keys: the rule leaves no other way. The watermark below is unchanged:
+// it advances over decided seqs only, so a sync waiter is woken for a contiguous committed prefix,
+// whatever order the lanes finish in. A store with one lane uses step() and behaves as before.
+//
 // Watermark: every seq <= watermark() committed or was set aside. Rows can commit out of seq order
 // (two producers take seqs 5 and 6 and push 6 first), so committed seqs above the watermark wait in
-// a set until the gap closes; the set holds at most queue_capacity + max_batch seqs, because no seq
-// is ever skipped (reservations make push infallible).
+// a set until the gap closes; the set holds at most queue_capacity + lanes * max_batch seqs (plus
+// the deferred rows, at most max(max_batch, 1024)), because no seq is ever skipped (reservations
+// make push infallible).
 //
 // Memory ordering
 //   (P1) room_ CAS (try_reserve), acq_rel: pairs with (P2) so a reservation sees the node the
 //        flusher's pop freed.
 //   (P2) room_ fetch_add after a pop, release.
-//   (P3) watermark_ store, release: pairs with (P4), so a reader of watermark() >= seq also sees the
-//        store's commit of that row (it happened before, on the flusher thread).
+//   (P3) watermark_ store, release, under mutex_: pairs with (P4), so a reader of watermark() >= seq
+//        also sees the store's commit of that row (it happened before, on the flusher thread of the
+//        lane that committed it, which then took mutex_).
 //   (P4) watermark_ load, acquire.
 #pragma once
 
@@ -44,15 +58,44 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "idem/error.hpp"
 #include "idem/store.hpp"
+
+namespace idem {
+
+/// A store that can commit on several independent connections ("lanes") at once. The flush
+/// pipeline keeps up to lanes() batches in flight, one per lane, each on its own flusher thread; it
+/// never has two batches sharing a key in flight, nor starts a batch sharing a key with a failed one
+/// that is not yet decided (docs/pg_pipeline.md). A store that is not a pipelined_store, or answers
+/// lanes() == 1, is flushed on one thread through store::apply exactly as before.
+///
+/// Thread-safety: calls naming different lanes may run at the same time, from different threads;
+/// calls naming one lane never overlap. Lane 0 may be the store's own connection: nothing else
+/// (load, get, audit) runs while the pipeline flushes. lanes() must not change.
+class pipelined_store {
+public:
+    virtual ~pipelined_store() = default;
+    /// How many connections the store can commit on at once (>= 1).
+    [[nodiscard]] virtual std::size_t lanes() const noexcept = 0;
+    /// store::apply on lane `lane` (< lanes()): same contract, same exceptions.
+    virtual void apply_on(std::size_t lane, std::span<const store_row> rows, std::uint64_t batch_id) = 0;
+    /// store::committed on lane `lane`. The answer must not depend on the lane that applied.
+    [[nodiscard]] virtual bool committed_on(std::size_t lane, std::uint64_t batch_id) = 0;
+    /// store::reconnect for lane `lane`.
+    virtual void reconnect_on(std::size_t lane) = 0;
+};
+
+}  // namespace idem
 
 namespace idem::detail {
 
@@ -156,6 +199,39 @@ public:
         return finish(width, false);
     }
 
+    /// One store call on `lane` of a pipelined store (see "Lanes" above): retries a job that failed,
+    /// or forms a new one of rows whose keys no other job holds, and applies it. Thread-safe across
+    /// lanes; one thread per lane. Returns idle when there is nothing this lane may take now.
+    /// `taken()` runs once the lane holds a job, before its store call (the driver wakes another
+    /// lane to look for more work while this one waits for its commit).
+    template <class Taken>
+    step_result step_lane(pipelined_store& st, std::size_t lane, Taken&& taken) {
+        std::unique_ptr<job> j;
+        std::uint64_t id = 0;
+        {
+            std::lock_guard lock(lanes_mutex_);
+            if (!retry_.empty()) {
+                j = std::move(retry_.front());
+                retry_.erase(retry_.begin());
+            } else {
+                j = form_job();
+                if (!j) return step_result::idle;
+            }
+            id = batch_prefix_ | ++lane_batch_counter_;
+        }
+        taken();
+        const step_result result = attempt(st, lane, *j, id);
+        std::lock_guard lock(lanes_mutex_);
+        if (j->rows.empty()) {
+            for (const std::size_t h : j->keys)
+                if (auto it = held_.find(h); it != held_.end() && --it->second == 0) held_.erase(it);
+        } else {
+            retry_.push_back(std::move(j));  // its keys stay held until every row is decided
+        }
+        return result;
+    }
+    step_result step_lane(pipelined_store& st, std::size_t lane) { return step_lane(st, lane, [] {}); }
+
     /// Every seq <= watermark() committed or was set aside. Progress: wait-free.
     [[nodiscard]] std::uint64_t watermark() const noexcept {
         return watermark_.load(std::memory_order_acquire);  // (P4) pairs with (P3)
@@ -178,15 +254,29 @@ public:
         const std::uint64_t w = watermark(), i = issued();
         return i > w ? i - w : 0;
     }
-    /// Rows still pending (batch and queue), dropped: the driver gives up at shutdown.
+    /// Rows still pending (batch, jobs waiting for a retry, deferred rows, queue), dropped: the
+    /// driver gives up at shutdown. Jobs in flight on other lanes are theirs to finish or abandon.
     std::uint64_t abandon() {
         std::uint64_t n = batch_.size();
-        batch_.clear();
+        if (n != 0) batch_.clear();  // lanes never fill batch_: they only read it, so two may abandon at once
+        {
+            std::lock_guard lock(lanes_mutex_);
+            n += deferred_.size();
+            deferred_.clear();
+            for (const auto& j : retry_) n += j->rows.size();
+            retry_.clear();  // their keys stay held: nothing of those keys may be written after them
+        }
         store_row row;
         while (queue_.pop(row)) ++n;
         return n;
     }
-    [[nodiscard]] bool batch_pending() const noexcept { return !batch_.empty(); }
+    /// Rows popped and not yet decided: the batch (one lane), or deferred rows and jobs waiting for
+    /// a retry (lanes; jobs in flight not counted). Flusher threads only.
+    [[nodiscard]] bool batch_pending() const {
+        if (!batch_.empty()) return true;
+        std::lock_guard lock(lanes_mutex_);
+        return !deferred_.empty() || !retry_.empty();
+    }
 
     struct counters {
         std::uint64_t batches = 0, rows = 0, errors = 0, commit_unknown = 0, rejected = 0;
@@ -223,26 +313,125 @@ private:
 
     /// The first n rows of the batch are decided (committed, or the one row set aside).
     step_result finish(std::size_t n, bool rejected) {
-        {
-            std::lock_guard lock(mutex_);
-            for (std::size_t i = 0; i < n; ++i) {
-                done_.insert(batch_[i].seq);
-                if (rejected) rejected_seqs_.insert(batch_[i].seq);
-            }
-            if (!rejected) {
-                counters_.batches++;
-                counters_.rows += n;
-            }
-            std::uint64_t w = watermark_.load(std::memory_order_relaxed);  // relaxed: only this thread writes it
-            while (!done_.empty() && *done_.begin() == w + 1) {
-                ++w;
-                done_.erase(done_.begin());
-            }
-            watermark_.store(w, std::memory_order_release);  // (P3) pairs with (P4)
-        }
+        decide(std::span<const store_row>(batch_.data(), n), rejected);
         batch_.erase(batch_.begin(), batch_.begin() + static_cast<std::ptrdiff_t>(n));
         if (!rejected) width_ = std::min(max_batch_, width_ * 2);  // grow back after a success
         return step_result::progress;
+    }
+
+    /// Rows decided: the watermark advances over the contiguous prefix of decided seqs. Called by
+    /// every lane's thread; mutex_ orders them.
+    void decide(std::span<const store_row> rows, bool rejected) {
+        std::lock_guard lock(mutex_);
+        for (const store_row& r : rows) {
+            done_.insert(r.seq);
+            if (rejected) rejected_seqs_.insert(r.seq);
+        }
+        if (!rejected) {
+            counters_.batches++;
+            counters_.rows += rows.size();
+        }
+        std::uint64_t w = watermark_.load(std::memory_order_relaxed);  // relaxed: written under mutex_ only
+        while (!done_.empty() && *done_.begin() == w + 1) {
+            ++w;
+            done_.erase(done_.begin());
+        }
+        watermark_.store(w, std::memory_order_release);  // (P3) pairs with (P4)
+    }
+
+    /// A batch of a pipelined store: rows sorted by (key, seq), the hashes of its distinct keys
+    /// (held in held_ while the job lives), and the single-lane step()'s state for its rows.
+    struct job {
+        std::vector<store_row> rows;
+        std::vector<std::size_t> keys;
+        std::size_t width = 0;            // rows the next apply takes (halved to isolate a rejected row)
+        std::uint64_t unknown_batch = 0;  // id of the prefix whose commit is unknown, else 0
+        std::size_t unknown_width = 0;
+    };
+
+    /// Most rows deferred at once (rows popped, room given back): beyond it the queue waits.
+    [[nodiscard]] std::size_t deferred_limit() const noexcept { return std::max<std::size_t>(max_batch_, 1024); }
+
+    static std::size_t key_hash(const store_row& r) noexcept { return std::hash<std::string_view>{}(r.t.k.view()); }
+
+    /// A new job: deferred rows first, then the queue, in pop order; a row whose key another job
+    /// holds is deferred (a hash collision only defers more). Under lanes_mutex_. Null when there is
+    /// nothing to take.
+    std::unique_ptr<job> form_job() {
+        auto j = std::make_unique<job>();
+        const auto held = [&](const store_row& r) { return held_.find(key_hash(r)) != held_.end(); };
+        if (!deferred_.empty()) {
+            std::vector<store_row> keep;
+            for (const store_row& r : deferred_) {
+                // Once the job is full every later row stays, so no row overtakes one of its key.
+                if (j->rows.size() < max_batch_ && !held(r)) j->rows.push_back(r);
+                else keep.push_back(r);
+            }
+            deferred_.swap(keep);
+        }
+        store_row row;
+        std::int64_t popped = 0;
+        while (j->rows.size() < max_batch_ && deferred_.size() < deferred_limit() && queue_.pop(row)) {
+            ++popped;
+            if (held(row)) deferred_.push_back(row);
+            else j->rows.push_back(row);
+        }
+        if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
+        if (j->rows.empty()) return nullptr;
+        std::sort(j->rows.begin(), j->rows.end(), [](const store_row& a, const store_row& b) {
+            const auto ka = a.t.k.view(), kb = b.t.k.view();
+            return ka != kb ? ka < kb : a.seq < b.seq;
+        });
+        for (std::size_t i = 0; i < j->rows.size(); ++i)
+            if (i == 0 || j->rows[i].t.k.view() != j->rows[i - 1].t.k.view()) {
+                j->keys.push_back(key_hash(j->rows[i]));
+                ++held_[j->keys.back()];
+            }
+        j->width = j->rows.size();
+        return j;
+    }
+
+    /// step()'s one store call, on a job and a lane. Rows decided leave j.rows.
+    step_result attempt(pipelined_store& st, std::size_t lane, job& j, std::uint64_t id) {
+        const std::size_t width = j.unknown_batch != 0 ? j.unknown_width : std::min(j.width, j.rows.size());
+        std::span<const store_row> rows(j.rows.data(), width);
+        const auto done = [&](std::size_t n, bool rejected) {
+            decide(std::span<const store_row>(j.rows.data(), n), rejected);
+            j.rows.erase(j.rows.begin(), j.rows.begin() + static_cast<std::ptrdiff_t>(n));
+            if (!rejected) j.width = std::min(max_batch_, j.width * 2);  // grow back after a success
+            return step_result::progress;
+        };
+        if (j.unknown_batch != 0) {
+            try {
+                st.reconnect_on(lane);
+                const bool committed = st.committed_on(lane, j.unknown_batch);
+                j.unknown_batch = 0;  // answered
+                if (committed) return done(width, false);
+            } catch (const std::exception& e) {
+                note_error(e.what(), false, true);
+                return step_result::failed;  // still unknown: ask again
+            }
+        }
+        try {
+            st.apply_on(lane, rows, id);
+        } catch (const commit_unknown& e) {
+            note_error(e.what(), true);
+            j.unknown_batch = id;
+            j.unknown_width = width;
+            return step_result::failed;
+        } catch (const rejected_row& e) {
+            if (width > 1) {
+                j.width = width / 2;  // find the row: halve the prefix
+                note_error(e.what(), false);
+                return step_result::progress;
+            }
+            note_rejected(rows.front(), e.what());
+            return done(1, true);
+        } catch (const std::exception& e) {
+            note_error(e.what(), false);
+            return step_result::failed;
+        }
+        return done(width, false);
     }
 
     void note_error(const std::string& what, bool unknown, bool unanswered = false) {
@@ -278,6 +467,14 @@ private:
     std::uint64_t unknown_batch_ = 0;   // id of the batch prefix whose commit is unknown, else 0
     std::size_t unknown_width_ = 0;
     std::uint64_t batch_counter_ = 0;
+
+    // Lanes (step_lane), under lanes_mutex_. Batch ids count on in their own counter: one lane's
+    // ids and a single-lane flusher's never meet (a pipeline uses one mode for its life).
+    mutable std::mutex lanes_mutex_;
+    std::vector<store_row> deferred_;                   // popped, key held by a job; pop order
+    std::vector<std::unique_ptr<job>> retry_;           // failed (or halving) jobs, keys still held
+    std::unordered_map<std::size_t, std::uint32_t> held_;  // key hash -> jobs holding it
+    std::uint64_t lane_batch_counter_ = 0;
 
     mutable std::mutex mutex_;  // flusher <-> readers of counters and rejected seqs; never on the hot path
     std::set<std::uint64_t> done_;           // decided seqs above the watermark

@@ -84,7 +84,10 @@ inline constexpr std::string_view schema_version_select = "SELECT max(version) F
 // the same fence a terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED
 // (a late doubt mark or release of the same claim is audited; the outcome stays).
 // Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
-// batch has class-Y keys. The CTEs write different tables, or different rows (X and Y keys are
+// batch has class-Y keys. Statement 1 answers with the server's fsync setting, read after its writes:
+// for a batch without class-Y keys that is the last read before COMMIT, so sync mode's fsync check
+// (see fsync_now) costs no round trip of its own. Data-modifying CTEs run exactly once, to
+// completion, whether or not the final SELECT reads them. The CTEs write different tables, or different rows (X and Y keys are
 // disjoint), so no row is modified twice by one statement.
 //   $1 batch id, $2 committed_time (its primary key makes a replayed batch fail, not write twice)
 //   $3..$8 audit rows: key, from, to, fence, at, detail (in input order: WITH ORDINALITY ... ORDER BY
@@ -106,7 +109,7 @@ WITH batch AS (
   FROM unnest($10::text[], $11::bigint[], $12::bigint[], $13::bigint[]) AS p(k, pf, pl, pfp)
   WHERE r.idempotent_key = p.k
     AND (r.fencing_token # (-9223372036854775808)::bigint) <= (p.pf # (-9223372036854775808)::bigint)
-)
+), rec AS (
 INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                     request_fingerprint, created_time, updated_time)
 SELECT * FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[],
@@ -118,6 +121,8 @@ ON CONFLICT (idempotent_key) DO UPDATE
   WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
      OR (r.fencing_token = EXCLUDED.fencing_token
          AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
+)
+SELECT current_setting('fsync')
 )sql";
 
 // Statement 2: the class-Y records ($1..$9 as $14..$22 above). lease_until and request_fingerprint
