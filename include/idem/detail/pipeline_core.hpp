@@ -118,9 +118,9 @@ public:
                                     : max_batch),
           batch_prefix_(batch_prefix),
           queue_(capacity_),
-          room_(static_cast<std::int64_t>(capacity_)),
-          width_(max_batch_) {
-        batch_.reserve(max_batch_);
+          room_(static_cast<std::int64_t>(capacity_)) {
+        one_.rows.reserve(max_batch_);
+        one_.width = max_batch_;
     }
 
     // ---- hot path ---------------------------------------------------------------------------
@@ -159,44 +159,16 @@ public:
 
     /// At most one store call. Not thread-safe: one flusher at a time.
     step_result step(store& st) {
-        if (batch_.empty()) {
+        if (one_.rows.empty()) {
             fill();
-            if (batch_.empty()) return step_result::idle;
+            if (one_.rows.empty()) return step_result::idle;
         }
-        const std::size_t width = unknown_batch_ != 0 ? unknown_width_ : std::min(width_, batch_.size());
-        std::span<const store_row> rows(batch_.data(), width);
-        if (unknown_batch_ != 0) {
-            try {
+        return attempt(
+            one_, [&](std::span<const store_row> rows, std::uint64_t id) { st.apply(rows, id); },
+            [&](std::uint64_t id) {
                 st.reconnect();
-                const bool done = st.committed(unknown_batch_);
-                unknown_batch_ = 0;  // answered
-                if (done) return finish(width, false);
-            } catch (const std::exception& e) {
-                note_error(e.what(), false, true);
-                return step_result::failed;  // still unknown: ask again
-            }
-        }
-        const std::uint64_t id = batch_prefix_ | ++batch_counter_;
-        try {
-            st.apply(rows, id);
-        } catch (const commit_unknown& e) {
-            note_error(e.what(), true);
-            unknown_batch_ = id;
-            unknown_width_ = width;
-            return step_result::failed;
-        } catch (const rejected_row& e) {
-            if (width > 1) {
-                width_ = width / 2;  // find the row: halve the prefix
-                note_error(e.what(), false);
-                return step_result::progress;
-            }
-            note_rejected(rows.front(), e.what());
-            return finish(1, true);
-        } catch (const std::exception& e) {
-            note_error(e.what(), false);
-            return step_result::failed;
-        }
-        return finish(width, false);
+                return st.committed(id);
+            });
     }
 
     /// One store call on `lane` of a pipelined store (see "Lanes" above): retries a job that failed,
@@ -207,7 +179,6 @@ public:
     template <class Taken>
     step_result step_lane(pipelined_store& st, std::size_t lane, Taken&& taken) {
         std::unique_ptr<job> j;
-        std::uint64_t id = 0;
         {
             std::lock_guard lock(lanes_mutex_);
             if (!retry_.empty()) {
@@ -217,10 +188,14 @@ public:
                 j = form_job();
                 if (!j) return step_result::idle;
             }
-            id = batch_prefix_ | ++lane_batch_counter_;
         }
         taken();
-        const step_result result = attempt(st, lane, *j, id);
+        const step_result result = attempt(
+            *j, [&](std::span<const store_row> rows, std::uint64_t id) { st.apply_on(lane, rows, id); },
+            [&](std::uint64_t id) {
+                st.reconnect_on(lane);
+                return st.committed_on(lane, id);
+            });
         std::lock_guard lock(lanes_mutex_);
         if (j->rows.empty()) {
             for (const std::size_t h : j->keys)
@@ -257,8 +232,8 @@ public:
     /// Rows still pending (batch, jobs waiting for a retry, deferred rows, queue), dropped: the
     /// driver gives up at shutdown. Jobs in flight on other lanes are theirs to finish or abandon.
     std::uint64_t abandon() {
-        std::uint64_t n = batch_.size();
-        if (n != 0) batch_.clear();  // lanes never fill batch_: they only read it, so two may abandon at once
+        std::uint64_t n = one_.rows.size();
+        if (n != 0) one_.rows.clear();  // lanes never fill one_: they only read it, so two may abandon at once
         {
             std::lock_guard lock(lanes_mutex_);
             n += deferred_.size();
@@ -273,7 +248,7 @@ public:
     /// Rows popped and not yet decided: the batch (one lane), or deferred rows and jobs waiting for
     /// a retry (lanes; jobs in flight not counted). Flusher threads only.
     [[nodiscard]] bool batch_pending() const {
-        if (!batch_.empty()) return true;
+        if (!one_.rows.empty()) return true;
         std::lock_guard lock(lanes_mutex_);
         return !deferred_.empty() || !retry_.empty();
     }
@@ -299,24 +274,20 @@ private:
     void fill() {
         store_row row;
         std::int64_t popped = 0;
-        while (batch_.size() < max_batch_ && queue_.pop(row)) {
-            batch_.push_back(row);
+        while (one_.rows.size() < max_batch_ && queue_.pop(row)) {
+            one_.rows.push_back(row);
             ++popped;
         }
         if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
-        std::sort(batch_.begin(), batch_.end(), [](const store_row& a, const store_row& b) {
+        sort_rows(one_.rows);
+        one_.width = max_batch_;
+    }
+
+    static void sort_rows(std::vector<store_row>& rows) {
+        std::sort(rows.begin(), rows.end(), [](const store_row& a, const store_row& b) {
             const auto ka = a.t.k.view(), kb = b.t.k.view();
             return ka != kb ? ka < kb : a.seq < b.seq;
         });
-        width_ = max_batch_;
-    }
-
-    /// The first n rows of the batch are decided (committed, or the one row set aside).
-    step_result finish(std::size_t n, bool rejected) {
-        decide(std::span<const store_row>(batch_.data(), n), rejected);
-        batch_.erase(batch_.begin(), batch_.begin() + static_cast<std::ptrdiff_t>(n));
-        if (!rejected) width_ = std::min(max_batch_, width_ * 2);  // grow back after a success
-        return step_result::progress;
     }
 
     /// Rows decided: the watermark advances over the contiguous prefix of decided seqs. Called by
@@ -339,8 +310,9 @@ private:
         watermark_.store(w, std::memory_order_release);  // (P3) pairs with (P4)
     }
 
-    /// A batch of a pipelined store: rows sorted by (key, seq), the hashes of its distinct keys
-    /// (held in held_ while the job lives), and the single-lane step()'s state for its rows.
+    /// A batch: the single flusher's (one_), or a lane's job. Rows sorted by (key, seq), the state
+    /// of the halving and of an unknown commit, and for a job the hashes of its distinct keys (held
+    /// in held_ while the job lives).
     struct job {
         std::vector<store_row> rows;
         std::vector<std::size_t> keys;
@@ -378,21 +350,21 @@ private:
         }
         if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
         if (j->rows.empty()) return nullptr;
-        std::sort(j->rows.begin(), j->rows.end(), [](const store_row& a, const store_row& b) {
-            const auto ka = a.t.k.view(), kb = b.t.k.view();
-            return ka != kb ? ka < kb : a.seq < b.seq;
-        });
+        sort_rows(j->rows);
         for (std::size_t i = 0; i < j->rows.size(); ++i)
             if (i == 0 || j->rows[i].t.k.view() != j->rows[i - 1].t.k.view()) {
                 j->keys.push_back(key_hash(j->rows[i]));
                 ++held_[j->keys.back()];
             }
-        j->width = j->rows.size();
+        j->width = max_batch_;
         return j;
     }
 
-    /// step()'s one store call, on a job and a lane. Rows decided leave j.rows.
-    step_result attempt(pipelined_store& st, std::size_t lane, job& j, std::uint64_t id) {
+    /// One store call for a batch (the single flusher's, or a lane's job): asks about its unknown
+    /// commit, or applies its first `width` rows under a fresh batch id. Rows decided leave j.rows.
+    /// apply(rows, id) and committed(id) (which reconnects first) name the store and lane.
+    template <class Apply, class Committed>
+    step_result attempt(job& j, Apply&& apply, Committed&& committed) {
         const std::size_t width = j.unknown_batch != 0 ? j.unknown_width : std::min(j.width, j.rows.size());
         std::span<const store_row> rows(j.rows.data(), width);
         const auto done = [&](std::size_t n, bool rejected) {
@@ -403,17 +375,18 @@ private:
         };
         if (j.unknown_batch != 0) {
             try {
-                st.reconnect_on(lane);
-                const bool committed = st.committed_on(lane, j.unknown_batch);
+                const bool was = committed(j.unknown_batch);
                 j.unknown_batch = 0;  // answered
-                if (committed) return done(width, false);
+                if (was) return done(width, false);
             } catch (const std::exception& e) {
                 note_error(e.what(), false, true);
                 return step_result::failed;  // still unknown: ask again
             }
         }
+        // relaxed: the counter only makes ids unique; lanes take them concurrently
+        const std::uint64_t id = batch_prefix_ | (batch_counter_.fetch_add(1, std::memory_order_relaxed) + 1);
         try {
-            st.apply_on(lane, rows, id);
+            apply(rows, id);
         } catch (const commit_unknown& e) {
             note_error(e.what(), true);
             j.unknown_batch = id;
@@ -462,19 +435,14 @@ private:
     std::atomic<std::uint64_t> rejected_count_{0};
 
     // Flusher-only state.
-    std::vector<store_row> batch_;
-    std::size_t width_;                 // rows of the batch the next apply takes (halved to isolate a rejected row)
-    std::uint64_t unknown_batch_ = 0;   // id of the batch prefix whose commit is unknown, else 0
-    std::size_t unknown_width_ = 0;
-    std::uint64_t batch_counter_ = 0;
+    job one_;  // the single flusher's batch (step()); lanes leave it empty
+    std::atomic<std::uint64_t> batch_counter_{0};
 
-    // Lanes (step_lane), under lanes_mutex_. Batch ids count on in their own counter: one lane's
-    // ids and a single-lane flusher's never meet (a pipeline uses one mode for its life).
+    // Lanes (step_lane), under lanes_mutex_.
     mutable std::mutex lanes_mutex_;
     std::vector<store_row> deferred_;                   // popped, key held by a job; pop order
     std::vector<std::unique_ptr<job>> retry_;           // failed (or halving) jobs, keys still held
     std::unordered_map<std::size_t, std::uint32_t> held_;  // key hash -> jobs holding it
-    std::uint64_t lane_batch_counter_ = 0;
 
     mutable std::mutex mutex_;  // flusher <-> readers of counters and rejected seqs; never on the hot path
     std::set<std::uint64_t> done_;           // decided seqs above the watermark
