@@ -16,8 +16,8 @@
 // Preload: before the run (untimed) the store already holds N records (claim + succeed audit rows
 // each) with random keys from another stream of the same seed (so distinct from the run's, barring a
 // 122-bit collision), written straight through store::apply in batches of 65536 rows sorted by key.
-// SQLite: built once into PATH.preload-N-seedS and copied to PATH for each run (delete the template
-// to rebuild it); PostgreSQL: written again for every run. The guard recovers the preloaded records
+// SQLite: built once into PATH.preload-N-seedS-vV (V: sqlite_store::schema_version) and copied to
+// PATH for each run (delete the template to rebuild it); PostgreSQL: written again for every run. The guard recovers the preloaded records
 // at open (capacity ops + N), as a restarted service would; preload_s and recovery_s say what each
 // took.
 //
@@ -205,7 +205,10 @@ std::unique_ptr<idem::store> prepare_store(const args& a, bool sync, preload_fig
     if (is_sqlite(a.store)) {
         namespace fs = std::filesystem;
         const std::string path = a.store.substr(7);
-        const std::string tmpl = path + ".preload-" + std::to_string(a.preload) + "-seed" + std::to_string(a.seed);
+        // Named by the schema version too: a template of an older layout would be upgraded in place
+        // at every open instead of measuring the current one.
+        const std::string tmpl = path + ".preload-" + std::to_string(a.preload) + "-seed" + std::to_string(a.seed) +
+                                 "-v" + std::to_string(idem::sqlite_store::schema_version);
         if (fs::exists(tmpl)) {
             pf.cached = true;
         } else {
