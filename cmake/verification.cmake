@@ -19,7 +19,11 @@ find_package(GTest REQUIRED)
 
 # ---- sim: deterministic simulation ------------------------------------------------------------------
 add_executable(sim_test ${_idem_verify_src}/tests/sim_test.cpp)
-target_link_libraries(sim_test PRIVATE idem::idem GTest::gtest)
+target_link_libraries(sim_test PRIVATE idem::idem idem::sqlite GTest::gtest)
+if(TARGET idem::rocksdb)  # test seeds_on_file_stores runs the seeds over a RocksDB disk too
+  target_link_libraries(sim_test PRIVATE idem::rocksdb)
+  target_compile_definitions(sim_test PRIVATE IDEM_SIM_ROCKSDB)
+endif()
 target_include_directories(sim_test PRIVATE ${_idem_verify_src}/tests)
 target_compile_options(sim_test PRIVATE -Wall -Wextra -Werror=return-type)
 add_test(NAME sim_test COMMAND sim_test --seeds=${IDEM_VERIFY_SIM_SEEDS})

@@ -8,7 +8,8 @@
 //     rejected rows isolated by halving, the contiguous watermark) stepped by hand in simulated
 //     time, with flush_pipeline's backoff, sync await with a deadline, durable() and accepts()
 //     around it.
-//   * `fault_store`: an idem::store over a memory_store "disk" that survives crashes, injecting
+//   * `fault_store`: an idem::store over a "disk" that survives crashes (a memory_store; in test
+//     seeds_on_file_stores, a real sqlite_store or rocksdb_store in a temporary directory), injecting
 //     seeded write failures, in-doubt commits that did or did not commit, failures of the
 //     committed() question, read failures during recovery, latency in simulated time, outages that
 //     end (shorter and up to four times longer than sync_timeout), and poison keys whose rows it can
@@ -46,13 +47,20 @@
 // Flags (or environment): --seeds=N (IDEM_SIM_SEEDS, default 1000), --first=S (IDEM_SIM_FIRST),
 // --seed=S to replay one seed with a full trace (IDEM_SIM_SEED), --real-seeds=N (IDEM_SIM_REAL_SEEDS),
 // --no-committed-faults (IDEM_SIM_COMMITTED_FAULTS=0) to keep store::committed() healthy,
-// --teeth-all (IDEM_SIM_TEETH_ALL=1) to run every mutation of checker_has_teeth over all 200 seeds.
+// --teeth-all (IDEM_SIM_TEETH_ALL=1) to run every mutation of checker_has_teeth over all 200 seeds,
+// IDEM_SIM_DISK=sqlite|rocksdb to run sim.seeds over a real file store, IDEM_SIM_FILE_SEEDS=N for
+// the seeds of test seeds_on_file_stores (default 100 per file store).
 #include <idem/idem.hpp>
 #include <idem/durable.hpp>
 #include <idem/store.hpp>
 #include <idem/verify.hpp>
+#include <idem/sqlite_store.hpp>
+#ifdef IDEM_SIM_ROCKSDB
+#include <idem/rocksdb_store.hpp>
+#endif
 
 #include <gtest/gtest.h>
+#include <filesystem>
 
 #include <algorithm>
 #include <cstdint>
@@ -139,6 +147,37 @@ const char* to_string(mutation m) {
 }
 mutation g_mutation = mutation::none;
 
+/// What the simulated disk is: the reference memory_store, or a real file store (a fresh one per
+/// seed, in a temporary directory), so the same faults, crashes and checks run over its apply(),
+/// committed(), load() and audit trail.
+enum class disk_kind { memory, sqlite, rocksdb };
+disk_kind g_disk = disk_kind::memory;
+
+/// The disk for one seed; a file store's directory is removed with it.
+struct sim_disk {
+    std::filesystem::path dir;
+    std::unique_ptr<idem::store> st;
+    explicit sim_disk(disk_kind kind) {
+        if (kind == disk_kind::memory) {
+            st = std::make_unique<idem::memory_store>();
+            return;
+        }
+        std::string pattern = (std::filesystem::temp_directory_path() / "idem-sim.XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+        dir = pattern;
+        if (kind == disk_kind::sqlite) st = std::make_unique<idem::sqlite_store>((dir / "sim.db").string());
+#ifdef IDEM_SIM_ROCKSDB
+        else st = std::make_unique<idem::rocksdb_store>((dir / "sim").string());
+#endif
+        if (!st) throw std::runtime_error("this build has no RocksDB store");
+    }
+    ~sim_disk() {
+        st.reset();
+        std::error_code ec;
+        if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+};
+
 std::uint64_t env_or(const char* name, std::uint64_t v) {
     const char* s = std::getenv(name);
     return s ? std::strtoull(s, nullptr, 10) : v;
@@ -189,10 +228,10 @@ struct fault_rates {
     std::chrono::milliseconds latency{0};  ///< simulated time one apply takes
 };
 
-/// An idem::store over a memory_store disk that survives crashes. Used by one thread at a time.
+/// An idem::store over a disk that survives crashes. Used by one thread at a time.
 class fault_store final : public idem::store {
 public:
-    fault_store(idem::memory_store& disk, fault_rates rates, std::uint64_t seed, trace* log,
+    fault_store(idem::store& disk, fault_rates rates, std::uint64_t seed, trace* log,
                 std::function<void(std::chrono::nanoseconds)> spend = {})
         : disk_(disk), rates_(rates), rng_(seed), log_(log), spend_(std::move(spend)) {}
 
@@ -290,7 +329,7 @@ private:
             if (p == k) return true;
         return false;
     }
-    idem::memory_store& disk_;
+    idem::store& disk_;
     fault_rates rates_;
     rng rng_;
     trace* log_;
@@ -1179,7 +1218,8 @@ private:
     std::uint64_t spin_limit_ = 0, probes_ = 0;
     double spin_step_ = 0;
     idem::manual_clock clock_;
-    idem::memory_store disk_;
+    sim_disk disk_owner_{g_disk};
+    idem::store& disk_ = *disk_owner_.st;
     std::unique_ptr<fault_store> store_;
     std::unique_ptr<sim_pipeline> pipe_;
     std::optional<sim_guard> g_;
@@ -1289,6 +1329,37 @@ TEST(sim, seeds) {
                 static_cast<unsigned long long>(d.max_depth), static_cast<unsigned long long>(d.depth_bound),
                 static_cast<unsigned long long>(depth_at_bound), static_cast<unsigned long long>(d.visible_checks),
                 static_cast<unsigned long long>(sync_seeds));
+}
+
+// The same seeds over real file stores as the disk: every fault, crash, recovery and check of
+// layer A, with the store's own apply() (fold and fence guard), committed(), load() and audit trail
+// (idem::verify) instead of the reference's. IDEM_SIM_FILE_SEEDS seeds per store (default 100).
+TEST(sim, seeds_on_file_stores) {
+    const std::uint64_t n = env_or("IDEM_SIM_FILE_SEEDS", 100);
+    std::vector<std::pair<disk_kind, const char*>> disks{{disk_kind::sqlite, "sqlite"}};
+#ifdef IDEM_SIM_ROCKSDB
+    disks.emplace_back(disk_kind::rocksdb, "rocksdb");
+#endif
+    for (const auto& [kind, name] : disks) {
+        g_disk = kind;
+        std::uint64_t failed = 0, crashes = 0, calls = 0, doubt = 0;
+        for (std::uint64_t s = g_flags.first; s < g_flags.first + n; ++s) {
+            const outcome o = run_seed(s, false);
+            crashes += o.crashes;
+            calls += o.store_calls;
+            doubt += o.in_doubt_batches;
+            if (!o.ok && failed++ < 5)
+                ADD_FAILURE() << name << " disk, seed " << s << ": " << o.problems.front()
+                              << " (replay: IDEM_SIM_DISK=" << name << " sim_test --seed=" << s << ")";
+        }
+        std::printf("[ sim     ] %llu seeds on a %s disk: %llu crashes, %llu store calls, %llu in-doubt commits, "
+                    "%llu seeds with violations\n",
+                    static_cast<unsigned long long>(n), name, static_cast<unsigned long long>(crashes),
+                    static_cast<unsigned long long>(calls), static_cast<unsigned long long>(doubt),
+                    static_cast<unsigned long long>(failed));
+        EXPECT_GT(calls, n) << "the seeds on the " << name << " disk made no store calls";
+    }
+    g_disk = disk_kind::memory;
 }
 
 TEST(sim, a_seed_replays_exactly) {
@@ -1532,6 +1603,12 @@ int main(int argc, char** argv) {
     g_flags.first = env_or("IDEM_SIM_FIRST", g_flags.first);
     g_flags.real_seeds = env_or("IDEM_SIM_REAL_SEEDS", g_flags.real_seeds);
     if (const char* s = std::getenv("IDEM_SIM_SEED")) g_flags.one = std::strtoull(s, nullptr, 10);
+    // IDEM_SIM_DISK=sqlite|rocksdb: test sim.seeds (and --seed=S replays) run over that file store.
+    if (const char* d = std::getenv("IDEM_SIM_DISK")) {
+        const std::string disk = d;
+        if (disk == "sqlite") g_disk = disk_kind::sqlite;
+        else if (disk == "rocksdb") g_disk = disk_kind::rocksdb;
+    }
     g_flags.committed_faults = env_or("IDEM_SIM_COMMITTED_FAULTS", 1) != 0;
     g_flags.teeth_all = env_or("IDEM_SIM_TEETH_ALL", 0) != 0;
     for (int i = 1; i < argc; ++i) {
