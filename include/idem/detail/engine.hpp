@@ -16,6 +16,9 @@
 //   the retention (evicting them all at once), then bumps the epoch so it becomes the current one.
 //   This is expiry by generation: no per-key deletes, no tombstones, probe chains never break in a
 //   generation that takes claims.
+// * Memory is mapped once, 2 MiB aligned, arenas (and an index up to 32 MiB) in huge pages, and
+//   committed lazily; a thread (arena_toucher) populates each arena a little ahead of the claims,
+//   without writing, so they do not fault on the hot path (docs/design.md, "Memory").
 //
 // Linearization points
 // --------------------
@@ -69,6 +72,8 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -269,24 +274,48 @@ template <class T>
 inline constexpr bool zero_pages_ok_v = std::is_same_v<T, std::atomic<std::uint64_t>> ||
                                         std::is_same_v<T, slot<std::atomic>>;
 
+/// Transparent huge pages are 2 MiB on x86-64 and on arm64 with 4 KiB base pages.
+inline constexpr std::size_t huge_page = std::size_t{2} << 20;
+
+/// How a mapping is backed. `huge`: MADV_HUGEPAGE, for arenas filled from their start (a huge page
+/// is committed only when a claim reaches it, and then it is used in full) and for an index small
+/// enough that a few thousand claims touch all of it anyway. `small`: 4 KiB pages, for a large index,
+/// which is touched at random: in huge pages, 1,000 claims on a 256 MiB index would commit nearly all
+/// of it (a huge page each), in 4 KiB pages 4 MiB.
+enum class backing : std::uint8_t { huge, small };
+
+/// Largest index (bytes per generation) mapped in huge pages; beyond it, 4 KiB pages (see backing).
+inline constexpr std::size_t huge_index_limit = std::size_t{32} << 20;
+
 template <class T>
-T* map_words(std::size_t count, bool prefault) {
+T* map_words(std::size_t count, bool prefault, backing how = backing::huge) {
     if constexpr (zero_pages_ok_v<T>) {
         const std::size_t bytes = count * sizeof(T);
-        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
+        // Over-map by a huge page and trim both ends, so the mapping starts on a 2 MiB boundary and
+        // every 2 MiB of it can be one huge page (an unaligned start splits the first and last).
+        const std::size_t span = how == backing::huge ? bytes + huge_page : bytes;
+        void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
             throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
                                                     " bytes for the record table; lower options.capacity");
-        // Lookups land on random slots of a large table: with 4 KiB pages nearly every one is a TLB
-        // miss (a two-level page walk under virtualization). Transparent huge pages cut that; the
-        // advice is best effort (ignored where THP is off).
-        (void)::madvise(p, bytes, MADV_HUGEPAGE);
+        auto* p = static_cast<char*>(raw);
+        if (how == backing::huge) {
+            const auto addr = reinterpret_cast<std::uintptr_t>(raw);
+            const std::size_t head = (huge_page - addr % huge_page) % huge_page;
+            if (head != 0) ::munmap(p, head);
+            ::munmap(p + head + bytes, huge_page - head);
+            p += head;
+            // Lookups land on random lines of a large table: with 4 KiB pages nearly every one is a
+            // TLB miss (a two-level page walk under virtualization), and filling an arena costs a
+            // fault per 4 KiB instead of per 2 MiB. Best effort: ignored where THP is off.
+            (void)::madvise(p, bytes, MADV_HUGEPAGE);
+        }
         if (prefault) {
             (void)::madvise(p, bytes, MADV_WILLNEED);
             auto* c = static_cast<volatile char*>(p);
             for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;  // fault every page in, now
         }
-        return static_cast<T*>(p);
+        return reinterpret_cast<T*>(p);
     } else {
         T* p = static_cast<T*>(::operator new[](count * sizeof(T), std::align_val_t{alignof(T)}));
         for (std::size_t i = 0; i < count; ++i) new (&p[i]) T();
@@ -345,6 +374,8 @@ public:
             }
             const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
             if (fresh >= chunks_) return npos;
+            if (fresh >= call_at_.load(std::memory_order_relaxed)) [[unlikely]]  // relaxed: a hint
+                ring(fresh);
             if (advance(c, ((fresh + 1) << 32) | n)) return fresh * chunk_units_;
             // Another sharer installed a chunk first: give ours back if nobody took one since, so
             // threads racing on a shared stripe do not leak a chunk each time.
@@ -359,12 +390,33 @@ public:
         for (auto& c : cursors_) c.v.store(0, std::memory_order_relaxed);
     }
 
+    /// Chunks handed out since the last reset. A hint for the toucher (arena_toucher): relaxed.
+    [[nodiscard]] std::uint64_t taken() const noexcept {
+        return std::min<std::uint64_t>(next_chunk_.load(std::memory_order_relaxed), chunks_);
+    }
+    /// Where ring() signals: set once, before the engine is shared (the toucher's constructor).
+    void attach(std::atomic<std::uint32_t>* bell) noexcept { bell_ = bell; }
+    /// The next allocation of a chunk numbered `chunk` or above increments the bell and wakes its
+    /// waiter, once; the toucher re-arms it. Not part of the record protocol: std::atomic always.
+    void call_at(std::uint64_t chunk) noexcept {
+        call_at_.store(chunk, std::memory_order_relaxed);  // relaxed: the toucher re-checks the frontier after waking
+    }
+
 private:
+    void ring(std::uint64_t fresh) noexcept {
+        std::uint64_t armed = call_at_.load(std::memory_order_relaxed);  // relaxed: one ringer wins the CAS
+        if (fresh < armed || !call_at_.compare_exchange_strong(armed, npos, std::memory_order_relaxed)) return;
+        bell_->fetch_add(1, std::memory_order_relaxed);  // relaxed: wakes the toucher; it reads the frontier itself
+        bell_->notify_one();
+    }
+
     struct alignas(64) cursor_line {
         Atomic<std::uint64_t> v;
     };
     std::uint64_t chunk_units_;
     std::uint64_t chunks_;
+    std::atomic<std::uint32_t>* bell_ = nullptr;
+    std::atomic<std::uint64_t> call_at_{npos};  ///< npos: nobody to call (model checkers, prefault, fired)
     alignas(64) Atomic<std::uint64_t> next_chunk_;
     cursor_line cursors_[Cursors];
 };
@@ -374,19 +426,34 @@ template <template <class> class Atomic>
 inline constexpr unsigned arena_cursors =
     std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>> ? stripe_count : 4;
 
+/// An arena's memory and its allocator, as the toucher sees them.
+template <template <class> class Atomic>
+struct arena_span {
+    char* base;
+    std::size_t bytes;
+    std::size_t chunk_bytes;
+    chunk_allocator<Atomic, arena_cursors<Atomic>>* alloc;
+};
+
 /// The key text of one generation's records, written once per record when it is first claimed and
 /// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
-/// An entry is one word with the key's size, then the bytes, in 4 KiB chunks per stripe: a claim
-/// writes its key into lines its own thread wrote a moment ago. It holds at least max_size + 8
-/// bytes for every index position, plus a chunk per stripe, so it cannot fill before the index does.
+/// An entry is the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4 KiB chunks per stripe: a
+/// claim writes its key into lines its own thread wrote a moment ago. Its size travels in the
+/// reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the first word + 1, so
+/// an entry needs no size word of its own (8 bytes less per record). It holds at least max_size bytes
+/// for every index position, plus a chunk per stripe, so it cannot fill before the index does.
 template <template <class> class Atomic>
 class key_arena {
 public:
     static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
-    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : key::max_size / 8 + 1;
+    static constexpr std::uint64_t max_words = key::max_size / 8;
+    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : max_words;
+    static constexpr unsigned size_shift = 40;
+    static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
+    static_assert(key::max_size % 8 == 0 && key::max_size < 256, "a key's size must fit the reference's 8 size bits");
 
     key_arena(std::size_t positions, bool prefault)
-        : chunks_((positions * (key::max_size / 8 + 1) + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
+        : chunks_((positions * max_words + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
           alloc_(chunk_words, chunks_) {
         words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words, prefault);
     }
@@ -394,40 +461,43 @@ public:
     key_arena(const key_arena&) = delete;
     key_arena& operator=(const key_arena&) = delete;
 
-    /// Appends k; returns its reference (word index + 1), or 0 when the arena is full.
+    /// Appends k (not empty); returns its reference (size << 40 | first word + 1), or 0 when the
+    /// arena is full.
     [[nodiscard]] std::uint64_t append(const key& k, stripe_ref stripe) noexcept {
-        const std::uint64_t n = 1 + (k.size() + 7) / 8;
+        const std::uint64_t n = (k.size() + 7) / 8;
         const std::uint64_t at = alloc_.alloc(n, stripe);
         if (at == alloc_.npos) return 0;
         if constexpr (zero_pages_ok)  // the next keys' line
             if (at + n + 16 < chunks_ * chunk_words) __builtin_prefetch(words_ + at + n + 16, 1);
         // Whole words straight from the key's buffer: it holds max_size bytes, zero past size().
         const char* text = k.view().data();
-        words_[at].store(k.size(), std::memory_order_relaxed);  // relaxed: published by (5)
-        for (std::uint64_t i = 1; i < n; ++i) {
+        for (std::uint64_t i = 0; i < n; ++i) {
             std::uint64_t w;
-            std::memcpy(&w, text + 8 * (i - 1), 8);
+            std::memcpy(&w, text + 8 * i, 8);
             words_[at + i].store(w, std::memory_order_relaxed);  // relaxed: published by (5)
         }
-        return at + 1;
+        return std::uint64_t{k.size()} << size_shift | (at + 1);
     }
 
-    /// The key text at ref, or "" when ref or the stored size is out of range (a torn read: the
-    /// caller validates the slot word afterwards and discards the result).
+    /// The key text at ref, or "" when ref is out of range (a torn read: the caller validates the
+    /// slot word afterwards and discards the result).
     [[nodiscard]] std::string read(std::uint64_t ref) const {
         const std::uint64_t total = chunks_ * chunk_words;
-        if (ref == 0 || ref > total) return {};
-        const std::uint64_t at = ref - 1;
-        const std::uint64_t size = words_[at].load(std::memory_order_relaxed);  // relaxed: caller validates
+        const std::uint64_t size = ref >> size_shift;
         const std::uint64_t n = (size + 7) / 8;
-        if (size == 0 || size > key::max_size || at + 1 + n > total) return {};
-        std::uint64_t bytes[key::max_size / 8];
+        if ((ref & at_mask) == 0 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
+        const std::uint64_t at = (ref & at_mask) - 1;
+        std::uint64_t bytes[max_words];
         for (std::uint64_t i = 0; i < n; ++i)
-            bytes[i] = words_[at + 1 + i].load(std::memory_order_relaxed);  // relaxed: caller validates
+            bytes[i] = words_[at + i].load(std::memory_order_relaxed);  // relaxed: caller validates
         return std::string(reinterpret_cast<const char*>(bytes), size);
     }
 
     void reset() noexcept { alloc_.reset(); }
+    [[nodiscard]] arena_span<Atomic> span() noexcept {
+        return {reinterpret_cast<char*>(words_), chunks_ * chunk_words * sizeof(words_[0]), chunk_words * sizeof(words_[0]),
+                &alloc_};
+    }
 
 private:
     std::uint64_t chunks_;
@@ -467,6 +537,9 @@ public:
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
     [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
     void reset() noexcept { alloc_.reset(); }
+    [[nodiscard]] arena_span<Atomic> span() noexcept {
+        return {reinterpret_cast<char*>(slots_), size() * sizeof(slot<Atomic>), chunk_slots * sizeof(slot<Atomic>), &alloc_};
+    }
     static constexpr std::uint64_t npos = chunk_allocator<Atomic, arena_cursors<Atomic>>::npos;
 
 private:
@@ -483,7 +556,9 @@ class generation {
 public:
     generation(std::size_t positions, bool prefault)
         : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault) {
-        index_ = map_words<index_entry<Atomic>>(positions, prefault);
+        index_ = map_words<index_entry<Atomic>>(
+            positions, prefault,
+            positions * sizeof(index_entry<Atomic>) <= huge_index_limit ? backing::huge : backing::small);
     }
     ~generation() { unmap_words(index_, mask_ + 1); }
     generation(const generation&) = delete;
@@ -494,6 +569,9 @@ public:
     [[nodiscard]] slot_arena<Atomic>& slots() noexcept { return slots_; }
     [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
     [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
+    /// The index's memory (the toucher populates a small index at construction).
+    [[nodiscard]] char* index_memory() noexcept { return reinterpret_cast<char*>(index_); }
+    [[nodiscard]] std::size_t index_bytes() const noexcept { return size() * sizeof(index_entry<Atomic>); }
     /// The slot a position's ref names (ref >= 2).
     [[nodiscard]] slot<Atomic>& slot_at(std::uint64_t ref) noexcept { return slots_.at(ref - 2); }
 
@@ -562,6 +640,106 @@ private:
     std::size_t mask_;
     slot_arena<Atomic> slots_;
     key_arena<Atomic> keys_;
+};
+
+/// Keeps the arenas' pages populated ahead of their allocation frontier, from a thread of its own,
+/// so claims do not take the first-touch fault of a huge page (zeroing 2 MiB: about 0.2 ms; on a VM
+/// whose host took the memory back, up to several ms) on the hot path. An arena in use is kept
+/// populated `ahead` bytes beyond its frontier (the chunks handed out); the first chunk allocated
+/// beyond the half of that margin rings the toucher's bell (chunk_allocator::call_at), so a claim
+/// pays at most one futex wake per `ahead / 2` bytes of arena and the toucher sleeps otherwise.
+/// Memory stays committed lazily: a guard holding n records has populated at most its n records'
+/// arena pages plus `ahead` per arena in use. Populating never writes a byte (MADV_POPULATE_WRITE;
+/// before Linux 5.14, an atomic `fetch_or(0)` per 4 KiB page, which changes no value either), so it
+/// needs no ordering with the claims that write there.
+class arena_toucher {
+public:
+    using span = arena_span<std::atomic>;
+    static constexpr std::size_t ahead = std::size_t{4} << 20;
+
+    /// Populates the first `ahead` bytes of the arenas in `now` (and the index `index`, if any) before
+    /// returning, then starts the thread that keeps every arena ahead.
+    arena_toucher(std::vector<span> arenas, std::size_t now, char* index, std::size_t index_bytes)
+        : regions_(arenas.size()) {
+        for (std::size_t i = 0; i < arenas.size(); ++i) regions_[i].a = arenas[i];
+        if (index != nullptr) populate(index, index_bytes);
+        for (std::size_t i = 0; i < now && i < regions_.size(); ++i) advance_to(regions_[i], ahead);
+        for (auto& r : regions_) {
+            r.a.alloc->attach(&bell_);
+            rearm(r);
+        }
+        thread_ = std::thread([this] { run(); });
+    }
+    ~arena_toucher() {
+        stop_.store(true, std::memory_order_relaxed);  // relaxed: published by the release RMW below
+        bell_.fetch_add(1, std::memory_order_release);  // pairs with the acquire load in run()
+        bell_.notify_one();
+        thread_.join();
+    }
+    arena_toucher(const arena_toucher&) = delete;
+    arena_toucher& operator=(const arena_toucher&) = delete;
+
+    /// Populates [p, p + bytes): fault the pages in as a write would, without writing.
+    static void populate(char* p, std::size_t bytes) noexcept {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+        if (bytes == 0 || ::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+        for (std::size_t i = 0; i < bytes; i += 4096)
+            __atomic_fetch_or(reinterpret_cast<std::uint64_t*>(p + i), 0, __ATOMIC_RELAXED);  // relaxed: changes nothing
+    }
+
+private:
+    struct region {
+        span a{};
+        std::size_t populated = 0;  ///< bytes from the start known populated (never falls: memory stays)
+    };
+
+    /// How far `r` should be populated: `ahead` beyond its frontier, once it is in use.
+    [[nodiscard]] static std::size_t wanted(const region& r) noexcept {
+        const std::size_t frontier = r.a.alloc->taken() * r.a.chunk_bytes;
+        return frontier == 0 ? 0 : std::min(r.a.bytes, frontier + ahead);
+    }
+    static void advance_to(region& r, std::size_t target) noexcept {
+        target = std::min(r.a.bytes, target);
+        if (r.populated >= target) return;
+        populate(r.a.base + r.populated, target - r.populated);
+        r.populated = target;
+    }
+    /// Rings when the frontier comes within ahead / 2 of what is populated (at once, while unused).
+    void rearm(region& r) noexcept {
+        const std::size_t at = r.populated > ahead / 2 ? (r.populated - ahead / 2) / r.a.chunk_bytes : 0;
+        r.a.alloc->call_at(r.populated >= r.a.bytes ? chunk_allocator<std::atomic, stripe_count>::npos : at);
+    }
+    void run() noexcept {
+        for (;;) {
+            // acquire: a bell rung by ~arena_toucher (release) shows its stop_; claimers' rings
+            // need no order (the frontier is re-read below)
+            const std::uint32_t seen = bell_.load(std::memory_order_acquire);
+            if (stop_.load(std::memory_order_relaxed)) return;  // relaxed: ordered by the acquire above
+            bool behind = false;
+            for (auto& r : regions_) {
+                const std::size_t want = wanted(r);
+                if (r.populated >= want) continue;
+                // One huge page per step, so the other arenas get their turn; skip what the claims
+                // already faulted in themselves.
+                const std::size_t frontier = r.a.alloc->taken() * r.a.chunk_bytes;
+                r.populated = std::max(r.populated, frontier / huge_page * huge_page);
+                advance_to(r, std::min(want, (r.populated / huge_page + 1) * huge_page));
+                behind = behind || r.populated < wanted(r);
+            }
+            if (behind) continue;
+            for (auto& r : regions_) rearm(r);
+            bool again = false;  // a frontier may have passed the new mark before it was armed
+            for (auto& r : regions_) again = again || r.populated < wanted(r);
+            if (!again) bell_.wait(seen, std::memory_order_relaxed);
+        }
+    }
+
+    std::vector<region> regions_;
+    std::atomic<std::uint32_t> bell_{0};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
 };
 
 /// A seqlock snapshot of a slot's fields. valid == false when the word changed while reading.
@@ -650,6 +828,8 @@ public:
     static constexpr std::size_t max_capacity = std::size_t{1} << 30;
     static_assert(2 * max_capacity + stripe_count * 64 <= position::max_slots,
                   "a 32-bit position ref must name every slot of the largest generation");
+    static_assert(2 * max_capacity * (key::max_size / 8) + stripe_count * 512 < key_arena<Atomic>::at_mask,
+                  "a key reference's 40 bits must name every word of the largest key arena");
 
     engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
         if (opts_.capacity == 0) throw error(errc::invalid_argument, "options.capacity is 0; it must be at least 1");
@@ -670,6 +850,18 @@ public:
         for (auto& st : stripes_)
             for (auto& c : st.v) c.store(0, std::memory_order_relaxed);  // relaxed: before publication
         for (auto& b : fill_base_) b.store(0, std::memory_order_relaxed);  // relaxed: before publication
+        if constexpr (std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>) {
+            if (!opts_.prefault) {
+                // Generation 0 takes the first claims: its arenas' first pages now, and its index if
+                // it is small enough to be in huge pages (a few dozen claims would touch all of it).
+                generation<Atomic>& g0 = *gens_[0];
+                const bool small_index = g0.index_bytes() <= huge_index_limit;
+                toucher_ = std::make_unique<arena_toucher>(
+                    std::vector<arena_toucher::span>{g0.slots().span(), g0.keys().span(), gens_[1]->slots().span(),
+                                                     gens_[1]->keys().span()},
+                    2, small_index ? g0.index_memory() : nullptr, small_index ? g0.index_bytes() : 0);
+            }
+        }
     }
 
     [[nodiscard]] hash128 hash(const key& k) const noexcept {
@@ -693,6 +885,12 @@ public:
         return "the store set aside its claim as a row it can never take (see last_store_error())";
     }
     [[nodiscard]] const options& opts() const noexcept { return opts_; }
+    /// Where generation g's slot arena is mapped and how large it is (tests and diagnostics read
+    /// its backing in /proc/self/smaps).
+    [[nodiscard]] std::pair<const void*, std::size_t> slot_memory(unsigned g) noexcept {
+        const auto sp = gens_[g & 1]->slots().span();
+        return {sp.base, sp.bytes};
+    }
     [[nodiscard]] Clock& clock() noexcept { return clock_; }
 
     struct begin_answer {
@@ -1404,6 +1602,7 @@ private:
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];
     Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
+    std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 
 }  // namespace detail
