@@ -16,13 +16,16 @@
 // committed id again fails with store_error and writes nothing. committed(batch_id) resolves a
 // commit_unknown by asking the server, waiting for the old session's COMMIT if it is still running.
 //
-// Lanes (pipelined commits). The store is a pipelined_store with `lanes` connections (default 4):
+// Lanes (pipelined commits). The store is a pipelined_store with `lanes` connections (default 1):
 // lane 0 is its own connection, lane i > 0 a second postgres_store on the same URI, opened at its
 // first use and carrying this store's settings (node, sync durability, remote_apply, test hook;
 // no schema step: this store did it). A
 // durable_guard's flush pipeline then keeps up to `lanes` batches in flight, one per connection,
 // never two sharing a key (docs/pg_pipeline.md); PostgreSQL's group commit flushes their WAL
-// together. lanes = 1 gives the single-connection flusher. Every other call uses lane 0.
+// together. lanes = 1 gives the single-connection flusher. Every other call uses lane 0. The
+// default is 1 because on the 2-core machine of docs/pg_pipeline.md more lanes cut batches into
+// more, smaller transactions and lost throughput (CPU, not commit latency, was the limit there);
+// more lanes pay when the commit's latency (a remote server, a synchronous standby) is the limit.
 //
 // Deadlines. libpq blocks in poll() for as long as the server does not answer: a server stopped
 // with SIGSTOP, or a network that drops packets, would block the flusher forever, and neither
@@ -228,7 +231,7 @@ public:
 class postgres_store final : public store, public pipelined_store {
 public:
     /// Connections a durable_guard's flusher commits on at once, unless the constructor says.
-    static constexpr std::size_t default_lanes = 4;
+    static constexpr std::size_t default_lanes = 1;
 
     /// Connects to `uri` (postgresql://user@host:port/db, or a libpq key=value string, taken as is
     /// plus the deadline options it does not set itself) and creates or checks the schema.

@@ -185,9 +185,13 @@ public:
                 j = std::move(retry_.front());
                 retry_.erase(retry_.begin());
             } else {
+                // Another commit is in flight: start a second one only for a batch worth a
+                // transaction; fewer rows wait for the next free lane and join a larger batch.
+                if (in_flight_ != 0 && queued() + deferred_.size() < pipelined_rows()) return step_result::idle;
                 j = form_job();
                 if (!j) return step_result::idle;
             }
+            ++in_flight_;
         }
         taken();
         const step_result result = attempt(
@@ -197,6 +201,7 @@ public:
                 return st.committed_on(lane, id);
             });
         std::lock_guard lock(lanes_mutex_);
+        --in_flight_;
         if (j->rows.empty()) {
             for (const std::size_t h : j->keys)
                 if (auto it = held_.find(h); it != held_.end() && --it->second == 0) held_.erase(it);
@@ -321,6 +326,17 @@ private:
         std::size_t unknown_width = 0;
     };
 
+    /// Rows a lane needs waiting before it starts a commit beside one in flight. Small batches in
+    /// parallel cost more per row (a transaction each) than they save; large ones (async mode under
+    /// load) are where a second connection pays.
+    [[nodiscard]] std::size_t pipelined_rows() const noexcept { return std::max<std::size_t>(1, max_batch_ / 4); }
+    /// Rows reserved and not yet popped: the queue's depth, give or take reservations in progress.
+    [[nodiscard]] std::size_t queued() const noexcept {
+        const std::int64_t room = room_.load(std::memory_order_relaxed);  // relaxed: an estimate
+        if (room >= static_cast<std::int64_t>(capacity_)) return 0;
+        return capacity_ - static_cast<std::size_t>(std::max<std::int64_t>(room, 0));
+    }
+
     /// Most rows deferred at once (rows popped, room given back): beyond it the queue waits.
     [[nodiscard]] std::size_t deferred_limit() const noexcept { return std::max<std::size_t>(max_batch_, 1024); }
 
@@ -443,6 +459,7 @@ private:
     std::vector<store_row> deferred_;                   // popped, key held by a job; pop order
     std::vector<std::unique_ptr<job>> retry_;           // failed (or halving) jobs, keys still held
     std::unordered_map<std::size_t, std::uint32_t> held_;  // key hash -> jobs holding it
+    std::size_t in_flight_ = 0;                          // jobs taken by a lane and not yet back
 
     mutable std::mutex mutex_;  // flusher <-> readers of counters and rejected seqs; never on the hot path
     std::set<std::uint64_t> done_;           // decided seqs above the watermark
