@@ -7,12 +7,8 @@
 // offer() enqueues under that reservation and cannot fail.
 //
 // Flusher thread: steps the core. After a failed step it backs off exponentially (up to
-// max_backoff) and reconnects; after every step that moved the watermark it wakes the sync waiters
-// of the seqs the watermark passed, and only those: a waiter of seq s sleeps on wake bucket
-// s % wake_buckets, and the flusher notifies the buckets of the seqs in (last woken, watermark]
-// (all of them when that range is wider than the buckets). Waking all 64 callers of a sync pipeline
-// on every commit cost the flusher more CPU than the store did (pthread_cond_broadcast waking
-// threads that only go back to sleep). Sync mode: await(seq) blocks until the row with seq is decided (group commit: every
+// max_backoff) and reconnects; after every step that moved the watermark it wakes every sync
+// waiter. Sync mode: await(seq) blocks until the row with seq is decided (group commit: every
 // waiter whose row was in the batch wakes on one commit), or until sync_timeout, after which the
 // caller gets store_unavailable while the row stays queued.
 //
@@ -26,7 +22,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -136,9 +131,8 @@ public:
     }
 
     durability_wait await(std::uint64_t seq) noexcept override {
-        wake_bucket& b = buckets_[seq % wake_buckets];
-        std::unique_lock lock(b.mutex);
-        if (!b.cv.wait_for(lock, opts_.sync_timeout, [&] { return core_.watermark() >= seq; }))
+        std::unique_lock lock(mutex_);
+        if (!decided_.wait_for(lock, opts_.sync_timeout, [&] { return core_.watermark() >= seq; }))
             return durability_wait::timed_out;
         lock.unlock();
         return core_.fate(seq) == row_fate::rejected ? durability_wait::rejected : durability_wait::committed;
@@ -262,26 +256,11 @@ private:
         idle_cv_.wait_for(lock, std::chrono::milliseconds(50));
     }
 
-    /// The watermark moved: the waiters of the seqs it passed re-check their rows (flush() callers
-    /// too). Taking a bucket's mutex between the core's watermark store and the notify means no
-    /// waiter can miss it between its check and its wait. Lanes call this concurrently: woken_upto_
-    /// hands each range of seqs to one of them.
+    /// The watermark moved: every waiter re-checks its row. Taking the mutex between the core's
+    /// watermark store and the notify means no waiter can miss it between its check and its wait.
     void wake_waiters() {
-        const std::uint64_t w = core_.watermark();
-        std::uint64_t from = 0;
-        {
-            std::lock_guard lock(mutex_);
-            from = woken_upto_;
-            if (w > woken_upto_) woken_upto_ = w;
-        }
-        decided_.notify_all();  // flush(): rare, and free when nobody waits
-        if (w <= from) return;
-        const std::uint64_t n = std::min<std::uint64_t>(w - from, wake_buckets);
-        for (std::uint64_t i = 0; i < n; ++i) {
-            wake_bucket& b = buckets_[(from + 1 + i) % wake_buckets];
-            { std::lock_guard lock(b.mutex); }
-            b.cv.notify_all();
-        }
+        { std::lock_guard lock(mutex_); }
+        decided_.notify_all();
     }
 
     store& store_;
@@ -300,18 +279,8 @@ private:
     std::condition_variable idle_cv_;
     bool polling_ = false;
 
-    std::mutex mutex_;  // flusher <-> flush() callers, and woken_upto_; never on the async hot path
+    std::mutex mutex_;  // flusher <-> sync waiters only; never taken on the async hot path
     std::condition_variable decided_;
-    std::uint64_t woken_upto_ = 0;  // waiters of seqs up to here were notified (under mutex_)
-
-    // Sync waiters, by seq % wake_buckets; a bucket to a cache line (waiters of neighbouring seqs
-    // would otherwise share one).
-    static constexpr std::size_t wake_buckets = 64;
-    struct alignas(64) wake_bucket {
-        std::mutex mutex;
-        std::condition_variable cv;
-    };
-    std::array<wake_bucket, wake_buckets> buckets_;
 };
 
 }  // namespace detail
