@@ -575,6 +575,9 @@ int main(int argc, char** argv) {
     register_overhead<idem_guard>();
     register_overhead<idem_durable_guard>();
     register_overhead<idem_durable_guard, true>();
+#ifdef IDEM_BENCH_HAVE_ROCKSDB
+    register_overhead<idem_durable_rocksdb_guard>();
+#endif
     register_overhead<redis_guard>();
     register_overhead<postgres_guard>();
 

@@ -27,6 +27,9 @@
 
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
+#ifdef IDEM_BENCH_HAVE_ROCKSDB
+#include "idem/rocksdb_store.hpp"
+#endif
 #include "idem/sqlite_store.hpp"
 
 #if IDEM_BENCH_HAVE_LIBCUCKOO
@@ -101,19 +104,26 @@ private:
 using idem_guard = basic_idem_guard<false>;
 using idem_prefault_guard = basic_idem_guard<true>;
 
-/// idem with its durable store: a durable_guard on SQLite (a file in the temporary directory) in
-/// async mode, its flusher thread writing every transition in batches while the benchmark runs.
-/// Used by the overhead scenario: what a user of the default set-up pays.
-class idem_durable_guard {
+/// The durable stores the overhead scenario runs: SQLite (the default set-up) and RocksDB.
+enum class durable_kind { sqlite, rocksdb };
+
+/// idem with its durable store: a durable_guard on SQLite (a file in the temporary directory) or
+/// RocksDB (a directory there) in async mode, its flusher thread writing every transition in
+/// batches while the benchmark runs. Used by the overhead scenario: what a user of the durable
+/// set-up pays.
+template <durable_kind Kind>
+class basic_idem_durable_guard {
 public:
     using key_type = idem::key;
     using claim = basic_idem_guard<false>::claim;
-    static constexpr std::string_view name = "idem_durable_sqlite";
+    static constexpr std::string_view name = Kind == durable_kind::sqlite ? "idem_durable_sqlite" : "idem_durable_rocksdb";
 
-    explicit idem_durable_guard(std::size_t capacity)
-        : path_((std::filesystem::temp_directory_path() / "idem-bench-durable.db").string()),
+    explicit basic_idem_durable_guard(std::size_t capacity)
+        : path_((std::filesystem::temp_directory_path() /
+                 (Kind == durable_kind::sqlite ? "idem-bench-durable.db" : "idem-bench-durable.rocksdb"))
+                    .string()),
           g_(open(path_), options(capacity), store_options()) {}
-    ~idem_durable_guard() {
+    ~basic_idem_durable_guard() {
         g_.flush(std::chrono::seconds(60));
     }
 
@@ -125,9 +135,17 @@ public:
 
 private:
     static std::unique_ptr<idem::store> open(const std::string& path) {
-        // A fresh start: PATH.lock too (the store refuses a missing file whose lock names a writer).
-        for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
-        return std::make_unique<idem::sqlite_store>(path);
+        if constexpr (Kind == durable_kind::rocksdb) {
+#ifdef IDEM_BENCH_HAVE_ROCKSDB
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+            return std::make_unique<idem::rocksdb_store>(path);
+#endif
+        } else {
+            // A fresh start: PATH.lock too (the store refuses a missing file whose lock names a writer).
+            for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
+            return std::make_unique<idem::sqlite_store>(path);
+        }
     }
     static idem::options options(std::size_t capacity) {
         idem::options o;
@@ -144,6 +162,8 @@ private:
     std::string path_;
     idem::durable_guard g_;
 };
+using idem_durable_guard = basic_idem_durable_guard<durable_kind::sqlite>;
+using idem_durable_rocksdb_guard = basic_idem_durable_guard<durable_kind::rocksdb>;
 
 // ---------------------------------------------------------------------------------------------
 // The record the peers keep, and the decision they share.

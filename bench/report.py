@@ -28,7 +28,7 @@ SCENARIOS = {
     "zipf_begin": "Zipf(0.99) keys: begin, then succeed when acquired",
     "overhead_10us": "a 10 us operation, unguarded and guarded",
 }
-PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "idem_durable_sqlite_sequential", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
+PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "idem_durable_sqlite_sequential", "idem_durable_rocksdb", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
               "redis", "postgres"]
 
 
