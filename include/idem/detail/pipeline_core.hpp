@@ -328,8 +328,11 @@ private:
 
     /// Rows a lane needs waiting before it starts a commit beside one in flight. Small batches in
     /// parallel cost more per row (a transaction each) than they save; large ones (async mode under
-    /// load) are where a second connection pays.
-    [[nodiscard]] std::size_t pipelined_rows() const noexcept { return std::max<std::size_t>(1, max_batch_ / 4); }
+    /// load) are where a second connection pays. A quarter of max_batch, at most 1,024 rows (the
+    /// figure measured with max_batch 4,096; a larger max_batch must not keep the lanes idle).
+    [[nodiscard]] std::size_t pipelined_rows() const noexcept {
+        return std::clamp<std::size_t>(max_batch_ / 4, 1, 1024);
+    }
     /// Rows reserved and not yet popped: the queue's depth, give or take reservations in progress.
     [[nodiscard]] std::size_t queued() const noexcept {
         const std::int64_t room = room_.load(std::memory_order_relaxed);  // relaxed: an estimate
