@@ -59,14 +59,7 @@ using idem_test::row;
 constexpr std::int64_t T0 = 1'700'000'000'000;
 
 /// Runs `sql` on the file with a plain SQLite connection (what a damaged or hand-edited file holds).
-void raw_exec(const std::string& db, const std::string& sql) {
-    sqlite3* h = nullptr;
-    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
-    char* err = nullptr;
-    EXPECT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << sql << ": " << (err ? err : "");
-    sqlite3_free(err);
-    sqlite3_close(h);
-}
+using idem_test::sqlite_exec;
 
 /// Calls `call`, which must throw idem::error of kind `want` whose message holds every word.
 void expect_error(const std::string& what, errc want, const std::vector<std::string>& words,
@@ -305,7 +298,7 @@ TEST(SqliteIntegrity, NonIntegerValuesAreCorruptRecordsNamingKeyColumnAndValue) 
                                bad_value{"lease_until", "1.5", "'1.5'"},
                                bad_value{"request_fingerprint", "x'00ff'", "blob"}}) {
         SCOPED_TRACE(c.column);
-        raw_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = " + c.sql_value +
+        sqlite_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = " + c.sql_value +
                          " WHERE idempotent_key = 'TX1_PAY_v1'");
         {
             idem::sqlite_store st(db, true);
@@ -317,9 +310,9 @@ TEST(SqliteIntegrity, NonIntegerValuesAreCorruptRecordsNamingKeyColumnAndValue) 
                 expect_error("max_fence", errc::corrupt_record, {c.column, c.shown}, [&] { (void)st.max_fence(); });
             EXPECT_TRUE(st.get("TX2_PAY_v1").has_value());  // the other rows still read
         }
-        raw_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = 1 WHERE idempotent_key = 'TX1_PAY_v1'");
+        sqlite_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = 1 WHERE idempotent_key = 'TX1_PAY_v1'");
     }
-    raw_exec(db, "UPDATE idempotent_audit SET fencing_token = 'abc' WHERE idempotent_key = 'TX2_PAY_v1'");
+    sqlite_exec(db, "UPDATE idempotent_audit SET fencing_token = 'abc' WHERE idempotent_key = 'TX2_PAY_v1'");
     idem::sqlite_store st(db, true);
     expect_error("scan_audit", errc::corrupt_record, {db, "TX2_PAY_v1", "fencing_token", "'abc'"},
                  [&] { idem_test::scan_all(st); });

@@ -27,14 +27,7 @@ using idem::record_state;
 using idem::transition_cause;
 using idem_test::row;
 
-void raw_exec(const std::string& db, const std::string& sql) {
-    sqlite3* h = nullptr;
-    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
-    char* err = nullptr;
-    EXPECT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << sql << ": " << (err ? err : "");
-    sqlite3_free(err);
-    sqlite3_close(h);
-}
+using idem_test::sqlite_exec;
 
 std::int64_t raw_int(const std::string& db, const std::string& sql) {
     sqlite3* h = nullptr;
@@ -87,7 +80,7 @@ INSERT INTO idempotent_batch VALUES (1, 101);
 TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
     idem_test::temp_dir dir("idem-layout");
     const std::string db = dir.file("v1.db");
-    raw_exec(db, version_1_schema);
+    sqlite_exec(db, version_1_schema);
     {
         idem::sqlite_store st(db);
         EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 2);
@@ -149,7 +142,7 @@ TEST(SqliteLayout, AKeyWithoutItsRecordStillHasItsTrail) {
         idem::sqlite_store st(db);
         st.apply(std::vector{row({.key = "P_PAY_v1"}, 1), row({.key = "Q_PAY_v1"}, 2)}, 1);
     }
-    raw_exec(db, "DELETE FROM idempotent_record WHERE idempotent_key = 'P_PAY_v1'");
+    sqlite_exec(db, "DELETE FROM idempotent_record WHERE idempotent_key = 'P_PAY_v1'");
     idem::sqlite_store st(db);
     EXPECT_EQ(trail(st, "P_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
     EXPECT_TRUE(trail(st, "NEVER_PAY_v1").empty());
@@ -178,8 +171,8 @@ TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
         SCOPED_TRACE(d.sql);
         idem_test::temp_dir copy_dir("idem-layout");
         const std::string copy = copy_dir.file("copy.db");
-        raw_exec(db, "VACUUM INTO '" + copy + "'");
-        raw_exec(copy, d.sql);
+        sqlite_exec(db, "VACUUM INTO '" + copy + "'");
+        sqlite_exec(copy, d.sql);
         idem::sqlite_store st(copy);
         try {
             (void)st.audit("C_PAY_v1");

@@ -163,6 +163,17 @@ private:
     std::string error_;
 };
 
+/// Runs `sql` on the SQLite file `db` through a connection of its own (damage, an old layout, or a
+/// change a store must then find), failing the test with SQLite's message when it is refused.
+inline void sqlite_exec(const std::string& db, const std::string& sql) {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(h, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << sql << ": " << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(h);
+}
+
 // ---- rows --------------------------------------------------------------------------------------
 
 struct row_fields {
