@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/pg_database.hpp"
 #include "support/private_pg.hpp"
 #include "support/store_fixtures.hpp"
 
@@ -305,6 +306,28 @@ TEST(PgIntegrity, GlobalGuardStopsClaimingWhenRestartedWithFsyncOff) {
 
 // ---- idem verify on a live store ------------------------------------------------------------------
 
+// A second store opened beside a live writer (idem verify, a reader) only checks the schema: the
+// DDL's CREATE INDEX IF NOT EXISTS takes a SHARE lock even when the index exists, which waits for a
+// writer's batch, and deadlocked with one holding the audit table and waiting for the record table.
+// Here a transaction holds what a batch holds (ROW EXCLUSIVE on both tables) for the whole test:
+// the second open must not wait for it.
+TEST(PgIntegrity, ASecondStoreOpensBesideALiveWriterWithoutTakingSchemaLocks) {
+    idem_test::pg_database db;
+    std::string why;
+    ASSERT_TRUE(db.create(&why)) << why;
+    { idem::postgres_store first(db.uri()); }  // creates the schema
+    pqxx::connection writer(db.uri());
+    pqxx::work batch(writer);
+    batch.exec("LOCK TABLE idempotent_audit, idempotent_record IN ROW EXCLUSIVE MODE");
+    try {
+        idem::postgres_store second(db.uri(), 2s);
+        EXPECT_FALSE(second.get("NONE_PAY_v1").has_value());
+    } catch (const idem::error& e) {
+        ADD_FAILURE() << "opening a second store waited for the writer's batch: " << e.what();
+    }
+    batch.abort();
+}
+
 TEST(PgIntegrity, VerifyUnderWriteLoadReportsNoViolation) {
     const char* u = std::getenv("IDEM_TEST_PG_URI");
     const std::string server = u ? u : "";
@@ -341,6 +364,16 @@ TEST(PgIntegrity, VerifyUnderWriteLoadReportsNoViolation) {
                 if (r.status == begin_status::acquired) (void)r.ticket.succeed(i);
             }
         });
+        // A failed assertion or an exception below still stops and joins the writer, so the test
+        // reports it instead of terminating on a joinable thread.
+        struct joiner {
+            std::atomic<bool>& stop;
+            std::thread& t;
+            ~joiner() {
+                stop = true;
+                if (t.joinable()) t.join();
+            }
+        } join_writer{stop, writer};
         idem::postgres_store reader(uri, 5s);
         std::size_t runs = 0, violations = 0;
         std::string first;

@@ -805,6 +805,20 @@ private:
     }
 
     void create_schema() {
+        // A database that already holds this version is only checked: the DDL below takes SHARE
+        // locks (CREATE INDEX IF NOT EXISTS does even when the index exists), which deadlock with
+        // a live writer's batch holding the audit table and waiting for the record table, so a
+        // second store opened beside a running guard (idem verify, a reader) must not run it.
+        {
+            step_ = "check schema";
+            pqxx::work w(*conn_);
+            // (Two statements: a name in a statement is resolved before it runs, so one statement
+            // cannot read idem_schema only when it exists.)
+            const bool exists = !w.exec("SELECT to_regclass('idem_schema')")[0][0].is_null();
+            const int version = exists ? w.exec("SELECT COALESCE(max(version), 0) FROM idem_schema")[0][0].as<int>() : 0;
+            w.commit();
+            if (version == detail::pg::schema_version) return;
+        }
         for (int attempt = 0;; ++attempt) {
             try {
                 step_ = "create schema";
