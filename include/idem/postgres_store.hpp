@@ -5,7 +5,9 @@
 // Schema: the tables of detail/postgres_sql.hpp (idempotent_record, idempotent_audit,
 // idempotent_batch, idem_schema), created and versioned on open. Opening is idempotent and safe when
 // several processes open one database at once (a transaction-scoped advisory lock serialises the
-// CREATE ... IF NOT EXISTS; a unique violation from a racing opener is retried).
+// CREATE ... IF NOT EXISTS; a unique violation from a racing opener is retried). A database that
+// already holds this version is only read (no DDL: its SHARE locks would wait for, and could
+// deadlock with, a live writer's batch), so a store opens beside a running guard.
 //
 // apply(rows, batch_id) is one transaction, three round trips for a typical batch: BEGIN; one
 // statement writing the batch id, every audit row and every record (fence-guarded upsert); COMMIT.
