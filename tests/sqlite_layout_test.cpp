@@ -8,6 +8,7 @@
 // * The chain holds a row whose record change the fence guard refused (a stale owner's late row).
 // * A key whose record is gone (deleted by hand, as a prune would) still has its trail, by scan.
 // * A broken chain is corrupt_record naming the key and the row, never a short trail.
+// * An unknown schema version, or a missing version row, is refused at open.
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
@@ -107,6 +108,36 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
     idem::sqlite_store again(db);  // a second open finds version 2 and changes nothing
     EXPECT_EQ(trail(again, "A_PAY_v1").size(), 2u);
     EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 6);
+}
+
+// A file whose idem_schema names a version this library does not know is refused (store_error
+// naming it), and one whose version row is gone is damage (corrupt_record): neither is upgraded or
+// written over.
+TEST(SqliteLayout, AnUnknownVersionOrAMissingVersionRowIsRefusedAtOpen) {
+    struct damage {
+        const char* sql;
+        errc want;
+        std::vector<std::string> words;
+    };
+    for (const damage& d : std::vector<damage>{
+             {"UPDATE idem_schema SET version = 7", errc::store_error, {"schema version 7", "1, upgraded in place, or 2"}},
+             {"DELETE FROM idem_schema", errc::corrupt_record, {"idem_schema has no version row"}},
+         }) {
+        SCOPED_TRACE(d.sql);
+        idem_test::temp_dir dir("idem-layout");
+        const std::string db = dir.file("version.db");
+        { idem::sqlite_store st(db); }
+        sqlite_exec(db, d.sql);
+        try {
+            idem::sqlite_store st(db);
+            ADD_FAILURE() << "the store opened a file whose schema version it cannot read";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.code(), d.want) << e.what();
+            for (const auto& w : d.words)
+                EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << w << " in " << e.what();
+        }
+        EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 0) << "the refused file was written";
+    }
 }
 
 TEST(SqliteLayout, TheChainHoldsARowTheFenceGuardRefused) {
