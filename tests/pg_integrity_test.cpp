@@ -357,37 +357,23 @@ TEST(PgIntegrity, VerifyUnderWriteLoadReportsNoViolation) {
         idem::store_options so;  // async: acknowledged at once, flushed in batches behind
         so.max_batch = 64;
         idem::durable_guard g(std::make_unique<idem::postgres_store>(uri, 5s), o, so);
-        std::atomic<bool> stop{false};
-        std::thread writer([&] {
-            for (std::size_t i = 0; !stop.load(); ++i) {
-                auto r = g->begin(idem::key("VL" + std::to_string(i) + "_PAY_v1"));
-                if (r.status == begin_status::acquired) (void)r.ticket.succeed(i);
-            }
-        });
-        // A failed assertion or an exception below still stops and joins the writer, so the test
-        // reports it instead of terminating on a joinable thread.
-        struct joiner {
-            std::atomic<bool>& stop;
-            std::thread& t;
-            ~joiner() {
-                stop = true;
-                if (t.joinable()) t.join();
-            }
-        } join_writer{stop, writer};
+        // The writer gets a fixed number of new keys per run (see the SQLite twin of this test);
+        // its destructor stops and joins it on every exit.
+        idem_test::paced_writer writer(g, "VL");
         idem::postgres_store reader(uri, 5s);
         std::size_t runs = 0, violations = 0;
         std::string first;
         for (; runs < 25; ++runs) {
             // Each run overlaps new batches: wait for the writer's next commits first.
             const std::uint64_t batches = g.snapshot().flush_batches;
+            writer.allow(4000);  // 8,000 transitions: at least 125 batches of 64, verify runs among them
             ASSERT_TRUE(wait_for([&] { return g.snapshot().flush_batches >= batches + 2; }))
-                << "the writer made no progress: " << g.last_store_error();
+                << "the writer made no progress after " << writer.written() << " keys: " << g.last_store_error();
             const idem::verify_report rep = idem::verify(reader);
             violations += rep.violations.size();
             if (first.empty() && !rep.violations.empty()) first = rep.violations.front();
         }
-        stop = true;
-        writer.join();
+        writer.stop();
         EXPECT_EQ(violations, 0u) << "in " << runs << " runs of verify during the write load; first: " << first;
         ASSERT_TRUE(g.flush(30s)) << g.last_store_error();
     }

@@ -670,27 +670,23 @@ TEST(SqliteIntegrity, VerifyUnderWriteLoadReportsNoViolation) {
     idem::store_options so;  // async: acknowledged at once, flushed in batches behind
     so.max_batch = 64;
     idem::durable_guard g(std::make_unique<idem::sqlite_store>(path, false), o, so);
-    std::atomic<bool> stop{false};
-    std::thread writer([&] {
-        for (std::size_t i = 0; !stop.load(); ++i) {
-            auto r = g->begin(idem::key("VL" + std::to_string(i) + "_PAY_v1"));
-            if (r.status == idem::begin_status::acquired) (void)r.ticket.succeed(i);
-        }
-    });
+    // The writer gets a fixed number of new keys per run: unpaced, it filled the table on a fast
+    // machine while verify ran on a slow one, and then made no batches at all.
+    idem_test::paced_writer writer(g, "VL");
     idem::sqlite_store reader(path, false);  // reads only: it never takes the writer lock
     std::size_t runs = 0, violations = 0;
     std::string first;
     for (; runs < 25; ++runs) {
         // Each run overlaps new batches: wait for the writer's next commits first.
         const std::uint64_t batches = g.snapshot().flush_batches;
-        if (!idem_test::wait_for([&] { return g.snapshot().flush_batches >= batches + 2; })) break;
+        writer.allow(4000);  // 8,000 transitions: at least 125 batches of 64, verify runs among them
+        ASSERT_TRUE(idem_test::wait_for([&] { return g.snapshot().flush_batches >= batches + 2; }))
+            << "the writer made no progress after " << writer.written() << " keys: " << g.last_store_error();
         const idem::verify_report rep = idem::verify(reader);
         violations += rep.violations.size();
         if (first.empty() && !rep.violations.empty()) first = rep.violations.front();
     }
-    stop = true;
-    writer.join();
-    EXPECT_EQ(runs, 25u) << "the writer made no progress: " << g.last_store_error();
+    writer.stop();
     EXPECT_EQ(violations, 0u) << "in " << runs << " runs of verify during the write load; first: " << first;
     ASSERT_TRUE(g.flush(30s)) << g.last_store_error();
 }

@@ -604,6 +604,50 @@ bool wait_for(Pred pred, std::chrono::nanoseconds timeout = 20s) {
     }
 }
 
+/// A writer thread for "reads during a write load" tests: it claims and succeeds new keys
+/// `<prefix><i>_PAY_v1`, but only as many as it has been allowed (`allow`), so a slow reader on a
+/// loaded machine never lets it fill the table and stop producing batches. The destructor stops
+/// and joins it, so a failed assertion never leaves a joinable thread.
+template <class Guard>
+class paced_writer {
+public:
+    paced_writer(Guard& g, std::string prefix) : thread_([this, &g, prefix = std::move(prefix)] {
+        for (std::size_t i = 0;; ++i) {
+            for (std::size_t b = budget_.load(); i >= b; b = budget_.load()) {
+                if (stop_.load()) return;
+                budget_.wait(b);
+            }
+            if (stop_.load()) return;
+            auto r = g->begin(idem::key(prefix + std::to_string(i) + "_PAY_v1"));
+            if (r.status == idem::begin_status::acquired) (void)r.ticket.succeed(i);
+            written_.store(i + 1);
+        }
+    }) {}
+    paced_writer(const paced_writer&) = delete;
+    paced_writer& operator=(const paced_writer&) = delete;
+    ~paced_writer() { stop(); }
+
+    /// Lets the writer begin `n` more keys.
+    void allow(std::size_t n) {
+        budget_.fetch_add(n);
+        budget_.notify_all();
+    }
+    /// Keys begun so far.
+    std::size_t written() const { return written_.load(); }
+    void stop() {
+        stop_.store(true);
+        budget_.fetch_add(1);
+        budget_.notify_all();
+        if (thread_.joinable()) thread_.join();
+    }
+
+private:
+    std::atomic<std::size_t> budget_{0};
+    std::atomic<std::size_t> written_{0};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
 /// Waits until the wall clock passes `ms` (Unix milliseconds): stored leases are wall-clock times.
 inline bool wait_wall_past(std::int64_t ms, std::chrono::nanoseconds timeout = 20s) {
     return wait_for(
