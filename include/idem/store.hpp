@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -108,6 +109,35 @@ public:
     return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome);
 }
 
+/// What store::prune removes in one call. A bound of `keep_all` removes nothing of that kind.
+struct prune_limits {
+    static constexpr std::int64_t keep_all = INT64_MIN;
+    /// Records (never PROCESSING ones) whose updated_time is older than this (Unix ms): the
+    /// idempotency window, store_options::window.
+    std::int64_t records_before_ms = keep_all;
+    /// Audit rows whose at_time is older than this (Unix ms): store_options::audit_window.
+    std::int64_t audit_before_ms = keep_all;
+    /// At most this many records and this many audit rows per call, so one call is a short
+    /// transaction that never holds the writer for long.
+    std::size_t max_rows = 10'000;
+};
+
+/// What one store::prune call removed; `more`: a bound still has rows past it (call again).
+struct prune_result {
+    std::size_t records = 0;
+    std::size_t audit_rows = 0;
+    bool more = false;
+};
+
+/// How far a store has been pruned (persisted in the store): every record last updated before
+/// `records_ms`, and every audit row older than `audit_ms`, may be gone. `idem verify` uses it to
+/// tell a pruned history (legal) from a lost one. keep_all: never pruned.
+struct prune_horizon {
+    std::int64_t records_ms = prune_limits::keep_all;
+    std::int64_t audit_ms = prune_limits::keep_all;
+    friend bool operator==(const prune_horizon&, const prune_horizon&) = default;
+};
+
 class store {
 public:
     virtual ~store() = default;
@@ -145,6 +175,15 @@ public:
         (void)why;
         return true;
     }
+    /// Removes records past the idempotency window and audit rows past the audit window, at most
+    /// limits.max_rows of each, in one short transaction, and moves the stored horizon. PROCESSING
+    /// records are never removed. Default: removes nothing (a store that cannot prune).
+    virtual prune_result prune(const prune_limits& limits) {
+        (void)limits;
+        return {};
+    }
+    /// What prune has removed so far (see prune_horizon).
+    [[nodiscard]] virtual prune_horizon horizon() { return {}; }
     /// Reconnects after store_unavailable (no-op for embedded stores).
     virtual void reconnect() {}
     [[nodiscard]] virtual std::string name() const = 0;

@@ -58,6 +58,17 @@ struct store_options {
     std::chrono::nanoseconds idle_poll = 200us;        ///< flusher sleep when the queue is empty
     std::chrono::nanoseconds max_backoff = 1s;         ///< longest pause between retries
     std::string node;                                  ///< audit node identity; empty: hostname:pid
+    /// The idempotency window: how long a key's decision is remembered at all. Inside it a
+    /// duplicate gets the recorded outcome even after memory evicted the key (options.retention,
+    /// the hot window); past it the key may run again, and the store prunes its record.
+    /// forever: never forgotten, never pruned. Default 7 days (docs/stores.md, "Two windows").
+    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
+    /// How long audit rows are kept; auditors often need years. forever: never pruned.
+    std::chrono::milliseconds audit_window = forever;
+    /// How often the flusher prunes (one bounded call of store::prune between batches, repeated
+    /// while it reports more). Zero: never in the background (`idem prune` does it).
+    std::chrono::nanoseconds prune_interval = std::chrono::minutes(1);
+    static constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
 };
 
 namespace detail {
