@@ -761,18 +761,30 @@ TEST_F(PostgresStore, SchemaIsCreatedOnceAndVersioned) {
         EXPECT_EQ(ok.load(), 4) << errors[0] << errors[1] << errors[2] << errors[3];
     }
     EXPECT_EQ(sql_int("SELECT count(*) FROM idem_schema"), 1);
-    EXPECT_EQ(sql_int("SELECT max(version) FROM idem_schema"), 1);
+    EXPECT_EQ(sql_int("SELECT max(version) FROM idem_schema"), 2);
     std::uint64_t seq = 0;
     open().apply(make_batch({{.key = "TX1_PAY_v1"}}, seq), 1);
     EXPECT_TRUE(open().get("TX1_PAY_v1"));  // reopening keeps the data
     EXPECT_EQ(sql_int("SELECT count(*) FROM idem_schema"), 1);
-    sql("UPDATE idem_schema SET version = 2");
+    // A version 1 database (no prune columns, no updated_time index) is upgraded in place.
+    sql("ALTER TABLE idem_schema DROP COLUMN records_horizon, DROP COLUMN audit_horizon, DROP COLUMN pruned_fence; "
+        "DROP INDEX idx_idempotent_record_updated; UPDATE idem_schema SET version = 1");
+    {
+        auto& st = open();
+        EXPECT_EQ(sql_int("SELECT max(version) FROM idem_schema"), 2);
+        EXPECT_EQ(sql_int("SELECT count(*) FROM pg_indexes WHERE indexname = 'idx_idempotent_record_updated'"), 1);
+        EXPECT_TRUE(st.get("TX1_PAY_v1")) << "the upgrade lost a record";
+        EXPECT_EQ(st.horizon(), idem::prune_horizon{});
+        EXPECT_EQ(st.prune({.audit_before_ms = 0}).audit_rows, 0u);
+        EXPECT_EQ(st.horizon(), (idem::prune_horizon{idem::prune_limits::keep_all, 0}));
+    }
+    sql("UPDATE idem_schema SET version = 3");
     try {
         open();
         FAIL() << "opened a schema newer than the library";
     } catch (const idem::error& e) {
         EXPECT_EQ(e.kind(), idem::errc::store_error);
-        EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
     }
 }
 

@@ -1,6 +1,7 @@
-// sqlite_layout_test: the SQLite store's version 2 layout, made for keys that arrive in random
-// order (docs/stores.md, "Layout"). The audit table is appended to in sequence order; a key's rows
-// are chained (previous) from its record's last_audit, so audit(key) follows the chain.
+// sqlite_layout_test: the SQLite store's layout, made for keys that arrive in random order
+// (docs/stores.md, "Layout"): since version 2 the audit table is appended to in sequence order and a
+// key's rows are chained (previous) from its record's last_audit, so audit(key) follows the chain;
+// version 3 adds the prune horizon to idem_schema and an updated_time index (docs/stores.md, "Pruning").
 //
 // * A version 1 file (audit keyed by (key, sequence), a (biz_type, status) index) is upgraded in
 //   place at open: every record and audit row is kept, each key's trail reads as before, new
@@ -9,6 +10,9 @@
 // * A key whose record is gone (deleted by hand, as a prune would) still has its trail, by scan.
 // * A broken chain is corrupt_record naming the key and the row, never a short trail.
 // * An unknown schema version, or a missing version row, is refused at open.
+// * A version 2 file is upgraded to version 3 in place (its records and trails kept) and prunes.
+// * A chain cut by a prune (its first rows gone) is a trail's legal start, not a broken chain; a row
+//   missing above the pruned sequence is still corrupt_record.
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
@@ -84,7 +88,7 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
     sqlite_exec(db, version_1_schema);
     {
         idem::sqlite_store st(db);
-        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 2);
+        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_biz_status'"), 0);
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 5);
         EXPECT_EQ(trail(st, "A_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
@@ -105,7 +109,7 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
         EXPECT_EQ(trail(st, "B_PAY_v1").size(), 4u);
         EXPECT_TRUE(idem_test::verify_clean(st));
     }
-    idem::sqlite_store again(db);  // a second open finds version 2 and changes nothing
+    idem::sqlite_store again(db);  // a second open finds version 3 and changes nothing
     EXPECT_EQ(trail(again, "A_PAY_v1").size(), 2u);
     EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 6);
 }
@@ -120,7 +124,7 @@ TEST(SqliteLayout, AnUnknownVersionOrAMissingVersionRowIsRefusedAtOpen) {
         std::vector<std::string> words;
     };
     for (const damage& d : std::vector<damage>{
-             {"UPDATE idem_schema SET version = 7", errc::store_error, {"schema version 7", "1, upgraded in place, or 2"}},
+             {"UPDATE idem_schema SET version = 7", errc::store_error, {"schema version 7", "1 and 2, upgraded in place, or 3"}},
              {"DELETE FROM idem_schema", errc::corrupt_record, {"idem_schema has no version row"}},
          }) {
         SCOPED_TRACE(d.sql);
@@ -212,6 +216,66 @@ TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
             EXPECT_EQ(e.code(), errc::corrupt_record) << e.what();
             for (const auto& w : d.words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << w << " in " << e.what();
         }
+    }
+}
+
+TEST(SqliteLayout, AVersion2FileIsUpgradedToVersion3InPlaceAndPrunes) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("v2.db");
+    {
+        idem::sqlite_store st(db);
+        st.apply(std::vector{row({.key = "E_PAY_v1", .at_ms = 100}, 1), row({.key = "F_PAY_v1", .at_ms = 100}, 2)}, 1);
+        st.apply(std::vector{row({.key = "E_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                                  .cause = transition_cause::succeed, .at_ms = 101},
+                                 3)},
+                 2);
+    }
+    // Back to version 2 as that release created it: no prune columns, no updated_time index.
+    sqlite_exec(db, "ALTER TABLE idem_schema DROP COLUMN records_horizon; ALTER TABLE idem_schema DROP COLUMN "
+                    "audit_horizon; ALTER TABLE idem_schema DROP COLUMN pruned_sequence; ALTER TABLE idem_schema "
+                    "DROP COLUMN pruned_fence; DROP INDEX idx_idempotent_record_updated; UPDATE idem_schema SET "
+                    "version = 2");
+    idem::sqlite_store st(db);
+    EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
+    EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_updated'"), 1);
+    EXPECT_EQ(trail(st, "E_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
+    EXPECT_EQ(st.horizon(), idem::prune_horizon{});
+    const auto r = st.prune({.records_before_ms = 200, .audit_before_ms = 101});
+    EXPECT_EQ(r.records, 1u);     // E (F is PROCESSING)
+    EXPECT_EQ(r.audit_rows, 2u);  // the two claims at 100; E's completion at 101 stays
+    EXPECT_EQ(st.horizon(), (idem::prune_horizon{200, 101}));
+    EXPECT_EQ(st.max_fence(), 1u);
+    EXPECT_TRUE(idem_test::verify_clean(st));
+}
+
+TEST(SqliteLayout, AChainCutByAPruneStartsTheTrailButAMissingRowAboveItIsCorrupt) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("cut.db");
+    {
+        idem::sqlite_store st(db);
+        st.apply(std::vector{row({.key = "G_PAY_v1", .at_ms = 100}, 1)}, 1);          // sequence 1
+        st.apply(std::vector{row({.key = "H_PAY_v1", .at_ms = 150}, 2)}, 2);          // sequence 2
+        st.apply(std::vector{row({.key = "G_PAY_v1", .from = record_state::processing, .to = record_state::released,
+                                  .cause = transition_cause::release, .at_ms = 200},
+                                 3)},
+                 3);                                                                   // sequence 3
+        st.apply(std::vector{row({.key = "G_PAY_v1", .from = record_state::released, .fence = 2, .at_ms = 300}, 4)},
+                 4);                                                                   // sequence 4
+        EXPECT_EQ(st.prune({.audit_before_ms = 120}).audit_rows, 1u);  // G's claim
+        EXPECT_EQ(trail(st, "G_PAY_v1"), (std::vector<std::string>{"PROCESSING>RELEASED@1", "RELEASED>PROCESSING@2"}));
+        const auto v = idem::verify(st);
+        EXPECT_TRUE(v.violations.empty()) << (v.violations.empty() ? "" : v.violations.front());
+        EXPECT_EQ(v.truncated_trails, 1u);
+    }
+    sqlite_exec(db, "DELETE FROM idempotent_audit WHERE sequence = 3");  // above the pruned sequence (2)
+    idem::sqlite_store st(db);
+    try {
+        (void)st.audit("G_PAY_v1");
+        ADD_FAILURE() << "audit() returned a trail from a broken chain";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), errc::corrupt_record) << e.what();
+        EXPECT_NE(std::string(e.what()).find("audit row 3"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("only rows below sequence 2 were pruned"), std::string::npos) << e.what();
     }
 }
 

@@ -4,6 +4,11 @@
 // a newer record, a claim's lease and fingerprint survive the rows that follow it, RELEASED rows,
 // batch ids, load / max_fence / scan_audit, keys that break naive SQL or encodings, and corrupt
 // rows refused by load() with errc::corrupt_record naming the key.
+// Pruning (store::prune, store::horizon): exactly the expired rows go (records older than the
+// bound and not PROCESSING; audit rows older than the audit bound), max_rows bounds each call and
+// `more` says when rows past a bound remain, the horizon persists across a reopen and only moves
+// forward, max_fence() still counts pruned records, and verify() passes on a pruned store (a key
+// claimed again after its record was pruned is `reopened`) while still reporting a real loss.
 //
 // Adding a store: write a maker (open() / reopen() / insert_raw(), two flags) and add it to
 // store_makers below: one line. rocksdb_store joins when the build defines IDEM_TEST_ROCKSDB (the
@@ -12,14 +17,18 @@
 // IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database.
 #include <idem/sqlite_store.hpp>
 #include <idem/store.hpp>
+#include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/store_fixtures.hpp"
@@ -367,6 +376,17 @@ protected:
         out << st().name() << " differs from memory_store (" << record_diffs << " record(s) differ):";
         for (auto& d : diffs) out << "\n  " << d;
         return out;
+    }
+
+    /// Prunes the store under test and the reference with the same limits; both must report the
+    /// same counts (checked by the caller through the result) and the same `more`.
+    idem::prune_result prune(const idem::prune_limits& limits) {
+        const idem::prune_result got = st().prune(limits);
+        const idem::prune_result want = ref_.prune(limits);
+        EXPECT_EQ(got.records, want.records) << "records pruned";
+        EXPECT_EQ(got.audit_rows, want.audit_rows) << "audit rows pruned";
+        EXPECT_EQ(got.more, want.more) << "more";
+        return got;
     }
 
     Maker maker_;
@@ -746,6 +766,233 @@ TYPED_TEST(StoreConformance, GeneratedBatchesMatchMemoryStore) {
     EXPECT_FALSE(this->st().committed(model.next_batch_id()));
     EXPECT_TRUE(this->same_as_reference()) << "seed " << seed;
     EXPECT_TRUE(idem_test::verify_clean(this->st())) << "seed " << seed;
+}
+
+// ---- pruning ------------------------------------------------------------------------------------
+
+constexpr std::int64_t T_NEW = T0 + 10'000;  // rows at T0 and T0 + 1 are "old", at T_NEW and T_NEW + 1 "new"
+constexpr std::int64_t CUT = T0 + 5'000;     // a bound between them
+constexpr std::uint64_t F_OLD = F1 + 7;      // the old keys' fence: the largest, so max_fence() must keep it
+
+/// Per tag: a SUCCESS, a FAILED, a RELEASED and a PROCESSING key, each claimed at `at`, the first
+/// three completed at at + 1 (7 audit rows in all).
+std::vector<row_fields> four_keys(const std::string& tag, std::int64_t at, std::uint64_t fence) {
+    std::vector<row_fields> f;
+    for (auto [name, to, cause] : {std::tuple{"_ok", record_state::succeeded, transition_cause::succeed},
+                                   std::tuple{"_failed", record_state::failed, transition_cause::fail},
+                                   std::tuple{"_released", record_state::released, transition_cause::release}}) {
+        f.push_back({.key = tag + name, .fence = fence, .at_ms = at, .lease_until_ms = at + 30'000});
+        f.push_back({.key = tag + name, .from = record_state::processing, .to = to, .cause = cause, .fence = fence,
+                     .outcome = 5, .at_ms = at + 1});
+    }
+    f.push_back({.key = tag + "_processing", .fence = fence, .at_ms = at, .lease_until_ms = at + 30'000});
+    return f;
+}
+
+TYPED_TEST(StoreConformance, PruneRemovesExactlyTheExpiredRowsAndNothingElse) {
+    this->apply(four_keys("old", T0, F_OLD), 1);
+    this->apply(four_keys("new", T_NEW, F1), 2);
+    EXPECT_EQ(this->st().horizon(), idem::prune_horizon{}) << "a store never pruned has no horizon";
+
+    // Records first: the old finished ones go, old_processing and every new record stay, and every
+    // audit row stays.
+    auto r = this->prune({.records_before_ms = CUT});
+    EXPECT_EQ(r.records, 3u);
+    EXPECT_EQ(r.audit_rows, 0u);
+    EXPECT_FALSE(r.more);
+    for (const char* k : {"old_ok", "old_failed", "old_released"}) EXPECT_FALSE(this->st().get(k)) << k;
+    EXPECT_TRUE(this->st().get("old_processing")) << "a PROCESSING record was pruned";
+    EXPECT_EQ(idem_test::load_all(this->st()).size(), 5u);
+    EXPECT_EQ(idem_test::scan_all(this->st()).size(), 14u) << "audit rows went with a records-only prune";
+    EXPECT_EQ(this->st().max_fence(), F_OLD) << "max_fence() forgot the fence of a pruned record";
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, idem::prune_limits::keep_all}));
+    EXPECT_TRUE(this->same_as_reference());
+    const auto v1 = idem::verify(this->st());
+    EXPECT_TRUE(v1.violations.empty()) << (v1.violations.empty() ? "" : v1.violations.front());
+    EXPECT_EQ(v1.trails_without_record, 3u);
+
+    // Then audit rows: exactly the 7 old ones, whatever their key's record.
+    r = this->prune({.audit_before_ms = CUT});
+    EXPECT_EQ(r.records, 0u);
+    EXPECT_EQ(r.audit_rows, 7u);
+    EXPECT_FALSE(r.more);
+    for (const auto& a : idem_test::scan_all(this->st())) EXPECT_GE(a.at_ms, T_NEW) << idem::key::printable(a.key);
+    EXPECT_EQ(idem_test::scan_all(this->st()).size(), 7u);
+    EXPECT_EQ(this->st().audit("new_ok").size(), 2u);
+    EXPECT_TRUE(this->st().audit("old_ok").empty());
+    EXPECT_TRUE(this->st().audit("old_processing").empty());
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, CUT}));
+    EXPECT_TRUE(this->same_as_reference());
+    const auto v2 = idem::verify(this->st());
+    EXPECT_TRUE(v2.violations.empty()) << (v2.violations.empty() ? "" : v2.violations.front());
+    EXPECT_EQ(v2.records_without_trail, 1u) << "old_processing: its record stays, its trail is past the window";
+
+    // Nothing more past these bounds.
+    r = this->prune({.records_before_ms = CUT, .audit_before_ms = CUT});
+    EXPECT_EQ(r.records + r.audit_rows, 0u);
+    EXPECT_FALSE(r.more);
+
+    // A restart finds the same store: records, trails, horizon, fences.
+    this->reopen();
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, CUT}));
+    EXPECT_EQ(this->st().max_fence(), F_OLD);
+    EXPECT_TRUE(this->same_as_reference());
+    EXPECT_TRUE(idem_test::verify_clean(this->st()));
+}
+
+// Records and audit rows pruned in one call (both bounds), then a key whose record was pruned is
+// claimed again, above every earlier fence: verify counts it reopened, and its trail holds both lives.
+TYPED_TEST(StoreConformance, AKeyClaimedAgainAfterItsRecordWasPrunedHasOneTrail) {
+    this->apply(four_keys("old", T0, F_OLD), 1);
+    this->apply(four_keys("new", T_NEW, F1), 2);
+    auto r = this->prune({.records_before_ms = CUT});
+    ASSERT_EQ(r.records, 3u);
+    const std::uint64_t next = this->st().max_fence() + 1;
+    ASSERT_GT(next, F_OLD);
+    this->apply({{.key = "old_ok", .fence = next, .at_ms = T_NEW + 5, .lease_until_ms = T_NEW + 30'000}}, 3);
+    EXPECT_EQ(this->st().audit("old_ok").size(), 3u) << "the trail lost the key's first life";
+    EXPECT_TRUE(this->same_as_reference());
+    const auto v = idem::verify(this->st());
+    EXPECT_TRUE(v.violations.empty()) << (v.violations.empty() ? "" : v.violations.front());
+    EXPECT_EQ(v.reopened, 1u);
+
+    r = this->prune({.records_before_ms = T_NEW + 100, .audit_before_ms = T_NEW + 3});
+    EXPECT_EQ(r.records, 3u) << "new_ok, new_failed, new_released (old_ok is PROCESSING again)";
+    EXPECT_EQ(r.audit_rows, 14u);
+    EXPECT_FALSE(r.more);
+    EXPECT_EQ(this->st().audit("old_ok").size(), 1u);
+    EXPECT_TRUE(this->same_as_reference());
+    this->reopen();
+    EXPECT_TRUE(this->same_as_reference());
+    EXPECT_TRUE(idem_test::verify_clean(this->st()));
+}
+
+TYPED_TEST(StoreConformance, MaxRowsBoundsEachPruneAndMoreSaysWhenRowsRemain) {
+    std::vector<row_fields> old, fresh;
+    for (int i = 0; i < 10; ++i) {
+        const std::string k = "bulk" + std::to_string(i);
+        const std::int64_t at = T0 + i * 10;  // older keys first: the same order by time and by sequence
+        old.push_back({.key = k, .fence = F1, .at_ms = at, .lease_until_ms = at + 30'000});
+        old.push_back({.key = k, .from = record_state::processing, .to = record_state::succeeded,
+                       .cause = transition_cause::succeed, .fence = F1, .at_ms = at + 1});
+        this->apply(std::vector<row_fields>(old.end() - 2, old.end()), 10 + static_cast<std::uint64_t>(i));
+    }
+    this->apply({{.key = "young", .fence = F1, .at_ms = T_NEW, .lease_until_ms = T_NEW + 30'000},
+                 {.key = "young", .from = record_state::processing, .to = record_state::succeeded,
+                  .cause = transition_cause::succeed, .fence = F1, .at_ms = T_NEW + 1}},
+                99);
+    std::size_t records = 0, audit = 0, calls = 0;
+    for (idem::prune_result r{.more = true}; r.more; ++calls) {
+        ASSERT_LT(calls, 10u) << "prune keeps saying more";
+        r = this->prune({.records_before_ms = CUT, .audit_before_ms = CUT, .max_rows = 4});
+        EXPECT_LE(r.records, 4u);
+        EXPECT_LE(r.audit_rows, 4u);
+        // Until the last call a bound had rows past it: a full call of 4 of each kind.
+        if (r.more) EXPECT_EQ(r.audit_rows, 4u) << "call " << calls;
+        records += r.records;
+        audit += r.audit_rows;
+    }
+    EXPECT_EQ(records, 10u);
+    EXPECT_EQ(audit, 20u);
+    EXPECT_EQ(calls, 5u) << "20 audit rows, 4 a call";
+    EXPECT_TRUE(this->st().get("young"));
+    EXPECT_EQ(this->st().audit("young").size(), 2u);
+    EXPECT_TRUE(this->same_as_reference());
+    EXPECT_TRUE(idem_test::verify_clean(this->st()));
+}
+
+TYPED_TEST(StoreConformance, TheHorizonSurvivesAReopenAndOnlyMovesForward) {
+    this->apply(four_keys("old", T0, F1), 1);
+    (void)this->prune({.records_before_ms = CUT, .audit_before_ms = T0 - 5});
+    this->reopen();
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, T0 - 5}));
+    (void)this->prune({.records_before_ms = T0 - 100, .audit_before_ms = T0 - 1});  // an older records bound
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, T0 - 1}));
+    (void)this->prune({});  // keep_all, keep_all: nothing changes
+    this->reopen();
+    EXPECT_EQ(this->st().horizon(), (idem::prune_horizon{CUT, T0 - 1}));
+    EXPECT_TRUE(this->same_as_reference());
+    // The store still takes batches after a restart of a pruned store.
+    this->apply({{.key = "after", .fence = this->st().max_fence() + 1, .at_ms = T_NEW}}, 2);
+    EXPECT_TRUE(this->same_as_reference());
+    EXPECT_TRUE(idem_test::verify_clean(this->st()));
+}
+
+/// The store under test with some of its rows hidden from verify (what a lost row looks like) and,
+/// optionally, another horizon.
+class hiding_store final : public idem_test::forwarding_store {
+public:
+    using forwarding_store::forwarding_store;
+    std::function<bool(const idem::audit_entry&)> hide_audit = [](const idem::audit_entry&) { return false; };
+    std::function<bool(const idem::stored_record&)> hide_record = [](const idem::stored_record&) { return false; };
+    std::optional<idem::prune_horizon> horizon_override;
+
+    void load(const std::function<void(const idem::stored_record&)>& fn) override {
+        inner_.load([&](const idem::stored_record& r) {
+            if (!hide_record(r)) fn(r);
+        });
+    }
+    void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override {
+        inner_.scan_audit([&](const idem::audit_entry& a) {
+            if (!hide_audit(a)) fn(a);
+        });
+    }
+    idem::prune_horizon horizon() override { return horizon_override ? *horizon_override : inner_.horizon(); }
+};
+
+bool names(const idem::verify_report& r, const std::string& key, const std::string& rule) {
+    for (const auto& v : r.violations)
+        if (v.find("'" + key + "'") != std::string::npos && v.find(rule) != std::string::npos) return true;
+    return false;
+}
+
+// Pruned history is legal only where the horizon says rows may be gone: verify still reports a
+// record without a trail, a trail without a record, or a trail without its start, when the horizon
+// does not cover it.
+TYPED_TEST(StoreConformance, VerifyOnAPrunedStoreStillReportsWhatThePruneCannotExplain) {
+    this->apply(four_keys("old", T0, F1), 1);
+    this->apply(four_keys("new", T_NEW, F1), 2);
+    (void)this->prune({.records_before_ms = CUT, .audit_before_ms = CUT});
+    ASSERT_TRUE(idem_test::verify_clean(this->st()));
+
+    hiding_store view(this->st());
+    // A record newer than the audit horizon whose trail is gone.
+    view.hide_audit = [](const idem::audit_entry& a) { return a.key == "new_ok"; };
+    auto r = idem::verify(view);
+    EXPECT_TRUE(names(r, "new_ok", "has a record but no audit trail")) << r.violations.size();
+    EXPECT_EQ(r.violations.size(), 1u);
+
+    // A trail newer than the records horizon whose record is gone; a PROCESSING one whatever its age.
+    view.hide_audit = [](const idem::audit_entry&) { return false; };
+    view.hide_record = [](const idem::stored_record& rec) {
+        return rec.key == "new_failed" || rec.key == "new_processing";
+    };
+    r = idem::verify(view);
+    EXPECT_TRUE(names(r, "new_failed", "has an audit trail but no record"));
+    EXPECT_TRUE(names(r, "new_processing", "PROCESSING"));
+    EXPECT_EQ(r.violations.size(), 2u);
+    view.horizon_override = idem::prune_horizon{T_NEW + 100, CUT};  // the same rows, a later records horizon
+    r = idem::verify(view);
+    EXPECT_EQ(r.trails_without_record, 1u) << "new_failed is now older than the records horizon";
+    EXPECT_TRUE(names(r, "new_processing", "PROCESSING")) << "prune never removes a PROCESSING record";
+    EXPECT_EQ(r.violations.size(), 1u);
+
+    // A trail without its first row is legal only when audit rows were pruned.
+    view.hide_record = [](const idem::stored_record&) { return false; };
+    view.hide_audit = [](const idem::audit_entry& a) { return a.key == "new_ok" && a.from == record_state::absent; };
+    view.horizon_override = idem::prune_horizon{CUT, idem::prune_limits::keep_all};
+    r = idem::verify(view);
+    EXPECT_TRUE(names(r, "new_ok", "from PROCESSING but the previous state was ABSENT"));
+    view.horizon_override = idem::prune_horizon{CUT, CUT};
+    r = idem::verify(view);
+    EXPECT_TRUE(r.violations.empty()) << (r.violations.empty() ? "" : r.violations.front());
+    EXPECT_EQ(r.truncated_trails, 1u);
+
+    // ...and a store never pruned explains nothing.
+    view.hide_audit = [](const idem::audit_entry& a) { return a.key == "new_ok"; };
+    view.horizon_override = idem::prune_horizon{};
+    r = idem::verify(view);
+    EXPECT_TRUE(names(r, "new_ok", "has a record but no audit trail"));
 }
 
 }  // namespace

@@ -586,6 +586,71 @@ public:
         return m;
     }
 
+    /// One transaction (detail/postgres_sql.hpp, prune_records ... prune_horizon): the oldest
+    /// expired records by the updated_time index, then a prefix of the audit table in sequence
+    /// order up to the first row not older than the bound, deleted as one range of its primary
+    /// key (docs/stores.md, "Pruning", says why not partitions), and the horizon, forward only.
+    prune_result prune(const prune_limits& limits) override {
+        namespace sql = detail::pg;
+        prune_result out;
+        const auto limit = static_cast<std::int64_t>(std::min<std::size_t>(limits.max_rows, INT64_MAX - 1));
+        auto bound = [](std::int64_t v) { return v == prune_limits::keep_all ? std::optional<std::int64_t>() : v; };
+        run("prune", [&] {
+            out = {};
+            step_ = "begin";
+            pqxx::work w(*conn_);
+            std::optional<std::int64_t> fence;
+            if (limits.records_before_ms != prune_limits::keep_all) {
+                step_ = "delete expired records";
+                const auto r = w.exec_params(std::string(sql::prune_records), limits.records_before_ms, limit);
+                out.records = r[0][0].as<std::size_t>();
+                if (!r[0][1].is_null())  // undo the sign-bit flip
+                    fence = static_cast<std::int64_t>(static_cast<std::uint64_t>(r[0][1].as<std::int64_t>()) ^
+                                                      (std::uint64_t{1} << 63));
+                step_ = "look for more expired records";
+                out.more = w.exec_params(std::string(sql::prune_more_records), limits.records_before_ms)[0][0].as<bool>();
+            }
+            if (limits.audit_before_ms != prune_limits::keep_all) {
+                step_ = "read the head of the audit table";
+                const auto head = w.exec_params(std::string(sql::prune_audit_head), limit + 1);
+                std::int64_t last = 0;
+                for (const auto& row : head) {
+                    if (row[1].as<std::int64_t>() >= limits.audit_before_ms) break;
+                    if (out.audit_rows == limits.max_rows) {
+                        out.more = true;
+                        break;
+                    }
+                    last = row[0].as<std::int64_t>();
+                    ++out.audit_rows;
+                }
+                if (last != 0) {
+                    step_ = "delete expired audit rows";
+                    w.exec_params(std::string(sql::prune_audit), last);
+                }
+            }
+            step_ = "write the prune horizon";
+            w.exec_params(std::string(sql::prune_horizon), bound(limits.records_before_ms),
+                          bound(limits.audit_before_ms), fence);
+            step_ = "commit";
+            w.commit();
+        });
+        return out;
+    }
+
+    prune_horizon horizon() override {
+        prune_horizon h;
+        run("horizon", [&] {
+            step_ = "select idem_schema";
+            std::optional<pqxx::nontransaction> own;
+            pqxx::transaction_base& n = snap_ ? *snap_ : own.emplace(*conn_);
+            const auto r = n.exec(std::string(detail::pg::horizon));
+            if (r.empty()) return;
+            if (!r[0][0].is_null()) h.records_ms = r[0][0].as<std::int64_t>();
+            if (!r[0][1].is_null()) h.audit_ms = r[0][1].as<std::int64_t>();
+        });
+        return h;
+    }
+
     /// The server process of the current connection (0 when disconnected): for operators and tests.
     [[nodiscard]] int backend_pid() const noexcept { return conn_ ? conn_->backendpid() : 0; }
     [[nodiscard]] std::chrono::milliseconds call_deadline() const noexcept { return deadline_; }

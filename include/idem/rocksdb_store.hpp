@@ -37,9 +37,12 @@
 //
 // Pruning. rocksdb_options::window > 0 installs a compaction filter that drops records (never audit
 // rows) that are terminal or RELEASED and whose updated_time is older than now - window; prune()
-// deletes such records at once. Until compaction reaches it, an expired record is still returned.
-// max_fence() is the largest fence ever written (kept in the metadata), so fences keep increasing
-// over pruned keys.
+// deletes such records at once, and prune(limits) (store::prune) records and audit rows, a bounded
+// number per call, scanning in key order (there is no time index). Until compaction reaches it, an
+// expired record is still returned. The horizon is kept in the metadata ('m' records_horizon,
+// audit_horizon; missing: never pruned); with a window, each batch moves records_horizon to
+// now - window, since the filter may drop anything older. max_fence() is the largest fence ever
+// written (kept in the metadata), so fences keep increasing over pruned keys.
 //
 // Thread-safety: one thread at a time (the flusher, or recovery before it starts), like every
 // store; the compaction filter runs on RocksDB's threads and reads nothing of the store's.
@@ -173,11 +176,17 @@ public:
                                                    rows.empty() ? 0 : std::max<std::int64_t>(rows.back().at_ms, 0))));
         put(batch, codec::meta_key("next_sequence"), codec::encode_counter(sequence));
         put(batch, codec::meta_key("max_fence"), codec::encode_counter(max_fence));
+        prune_horizon h = horizon_;
+        if (filter_) {  // the compaction filter may drop what is older than now - window from now on
+            h.records_ms = std::max(h.records_ms, now_ms() - opts_.window.count());
+            put_horizon(batch, h);
+        }
         for (const auto& [group_of, value] : records) put(batch, keys[group_of], value);
         const rocksdb::Status s = db_->Write(write_options(), &batch);
         if (!s.ok()) fail(s, "write batch");
         next_sequence_ = sequence;
         max_fence_ = max_fence;
+        horizon_ = h;
         // Checked again after the commit: a batch written into a directory the path no longer
         // names is reported as failed, so its rows stay pending and are never acknowledged.
         check_dir("after the batch committed");
@@ -265,28 +274,72 @@ public:
     }
 
     /// Deletes now the records that are terminal or RELEASED and were last updated before
-    /// `before_ms` (Unix ms), in WriteBatches of prune_batch deletions. Audit rows are kept.
-    /// Returns how many records it deleted. A record that does not decode is corrupt_record.
+    /// `before_ms` (Unix ms), in WriteBatches of prune_batch deletions, and moves the records
+    /// horizon. Audit rows are kept. Returns how many records it deleted. A record that does not
+    /// decode is corrupt_record.
     std::size_t prune(std::int64_t before_ms) {
-        ensure_open();
         std::size_t deleted = 0;
-        rocksdb::WriteBatch batch;
-        auto write = [&] {
-            if (batch.Count() == 0) return;
-            const rocksdb::Status s = db_->Write(write_options(), &batch);
-            if (!s.ok()) fail(s, "prune records");
-            deleted += static_cast<std::size_t>(batch.Count());
-            batch.Clear();
-        };
-        scan(detail::rocksdb_codec::record_prefix, {}, [&](std::string_view k, std::string_view v) {
-            const stored_record r = detail::rocksdb_codec::decode_record(where(), k.substr(1), v);
-            if (!expired(r.state, r.updated_ms, before_ms)) return;
-            const rocksdb::Status s = batch.Delete(rocksdb::Slice(k.data(), k.size()));
-            if (!s.ok()) fail(s, "prune records");
-            if (static_cast<std::size_t>(batch.Count()) >= prune_batch) write();
-        });
-        write();
+        for (prune_result r{.more = true}; r.more;) {
+            r = prune(prune_limits{.records_before_ms = before_ms, .max_rows = prune_batch});
+            deleted += r.records;
+        }
         return deleted;
+    }
+
+    /// One WriteBatch: the first limits.max_rows expired records and audit rows in key order (a
+    /// scan that stops at the next expired row, which sets `more`), the horizon with them.
+    prune_result prune(const prune_limits& limits) override {
+        namespace codec = detail::rocksdb_codec;
+        ensure_open();
+        check_dir("before a prune");
+        prune_result out;
+        rocksdb::WriteBatch batch;
+        prune_horizon h = horizon_;
+        // The scans stop at the first expired row past the limit: it only says there is more.
+        struct stop {};
+        auto del = [&](std::string_view k, std::size_t& n) {
+            if (n == limits.max_rows) {
+                out.more = true;
+                throw stop{};
+            }
+            const rocksdb::Status s = batch.Delete(rocksdb::Slice(k.data(), k.size()));
+            if (!s.ok()) fail(s, "prune");
+            ++n;
+        };
+        if (limits.records_before_ms != prune_limits::keep_all) {
+            try {
+                scan(codec::record_prefix, {}, [&](std::string_view k, std::string_view v) {
+                    const stored_record r = codec::decode_record(where(), k.substr(1), v);
+                    if (expired(r.state, r.updated_ms, limits.records_before_ms)) del(k, out.records);
+                });
+            } catch (const stop&) {
+            }
+            h.records_ms = std::max(h.records_ms, limits.records_before_ms);
+        }
+        if (limits.audit_before_ms != prune_limits::keep_all) {
+            try {
+                scan(codec::audit_prefix, {}, [&](std::string_view k, std::string_view v) {
+                    if (codec::decode_audit(where(), k, v).at_ms < limits.audit_before_ms) del(k, out.audit_rows);
+                });
+            } catch (const stop&) {
+            }
+            h.audit_ms = std::max(h.audit_ms, limits.audit_before_ms);
+        }
+        put_horizon(batch, h);
+        const rocksdb::Status s = db_->Write(write_options(), &batch);
+        if (!s.ok()) fail(s, "write prune");
+        horizon_ = h;
+        check_dir("after a prune committed");
+        return out;
+    }
+
+    /// The stored horizon; with a window, records_ms is at least now - window (the compaction
+    /// filter may have dropped anything older by now).
+    prune_horizon horizon() override {
+        ensure_open();
+        prune_horizon h = horizon_;
+        if (filter_) h.records_ms = std::max(h.records_ms, now_ms() - opts_.window.count());
+        return h;
     }
 
     /// Compacts the whole key range now, which runs the window's compaction filter over every
@@ -332,6 +385,27 @@ private:
         return s == record_state::succeeded || s == record_state::failed;
     }
     [[nodiscard]] std::string where() const { return "rocksdb:" + path_ + ": "; }
+    [[nodiscard]] static std::int64_t now_ms() noexcept {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    }
+
+    /// The horizon's metadata: each bound as a counter with its sign bit flipped (so keep_all,
+    /// INT64_MIN, is 0); a bound that is keep_all is not written.
+    void put_horizon(rocksdb::WriteBatch& b, const prune_horizon& h) {
+        namespace codec = detail::rocksdb_codec;
+        for (auto [name, v] : {std::pair{"records_horizon", h.records_ms}, std::pair{"audit_horizon", h.audit_ms}})
+            if (v != prune_limits::keep_all)
+                put(b, codec::meta_key(name), codec::encode_counter(static_cast<std::uint64_t>(v) ^ sign_bit));
+    }
+    std::int64_t read_bound(const char* name) {
+        std::string value;
+        const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), detail::rocksdb_codec::meta_key(name), &value);
+        if (s.IsNotFound()) return prune_limits::keep_all;
+        if (!s.ok()) fail(s, "read metadata");
+        return static_cast<std::int64_t>(detail::rocksdb_codec::decode_counter(where(), name, value) ^ sign_bit);
+    }
+    static constexpr std::uint64_t sign_bit = std::uint64_t{1} << 63;
 
     rocksdb::WriteOptions write_options() const {
         rocksdb::WriteOptions w;
@@ -443,6 +517,7 @@ private:
             if (!s.ok()) fail(s, "write schema");
             next_sequence_ = 1;
             max_fence_ = 0;
+            horizon_ = {};
             return;
         }
         if (!s.ok()) fail(s, "read schema version");
@@ -456,6 +531,7 @@ private:
             throw error(errc::corrupt_record, where() + "metadata 'next_sequence' is " + std::to_string(next_sequence_) +
                                                   "; it must be between 1 and 2^62");
         max_fence_ = counter("max_fence");
+        horizon_ = {read_bound("records_horizon"), read_bound("audit_horizon")};
         if (max_fence_ >= detail::rocksdb_codec::fence_limit)
             throw error(errc::corrupt_record, where() + "metadata 'max_fence' is " + std::to_string(max_fence_) +
                                                   "; fences are below 2^52");
@@ -550,6 +626,7 @@ private:
     const rocksdb::Snapshot* snapshot_ = nullptr;  // inside snapshot_read()
     std::uint64_t next_sequence_ = 1;              // audit sequence: this store is the only writer
     std::uint64_t max_fence_ = 0;
+    prune_horizon horizon_;                        // what prune (and the window) removed; kept in the metadata
     dev_t dir_dev_ = 0;
     ino_t dir_ino_ = 0;
 };

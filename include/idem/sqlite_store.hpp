@@ -163,7 +163,7 @@ public:
     sqlite_store(const sqlite_store&) = delete;
     sqlite_store& operator=(const sqlite_store&) = delete;
 
-    static constexpr int schema_version = 2;
+    static constexpr int schema_version = 3;
 
     void apply(std::span<const store_row> rows, std::uint64_t batch_id) override {
         ensure_open();
@@ -296,10 +296,14 @@ public:
 
     /// The key's audit rows, found by following the chain from its record's last_audit back
     /// through each row's `previous` (one rowid lookup per row). A key with no record (or none
-    /// that points at its history) is looked for by a scan of the whole audit table.
+    /// that points at its history) is looked for by a scan of the whole audit table. On a pruned
+    /// store a link below idem_schema.pruned_sequence is the trail's legal start (its rows were
+    /// pruned), and once records were pruned the chain of a key claimed again starts afresh, so
+    /// rows of its earlier life are looked for by a scan of the table below the chain.
     std::vector<audit_entry> audit(std::string_view key) override {
         ensure_open();
         std::vector<audit_entry> out;
+        const pruned_state pruned = read_pruned();
         std::int64_t at = last_audit(key);
         if (at == 0) {
             scan_audit_where("WHERE idempotent_key = ?1 ORDER BY sequence", key,
@@ -318,7 +322,13 @@ public:
                              },
                              at);
             const std::string row = "audit row " + std::to_string(at) + " of key '" + key::printable(key) + "'";
-            if (!found) throw error(errc::corrupt_record, where() + row + " is missing (the key's chain of audit rows is broken)");
+            if (!found && at < pruned.sequence) break;  // pruned: the trail starts after it
+            if (!found)
+                throw error(errc::corrupt_record,
+                            where() + row + " is missing (the key's chain of audit rows is broken" +
+                                (pruned.sequence > 0 ? "; only rows below sequence " + std::to_string(pruned.sequence) +
+                                                           " were pruned)"
+                                                     : ")"));
             if (out.back().key != key)
                 throw error(errc::corrupt_record, where() + row + " belongs to key '" + key::printable(out.back().key) + "'");
             if (previous < 0 || previous >= at)
@@ -327,6 +337,13 @@ public:
             at = previous;
         }
         std::reverse(out.begin(), out.end());
+        if (at == 0 && pruned.records_ms != prune_limits::keep_all && !out.empty()) {
+            std::vector<audit_entry> earlier;  // an earlier life of the key, whose record was pruned
+            scan_audit_where("WHERE idempotent_key = ?1 AND sequence < " + std::to_string(out.front().sequence) +
+                                 " ORDER BY sequence",
+                             key, [&](const audit_entry& a, std::int64_t) { earlier.push_back(a); });
+            out.insert(out.begin(), earlier.begin(), earlier.end());
+        }
         return out;
     }
 
@@ -365,7 +382,91 @@ public:
         }
         sqlite3_finalize(s);
         if (rc != SQLITE_ROW) fail(rc, "read max fence");
-        return v;
+        return std::max(v, static_cast<std::uint64_t>(read_pruned().fence));
+    }
+
+    /// One short BEGIN IMMEDIATE transaction (see store::prune). Records: the oldest first by the
+    /// index on updated_time, so a call reads only the rows it deletes (and any PROCESSING rows
+    /// older than the bound); their largest fence is kept in idem_schema for max_fence(). Audit
+    /// rows: a prefix of the table in sequence (rowid) order, up to the first row not older than
+    /// the bound, deleted as one rowid range; idem_schema.pruned_sequence then says every chain link
+    /// below it may be gone. The horizon moves forward only, in the same transaction.
+    prune_result prune(const prune_limits& limits) override {
+        ensure_open();
+        ensure_writer();
+        check_file("before a prune");
+        prune_result out;
+        const auto limit = static_cast<std::int64_t>(std::min<std::size_t>(limits.max_rows, INT64_MAX - 1));
+        exec("BEGIN IMMEDIATE", "begin prune");
+        try {
+            pruned_state p = read_pruned();
+            if (limits.records_before_ms != prune_limits::keep_all) {
+                const std::string expired =
+                    "idempotent_key IN (SELECT idempotent_key FROM idempotent_record WHERE updated_time < ?1 AND "
+                    "status <> 'PROCESSING' ORDER BY updated_time LIMIT ?2)";
+                statement f(*this, "SELECT COUNT(*), COALESCE(MAX(fencing_token), 0) FROM idempotent_record WHERE " +
+                                       expired);
+                statement d(*this, "DELETE FROM idempotent_record WHERE " + expired);
+                statement m(*this, "SELECT EXISTS (SELECT 1 FROM idempotent_record WHERE updated_time < ?1 AND "
+                                   "status <> 'PROCESSING')");
+                for (sqlite3_stmt* q : {f.s, d.s, m.s}) sqlite3_bind_int64(q, 1, limits.records_before_ms);
+                for (sqlite3_stmt* q : {f.s, d.s}) sqlite3_bind_int64(q, 2, limit);
+                f.row("find expired records");
+                out.records = static_cast<std::size_t>(sqlite3_column_int64(f.s, 0));
+                p.fence = std::max(p.fence, integer(f.s, 1, "the largest fence of the expired records"));
+                step_done(d.s, "delete expired records");
+                m.row("look for more expired records");
+                out.more = sqlite3_column_int64(m.s, 0) != 0;
+                p.records_ms = std::max(p.records_ms, limits.records_before_ms);
+            }
+            if (limits.audit_before_ms != prune_limits::keep_all) {
+                // The first limit + 1 rows in sequence order: the prefix older than the bound ends at
+                // the first row that is not, or at the limit (then the next row says whether more).
+                statement q(*this, "SELECT sequence, at_time FROM idempotent_audit ORDER BY sequence LIMIT ?1");
+                sqlite3_bind_int64(q.s, 1, limit + 1);
+                std::int64_t last = 0;
+                int rc;
+                while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+                    const std::int64_t seq = integer(q.s, 0, "an audit row");
+                    if (integer(q.s, 1, "audit row " + std::to_string(seq)) >= limits.audit_before_ms) break;
+                    if (out.audit_rows == limits.max_rows) {
+                        out.more = true;
+                        break;
+                    }
+                    last = seq;
+                    ++out.audit_rows;
+                }
+                if (rc != SQLITE_ROW && rc != SQLITE_DONE) fail(rc, "find expired audit rows");
+                if (last != 0) {
+                    statement d(*this, "DELETE FROM idempotent_audit WHERE sequence <= ?1");
+                    sqlite3_bind_int64(d.s, 1, last);
+                    step_done(d.s, "delete expired audit rows");
+                    p.sequence = std::max(p.sequence, last + 1);
+                }
+                p.audit_ms = std::max(p.audit_ms, limits.audit_before_ms);
+            }
+            statement w(*this, "UPDATE idem_schema SET records_horizon = ?1, audit_horizon = ?2, pruned_sequence = ?3, "
+                               "pruned_fence = ?4");
+            for (auto [i, v] : {std::pair{1, p.records_ms}, std::pair{2, p.audit_ms}}) {
+                if (v == prune_limits::keep_all) sqlite3_bind_null(w.s, i);
+                else sqlite3_bind_int64(w.s, i, v);
+            }
+            sqlite3_bind_int64(w.s, 3, p.sequence);
+            sqlite3_bind_int64(w.s, 4, p.fence);
+            step_done(w.s, "write the prune horizon");
+            exec("COMMIT", "commit prune");
+        } catch (...) {
+            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+            throw;
+        }
+        check_file("after a prune committed");
+        return out;
+    }
+
+    prune_horizon horizon() override {
+        ensure_open();
+        const pruned_state p = read_pruned();
+        return {p.records_ms, p.audit_ms};
     }
 
     /// Closes and reopens the connection (the writer lock stays held). A temporary database lives
@@ -775,7 +876,7 @@ private:
     }
 
     /// Inside the open's schema transaction: creates the current layout in an empty file, or
-    /// upgrades a version 1 file in place, or refuses a version it does not know.
+    /// upgrades a version 1 or 2 file in place, or refuses a version it does not know.
     ///
     /// Version 2 (why: random-order keys). Each batch appends its audit rows at the end of a table
     /// keyed by sequence (the rowid), instead of inserting them into a B-tree ordered by
@@ -784,6 +885,12 @@ private:
     /// several pages per row to the log (docs/stores.md, "Layout"). A key's audit rows are chained:
     /// each names the key's previous row, and the record names the latest (last_audit), so
     /// audit(key) stays a few rowid lookups.
+    ///
+    /// Version 3 (why: pruning). idem_schema holds the prune horizon (records_horizon,
+    /// audit_horizon; NULL: never pruned), pruned_sequence (audit rows below it may be gone, so a
+    /// chain link below it is a trail's legal start) and pruned_fence (the largest fence of a pruned
+    /// record, for max_fence()); an index on idempotent_record (updated_time) lets prune read only
+    /// the records it deletes (docs/stores.md, "Pruning"). A version 2 file gains them in place.
     void create_or_upgrade_schema() {
         int version = 0;
         sqlite3_stmt* v = nullptr;
@@ -804,30 +911,16 @@ private:
         }
         if (version == schema_version) return;
         if (version == 1) {
-            exec(R"SQL(
-ALTER TABLE idempotent_record ADD COLUMN last_audit BIGINT NOT NULL DEFAULT 0;
-DROP INDEX IF EXISTS idx_idempotent_record_biz_status;
-ALTER TABLE idempotent_audit RENAME TO idempotent_audit_v1;
-)SQL",
-                 "upgrade schema 1 to 2");
-            exec(audit_table_sql, "upgrade schema 1 to 2: create audit table");
-            exec(R"SQL(
-INSERT INTO idempotent_audit (sequence, previous, idempotent_key, from_status, to_status, fencing_token, node,
-                              at_time, detail)
-  SELECT sequence, COALESCE(LAG(sequence) OVER (PARTITION BY idempotent_key ORDER BY sequence), 0), idempotent_key,
-         from_status, to_status, fencing_token, node, at_time, detail
-  FROM idempotent_audit_v1 ORDER BY sequence;
-UPDATE idempotent_record SET last_audit = COALESCE(
-  (SELECT MAX(a.sequence) FROM idempotent_audit_v1 a WHERE a.idempotent_key = idempotent_record.idempotent_key), 0);
-DROP TABLE idempotent_audit_v1;
-UPDATE idem_schema SET version = 2;
-)SQL",
-                 "upgrade schema 1 to 2: copy audit rows");
+            upgrade_1_to_2();
+            version = 2;
+        }
+        if (version == 2) {
+            exec(version_3_changes, "upgrade schema 2 to 3");
             return;
         }
         if (version != 0)
             throw error(errc::store_error, where() + "schema version " + std::to_string(version) +
-                                               " is not one this library reads (1, upgraded in place, or 2)");
+                                               " is not one this library reads (1 and 2, upgraded in place, or 3)");
         exec(R"SQL(
 CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS idempotent_record (
@@ -847,7 +940,76 @@ INSERT INTO idem_schema (version) VALUES (2);
 )SQL",
              "create schema");
         exec(audit_table_sql, "create audit table");
+        exec(version_3_changes, "create schema (version 3)");
     }
+
+    /// Version 2 to 3: the prune columns of idem_schema and the updated_time index.
+    static constexpr const char* version_3_changes = R"SQL(
+ALTER TABLE idem_schema ADD COLUMN records_horizon BIGINT;
+ALTER TABLE idem_schema ADD COLUMN audit_horizon BIGINT;
+ALTER TABLE idem_schema ADD COLUMN pruned_sequence BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE idem_schema ADD COLUMN pruned_fence BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS idx_idempotent_record_updated ON idempotent_record (updated_time);
+UPDATE idem_schema SET version = 3;
+)SQL";
+
+    /// Version 1 to 2 (see above): the audit table rebuilt in sequence order, with its chain.
+    void upgrade_1_to_2() {
+        exec(R"SQL(
+ALTER TABLE idempotent_record ADD COLUMN last_audit BIGINT NOT NULL DEFAULT 0;
+DROP INDEX IF EXISTS idx_idempotent_record_biz_status;
+ALTER TABLE idempotent_audit RENAME TO idempotent_audit_v1;
+)SQL",
+             "upgrade schema 1 to 2");
+        exec(audit_table_sql, "upgrade schema 1 to 2: create audit table");
+        exec(R"SQL(
+INSERT INTO idempotent_audit (sequence, previous, idempotent_key, from_status, to_status, fencing_token, node,
+                              at_time, detail)
+  SELECT sequence, COALESCE(LAG(sequence) OVER (PARTITION BY idempotent_key ORDER BY sequence), 0), idempotent_key,
+         from_status, to_status, fencing_token, node, at_time, detail
+  FROM idempotent_audit_v1 ORDER BY sequence;
+UPDATE idempotent_record SET last_audit = COALESCE(
+  (SELECT MAX(a.sequence) FROM idempotent_audit_v1 a WHERE a.idempotent_key = idempotent_record.idempotent_key), 0);
+DROP TABLE idempotent_audit_v1;
+UPDATE idem_schema SET version = 2;
+)SQL",
+             "upgrade schema 1 to 2: copy audit rows");
+    }
+
+    /// What idem_schema says of past prunes (version 3).
+    struct pruned_state {
+        std::int64_t records_ms = prune_limits::keep_all;
+        std::int64_t audit_ms = prune_limits::keep_all;
+        std::int64_t sequence = 0;  // audit rows below it may be gone
+        std::int64_t fence = 0;     // the largest fence of a pruned record
+    };
+    pruned_state read_pruned() {
+        statement s(*this, "SELECT records_horizon, audit_horizon, pruned_sequence, pruned_fence FROM idem_schema");
+        if (const int rc = sqlite3_step(s.s); rc == SQLITE_DONE)
+            throw error(errc::corrupt_record, where() + "idem_schema has no version row (damaged file?)");
+        else if (rc != SQLITE_ROW)
+            fail(rc, "read the prune horizon");
+        pruned_state p;
+        if (sqlite3_column_type(s.s, 0) != SQLITE_NULL) p.records_ms = integer(s.s, 0, "idem_schema");
+        if (sqlite3_column_type(s.s, 1) != SQLITE_NULL) p.audit_ms = integer(s.s, 1, "idem_schema");
+        p.sequence = integer(s.s, 2, "idem_schema");
+        p.fence = integer(s.s, 3, "idem_schema");
+        return p;
+    }
+
+    /// A prepared statement finalized at scope exit.
+    struct statement {
+        const sqlite_store& st;
+        sqlite3_stmt* s;
+        statement(sqlite_store& store, const std::string& sql) : st(store), s(store.prepare(sql.c_str())) {}
+        ~statement() { sqlite3_finalize(s); }
+        statement(const statement&) = delete;
+        statement& operator=(const statement&) = delete;
+        /// Steps to the one row the statement answers.
+        void row(const char* step) const {
+            if (const int rc = sqlite3_step(s); rc != SQLITE_ROW) st.fail(rc, step);
+        }
+    };
 
     static constexpr const char* audit_table_sql = R"SQL(
 CREATE TABLE IF NOT EXISTS idempotent_audit (

@@ -177,12 +177,20 @@ public:
     }
     /// Removes records past the idempotency window and audit rows past the audit window, at most
     /// limits.max_rows of each, in one short transaction, and moves the stored horizon. PROCESSING
-    /// records are never removed. Default: removes nothing (a store that cannot prune).
+    /// records are never removed. Which expired rows a bounded call takes first is the store's
+    /// (memory_store and the SQL stores: records oldest updated_time first, audit rows oldest
+    /// sequence first; RocksDB: key order). Audit rows may stop at the first row, in sequence order,
+    /// that is not older than the bound (rows are appended in time order, give or take a batch):
+    /// nothing is removed early, a row written out of order a batch late. The horizon moves forward
+    /// only, to the bounds applied, persisted with the deletions; max_fence() keeps counting the
+    /// fences of removed records. Called by the flusher between batches (one thread at a time, as
+    /// every store call). Default: removes nothing (a store that cannot prune).
     virtual prune_result prune(const prune_limits& limits) {
         (void)limits;
         return {};
     }
-    /// What prune has removed so far (see prune_horizon).
+    /// What prune has removed so far (see prune_horizon); read from the store, so it survives a
+    /// restart. Default: never pruned.
     [[nodiscard]] virtual prune_horizon horizon() { return {}; }
     /// Reconnects after store_unavailable (no-op for embedded stores).
     virtual void reconnect() {}
@@ -220,8 +228,7 @@ public:
         std::set<std::string> created;
         for (const store_row& r : rows) {
             const std::string k(r.t.k.view());
-            audit_.push_back({static_cast<std::int64_t>(audit_.size() + 1), k, r.t.from, r.t.to, r.t.fence, node_,
-                              r.at_ms, audit_detail(r.t)});
+            audit_.push_back({next_sequence_++, k, r.t.from, r.t.to, r.t.fence, node_, r.at_ms, audit_detail(r.t)});
             auto [it, inserted] = records_.try_emplace(k);
             stored_record& rec = it->second;
             if (inserted) created.insert(k);
@@ -272,10 +279,40 @@ public:
     }
     std::string name() const override { return "memory"; }
     std::uint64_t max_fence() override {
-        std::uint64_t m = 0;
+        std::uint64_t m = pruned_fence_;
         for (auto& [k, r] : records_) m = std::max(m, r.fence);
         return m;
     }
+    /// The reference: records oldest updated_time first (then key), audit rows oldest sequence
+    /// first, up to the first row that is not older than the bound.
+    prune_result prune(const prune_limits& limits) override {
+        prune_result out;
+        if (limits.records_before_ms != prune_limits::keep_all) {
+            std::vector<std::pair<std::int64_t, std::string>> expired;
+            for (auto& [k, r] : records_)
+                if (r.state != record_state::processing && r.updated_ms < limits.records_before_ms)
+                    expired.emplace_back(r.updated_ms, k);
+            std::sort(expired.begin(), expired.end());
+            out.more = expired.size() > limits.max_rows;
+            expired.resize(std::min(expired.size(), limits.max_rows));
+            for (auto& [at, k] : expired) {
+                pruned_fence_ = std::max(pruned_fence_, records_[k].fence);
+                records_.erase(k);
+            }
+            out.records = expired.size();
+            horizon_.records_ms = std::max(horizon_.records_ms, limits.records_before_ms);
+        }
+        if (limits.audit_before_ms != prune_limits::keep_all) {
+            std::size_t n = 0;  // audit_ is in sequence order
+            while (n < audit_.size() && n < limits.max_rows && audit_[n].at_ms < limits.audit_before_ms) ++n;
+            audit_.erase(audit_.begin(), audit_.begin() + static_cast<std::ptrdiff_t>(n));
+            out.audit_rows = n;
+            out.more = out.more || (!audit_.empty() && audit_.front().at_ms < limits.audit_before_ms);
+            horizon_.audit_ms = std::max(horizon_.audit_ms, limits.audit_before_ms);
+        }
+        return out;
+    }
+    prune_horizon horizon() override { return horizon_; }
 
     /// Test hook: the next n apply() calls throw store_unavailable.
     void fail_next(int n) { fail_next_ = n; }
@@ -284,6 +321,9 @@ private:
     std::map<std::string, stored_record> records_;
     std::vector<audit_entry> audit_;
     std::vector<std::uint64_t> batches_;
+    std::int64_t next_sequence_ = 1;
+    std::uint64_t pruned_fence_ = 0;  // the largest fence of a pruned record
+    prune_horizon horizon_;
     int fail_next_ = 0;
 };
 

@@ -11,6 +11,17 @@
 //   * every claim's fence is strictly greater than every earlier fence of the key; every
 //     completion carries the fence of the claim it completes;
 //   * the last row matches the record (status and fence), and no record lacks a trail.
+//
+// A pruned store (store::prune, store::horizon) is read with its horizon. Legal, and counted:
+//   * a trail whose first remaining row does not start at ABSENT, when audit rows were pruned (the
+//     audit horizon is not keep_all): its start is gone; its first row starts the checks (a claim
+//     from RELEASED has no earlier fence to rise above);
+//   * a record with no trail left, when its updated_time is older than the audit horizon;
+//   * a trail with no record, when its last row is not PROCESSING and is older than the records
+//     horizon (the record was pruned; a key claimed again after that is `reopened`).
+// Anything else stays a violation. A truncated trail's first row may itself be older than the
+// audit horizon: a prune bounded by max_rows (more to come) or stopped at a row written out of
+// time order leaves such rows, so that is not checked.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +37,10 @@ struct verify_report {
     std::uint64_t keys = 0;
     std::uint64_t transitions = 0;
     std::uint64_t reopened = 0;
+    prune_horizon horizon;                ///< the store's (keep_all, keep_all when never pruned)
+    std::uint64_t truncated_trails = 0;   ///< trails whose first rows were pruned
+    std::uint64_t records_without_trail = 0;  ///< records whose whole trail was pruned
+    std::uint64_t trails_without_record = 0;  ///< trails whose record was pruned
     std::vector<std::string> violations;  ///< each names the key, the audit sequence and the rule
 };
 
@@ -36,14 +51,20 @@ public:
     explicit trail_checker(verify_report& r) : report_(r) {}
 
     void row(const audit_entry& a) {
+        const bool claim = a.to == record_state::processing && a.from != record_state::processing;
         if (a.key != key_) {
             key_ = a.key;
             state_ = record_state::absent;
             fence_ = 0;
             ++report_.keys;
+            if (a.from != record_state::absent && report_.horizon.audit_ms != prune_limits::keep_all) {
+                // The trail's start was pruned: this row starts the checks.
+                ++report_.truncated_trails;
+                state_ = a.from;
+                fence_ = claim ? 0 : a.fence;
+            }
         }
         ++report_.transitions;
-        const bool claim = a.to == record_state::processing && a.from != record_state::processing;
         if (a.from != state_) {
             if (a.from == record_state::absent && claim &&
                 (state_ == record_state::succeeded || state_ == record_state::failed ||
@@ -68,12 +89,13 @@ public:
         }
         state_ = a.to;
         fence_ = std::max(fence_, a.fence);
-        last_[a.key] = {state_, fence_};
+        last_[a.key] = {state_, fence_, a.at_ms};
     }
 
     struct last_state {
         record_state state;
         std::uint64_t fence;
+        std::int64_t at_ms;
     };
     std::map<std::string, last_state>& last() { return last_; }
 
@@ -99,13 +121,25 @@ inline verify_report verify(store& st) {
     verify_report report;
     st.snapshot_read([&] {
         report = verify_report{};
+        report.horizon = st.horizon();
+        const prune_horizon& h = report.horizon;
         detail::trail_checker checker(report);
         st.scan_audit([&](const audit_entry& a) { checker.row(a); });
         auto& last = checker.last();
         st.load([&](const stored_record& r) {
             auto it = last.find(r.key);
             if (it == last.end()) {
-                report.violations.push_back("key '" + key::printable(r.key) + "' has a record but no audit trail");
+                if (h.audit_ms != prune_limits::keep_all && r.updated_ms < h.audit_ms) {
+                    ++report.records_without_trail;  // its whole trail was older than the audit horizon
+                    return;
+                }
+                report.violations.push_back(
+                    "key '" + key::printable(r.key) + "' has a record but no audit trail" +
+                    (h.audit_ms == prune_limits::keep_all
+                         ? std::string()
+                         : " (updated_time " + std::to_string(r.updated_ms) +
+                               " is not older than the audit horizon " + std::to_string(h.audit_ms) +
+                               ", so its trail cannot have been pruned)"));
                 return;
             }
             if (it->second.state != r.state || it->second.fence != r.fence)
@@ -115,8 +149,21 @@ inline verify_report verify(store& st) {
                                             std::to_string(it->second.fence));
             last.erase(it);
         });
-        for (auto& [k, s] : last)
-            report.violations.push_back("key '" + key::printable(k) + "' has an audit trail but no record");
+        for (auto& [k, s] : last) {
+            if (h.records_ms != prune_limits::keep_all && s.state != record_state::processing &&
+                s.at_ms < h.records_ms) {
+                ++report.trails_without_record;  // its record was pruned
+                continue;
+            }
+            std::string why;
+            if (h.records_ms != prune_limits::keep_all)
+                why = s.state == record_state::processing
+                          ? " (its last row is PROCESSING, and prune never removes a PROCESSING record)"
+                          : " (its last row, at " + std::to_string(s.at_ms) +
+                                ", is not older than the records horizon " + std::to_string(h.records_ms) +
+                                ", so its record cannot have been pruned)";
+            report.violations.push_back("key '" + key::printable(k) + "' has an audit trail but no record" + why);
+        }
     });
     return report;
 }

@@ -23,7 +23,10 @@
 
 namespace idem::detail::pg {
 
-inline constexpr int schema_version = 1;
+// Version 2 (pruning): idem_schema holds the prune horizon and the largest pruned fence, and an
+// index on idempotent_record (updated_time) lets prune read only the records it deletes. A version 1
+// database gains both in place (the DDL below, then schema_version_upgrade).
+inline constexpr int schema_version = 2;
 
 // Serialises concurrent openers of one database (CREATE TABLE IF NOT EXISTS is not race-free in
 // PostgreSQL: two sessions can both pass the existence check and one fails on pg_type's unique
@@ -62,12 +65,18 @@ CREATE INDEX IF NOT EXISTS idx_idempotent_audit_key_seq ON idempotent_audit (ide
 CREATE TABLE IF NOT EXISTS idempotent_batch (
   batch_id BIGINT PRIMARY KEY,
   committed_time BIGINT NOT NULL
-)
+);
+ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS records_horizon BIGINT;
+ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS audit_horizon BIGINT;
+ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS pruned_fence BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS idx_idempotent_record_updated ON idempotent_record (updated_time)
 )sql";
 
-// Writes schema_version (the literal 1) into a fresh database.
+// Writes schema_version (the literal 2) into a fresh database, or upgrades version 1 (the DDL above
+// added what version 2 has).
 inline constexpr std::string_view schema_version_insert =
-    "INSERT INTO idem_schema (version) SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM idem_schema)";
+    "INSERT INTO idem_schema (version) SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM idem_schema); "
+    "UPDATE idem_schema SET version = 2 WHERE version = 1";
 inline constexpr std::string_view schema_version_select = "SELECT max(version) FROM idem_schema";
 
 // apply(). Each key's rows fold into one record write (postgres_store::params explains the fold).
@@ -170,9 +179,40 @@ inline constexpr std::string_view scan_audit_query =
     "FROM idempotent_audit ORDER BY idempotent_key, sequence)";
 inline constexpr std::size_t scan_audit_columns = 8;
 
-// NULL on an empty table; the client flips the sign bit back.
+// NULL on an empty table; the client flips the sign bit back. Pruned records count (pruned_fence).
 inline constexpr std::string_view max_fence =
-    "SELECT max(fencing_token # (-9223372036854775808)::bigint) FROM idempotent_record";
+    "SELECT GREATEST((SELECT max(fencing_token # (-9223372036854775808)::bigint) FROM idempotent_record), "
+    "(SELECT max(pruned_fence # (-9223372036854775808)::bigint) FROM idem_schema))";
+
+// prune(). One transaction: prune_records, prune_more_records, prune_audit_head, prune_audit,
+// prune_horizon (each only when its bound is set). Records: the oldest first by the updated_time
+// index; the outer WHERE repeats the bound so that a row a concurrent batch updates meanwhile
+// (READ COMMITTED re-checks the updated row) is kept. Answers the count and the largest fence
+// (sign-flipped, NULL when none). $1 bound, $2 limit.
+inline constexpr std::string_view prune_records = R"sql(
+WITH gone AS (
+  DELETE FROM idempotent_record r
+  WHERE r.idempotent_key IN (SELECT idempotent_key FROM idempotent_record
+                             WHERE updated_time < $1 AND status <> 'PROCESSING' ORDER BY updated_time LIMIT $2)
+    AND r.updated_time < $1 AND r.status <> 'PROCESSING'
+  RETURNING r.fencing_token
+)
+SELECT count(*), max(fencing_token # (-9223372036854775808)::bigint) FROM gone
+)sql";
+inline constexpr std::string_view prune_more_records =
+    "SELECT EXISTS (SELECT 1 FROM idempotent_record WHERE updated_time < $1 AND status <> 'PROCESSING')";
+// Audit rows: the head of the table in sequence order ($1 rows: the limit + 1); the client finds
+// where the prefix older than the bound ends, and prune_audit deletes it as one range of the
+// primary key. (A row of a batch still uncommitted is invisible here and newer than any bound.)
+inline constexpr std::string_view prune_audit_head =
+    "SELECT sequence, at_time FROM idempotent_audit ORDER BY sequence LIMIT $1";
+inline constexpr std::string_view prune_audit = "DELETE FROM idempotent_audit WHERE sequence <= $1";
+// $1 records bound, $2 audit bound (NULL: unchanged; GREATEST ignores NULL, so the horizon only
+// moves forward), $3 the largest pruned fence (NULL: none).
+inline constexpr std::string_view prune_horizon =
+    "UPDATE idem_schema SET records_horizon = GREATEST(records_horizon, $1::bigint), "
+    "audit_horizon = GREATEST(audit_horizon, $2::bigint), pruned_fence = GREATEST(pruned_fence, $3::bigint)";
+inline constexpr std::string_view horizon = "SELECT records_horizon, audit_horizon FROM idem_schema";
 
 // Durability settings. fsync can change under a running server (ALTER SYSTEM + reload, or a
 // restart) and no session can pin it, so it is read again: on every new connection, and by a
