@@ -35,6 +35,7 @@ command add_drill_worker(CLI::App& root);  // drill_worker.cpp (hidden: the dril
 command add_audit(CLI::App& root);         // audit.cpp
 command add_verify(CLI::App& root);        // verify.cpp
 command add_stats(CLI::App& root);         // stats.cpp
+command add_prune(CLI::App& root);         // prune.cpp
 
 /// Formats a number for messages: whole numbers without a fraction or exponent, others in %g.
 template <class T>

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/store.hpp"
+
 namespace idem::tool {
 
 /// 1234567 -> "1,234,567".
@@ -149,5 +151,25 @@ private:
     }
     std::string body_;
 };
+
+/// A prune bound for people: "2024-06-15T12:34:56.789Z (1718454896789)", or "never pruned".
+inline std::string horizon_text(std::int64_t ms) {
+    return ms == prune_limits::keep_all ? std::string("never pruned") : iso8601_ms(ms) + " (" + std::to_string(ms) + ")";
+}
+
+/// The store's prune horizon as two rows of a table (stats, verify, prune), when it was pruned.
+inline void horizon_rows(table& t, const prune_horizon& h) {
+    if (h == prune_horizon{}) return;
+    t.row("records horizon", horizon_text(h.records_ms), "(records last updated before it may be gone)");
+    t.row("audit horizon", horizon_text(h.audit_ms), "(audit rows older than it may be gone)");
+}
+
+/// The horizon as records_horizon_ms / audit_horizon_ms (null: never pruned).
+inline void add_horizon(json_object& j, const prune_horizon& h) {
+    for (auto [name, v] : {std::pair{"records_horizon_ms", h.records_ms}, std::pair{"audit_horizon_ms", h.audit_ms}}) {
+        if (v == prune_limits::keep_all) j.add_null(name);
+        else j.add(name, v);
+    }
+}
 
 }  // namespace idem::tool

@@ -8,6 +8,10 @@ Runs, in a fresh temporary directory:
      run's records without taking any of them for a duplicate of its own requests;
   2. idem verify on that store: 0 violations;  idem stats: the record and audit counts add up;
   3. idem audit on a key of the first run: found, SUCCESS, a claim and a success in its trail;
+  3b. idem prune on that store: a 1-day window removes nothing and sets the records horizon; a 1 ms
+     window removes every record (audit kept: verify counts each trail as one whose record was
+     pruned, 0 violations, and prints the horizon), then --audit-window 1ms every audit row, in
+     transactions of --batch rows; bad durations and batch sizes are exit 2 naming the flag;
   4. idem drill --cycles 5: workers SIGKILLed and recovered, no double execution, no lost
      acknowledgement, 0 violations;
   4b. idem drill --second-writer same and disjoint: every second worker started on the file while the
@@ -141,6 +145,39 @@ def main():
             rc, _, text, _ = run(idem, "audit", key, "--store", store)
             check("PROCESSING -> SUCCESS" in text, "audit (text): no PROCESSING -> SUCCESS row")
         run(idem, "audit", "NO_SUCH_v1", "--store", store, expect=1)
+
+        print("3b. prune", flush=True)
+        _, p, _, _ = run(idem, "prune", store, "--window", "1d", "--json")
+        if p:
+            check(p["records"] == 0 and p["audit_rows"] == 0, f"prune --window 1d removed rows: {p}")
+            check(p["records_horizon_ms"] is not None and p["audit_horizon_ms"] is None, f"prune 1d horizon: {p}")
+        _, p, _, _ = run(idem, "prune", "--store", store, "--window", "1ms", "--batch", "5000", "--json")
+        if p and v:
+            check(p["records"] == v["keys"] and p["audit_rows"] == 0, f"prune --window 1ms: {p}, verify saw {v['keys']}")
+            check(p["transactions"] >= v["keys"] // 5000, f"prune --batch 5000: {p['transactions']} transactions")
+        _, pv, text, _ = run(idem, "verify", "--store", store, "--json")
+        if pv and v:
+            check(pv["violations"] == 0, f"verify after prune: {pv['violation_list'][:3]}")
+            check(pv["trails_without_record"] == v["keys"], f"verify after prune: {pv}")
+            check(pv["records_horizon_ms"] is not None, f"verify after prune: no records horizon: {pv}")
+        _, text, _ = run(idem, "verify", "--store", store)[1:]
+        check("records horizon" in text, "verify (text) after prune: no records horizon row")
+        _, ps, _, _ = run(idem, "stats", "--store", store, "--json")
+        if ps and s:
+            check(ps["records"] == 0 and ps["audit_rows"] == s["audit_rows"], f"stats after prune: {ps}")
+            check(ps["max_fence"] == s["max_fence"], f"stats after prune: max fence {ps['max_fence']}, was {s['max_fence']}")
+        _, p, _, _ = run(idem, "prune", store, "--window", "1ms", "--audit-window", "1ms", "--json")
+        if p and s:
+            check(p["audit_rows"] == s["audit_rows"] and p["audit_horizon_ms"] is not None, f"prune audit: {p}")
+        _, text, _ = run(idem, "prune", store, "--window", "7d", "--audit-window", "1ms")[1:]
+        check("audit horizon" in text, "prune (text): no audit horizon row")
+        _, _, _, err = run(idem, "prune", store, "--window", "7x", expect=2)
+        check("--window" in err and "not a duration" in err, f"prune --window 7x: {err.strip()}")
+        _, _, _, err = run(idem, "prune", store, "--window", "1d", "--batch", "0", expect=2)
+        check("--batch" in err, f"prune --batch 0: {err.strip()}")
+        run(idem, "prune", store, expect=2)  # --window is required
+        run(idem, "prune", "memory", "--window", "1d", expect=2)
+        run(idem, "prune", f"sqlite:{tmp}/missing.db", "--window", "1d", expect=3)
 
         print("4. crash drill", flush=True)
         _, d, _, _ = run(idem, "drill", "--cycles", "5", "--json", "--store", f"sqlite:{tmp}/drill.db", timeout=180)

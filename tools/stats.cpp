@@ -37,6 +37,7 @@ struct store_view {
     std::uint64_t expired = 0;                                                    // PROCESSING, lease passed
     std::int64_t oldest_processing_ms = 0;                                        // 0: none
     std::uint64_t max_fence = 0;
+    idem::prune_horizon horizon;                                                  // what prune removed
     std::uint64_t audit_rows = 0;
     std::map<std::string, std::uint64_t> audit_by_cause;                          // claim, succeed, ...
 };
@@ -91,6 +92,8 @@ int run_stats(const stats_config& c) {
         ++v.audit_rows;
         ++v.audit_by_cause[a.detail.substr(0, a.detail.find(' '))];
     });
+    v.horizon = st->horizon();
+    v.max_fence = std::max(v.max_fence, st->max_fence());  // pruned records count too
     const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     if (c.prometheus) {
@@ -129,8 +132,9 @@ int run_stats(const stats_config& c) {
             j.add("oldest_processing", iso8601_ms(v.oldest_processing_ms));
         else
             j.add_null("oldest_processing");
-        j.add("audit_rows", v.audit_rows).add("audit_by_cause", causes).add("max_fence", v.max_fence).add("elapsed_s",
-                                                                                                          elapsed_s);
+        j.add("audit_rows", v.audit_rows).add("audit_by_cause", causes).add("max_fence", v.max_fence);
+        add_horizon(j, v.horizon);
+        j.add("elapsed_s", elapsed_s);
         std::cout << j.str() << std::endl;
     } else {
         std::cout << "idem stats: " << display_name(spec) << "\n\n";
@@ -148,6 +152,7 @@ int run_stats(const stats_config& c) {
         t.row("audit rows", grouped(v.audit_rows));
         for (const auto& [cause, n] : v.audit_by_cause) t.row("  " + cause, grouped(n));
         t.row("max fence", std::to_string(v.max_fence));
+        horizon_rows(t, v.horizon);
         t.row("read in", fixed(elapsed_s, 2) + " s");
         t.print(std::cout);
         if (v.by_biz.size() > 1) {

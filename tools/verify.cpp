@@ -2,7 +2,9 @@
 //
 // Every key's audit trail must be a legal path of the state machine (docs/design.md), with
 // fences strictly increasing per claim and completions carrying their claim's fence, and must end
-// in the state and fence its record holds; no record without a trail, no trail without a record.
+// in the state and fence its record holds; no record without a trail, no trail without a record,
+// unless the store's prune horizon says those rows were pruned (then they are counted and the
+// horizon printed).
 // Exit codes: 0 no violation, 1 violations (listed), 2 bad command line, 3 the store could not be read.
 #include <chrono>
 #include <iostream>
@@ -41,10 +43,14 @@ int run_verify(const verify_config& c) {
             .add("keys", r.keys)
             .add("transitions", r.transitions)
             .add("reopened", r.reopened)
+            .add("truncated_trails", r.truncated_trails)
+            .add("records_without_trail", r.records_without_trail)
+            .add("trails_without_record", r.trails_without_record)
             .add("violations", std::uint64_t{r.violations.size()})
             .add("violation_list", listed)
-            .add("violation_list_truncated", shown < r.violations.size())
-            .add("elapsed_s", elapsed_s);
+            .add("violation_list_truncated", shown < r.violations.size());
+        add_horizon(j, r.horizon);
+        j.add("elapsed_s", elapsed_s);
         std::cout << j.str() << std::endl;
     } else {
         std::cout << "idem verify: " << display_name(spec) << "\n\n";
@@ -52,6 +58,13 @@ int run_verify(const verify_config& c) {
         t.row("keys", grouped(r.keys));
         t.row("transitions", grouped(r.transitions), "(audit rows)");
         t.row("reopened", grouped(r.reopened), "(keys claimed again after eviction from an earlier process)");
+        if (r.horizon != idem::prune_horizon{}) {
+            horizon_rows(t, r.horizon);
+            t.row("pruned history", grouped(r.truncated_trails) + " / " + grouped(r.records_without_trail) + " / " +
+                                        grouped(r.trails_without_record),
+                  "(trails without their start / records without a trail / trails without a record: legal, the "
+                  "horizon covers them)");
+        }
         t.row("violations", grouped(r.violations.size()));
         t.row("elapsed", fixed(elapsed_s, 2) + " s");
         t.print(std::cout);
