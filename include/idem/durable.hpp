@@ -4,16 +4,27 @@
 //                                {.mode = idem::durability::sync});
 //   auto r = g->begin(key);          // the same guard API; sync mode returns after the commit
 //
+// Two windows (docs/stores.md, "Two windows"). options.retention is the hot window: how long memory
+// holds a terminal record. store_options::window is the idempotency window: how long a decision is
+// remembered at all. A key memory evicted (or recovery left out of memory) but still in the window
+// is in the cold window, a filter of about 1.25 bytes per key; a claim of a key the filter may hold
+// first reads the store, and a record in the window is answered from there (a duplicate with its
+// outcome, or in_progress), never granted again. A fresh key misses the filter and is granted
+// without a store read. Past the window the key is new, and the flusher prunes its record.
+//
 // Construction: (1) sync mode asks the store whether it can make commits durable (PostgreSQL with
-// fsync=off or synchronous_commit=off is refused); (2) recovery loads every record in bulk into the
-// table, with new fences starting above the store's largest; (3) the flusher starts; (4) claims
-// whose lease already expired are sent to the resolver (compensation, audited); (5) the periodic
-// maintenance thread starts.
+// fsync=off or synchronous_commit=off is refused); (2) recovery streams every record: claims in
+// flight, released records and terminal ones inside the hot window go into the table, the rest of
+// the idempotency window into the cold window only, older ones nowhere; new fences start above
+// the store's largest; (3) the flusher starts; (4) claims whose lease already expired are sent to
+// the resolver (compensation, audited); (5) the periodic maintenance thread starts.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "idem/detail/flush_pipeline.hpp"
 #include "idem/guard.hpp"
@@ -23,11 +34,14 @@ namespace idem {
 
 /// What recovery found and how long it took.
 struct recovery_report {
-    std::size_t records = 0;
+    std::size_t records = 0;          ///< records loaded into memory (the hot window and every claim)
     std::size_t processing = 0;       ///< claims that were in flight at the crash
     std::size_t compensated = 0;      ///< of those, resolved at start
     std::size_t refused = 0;          ///< records the table had no room for (capacity)
-    std::chrono::nanoseconds elapsed{0};
+    std::size_t cold = 0;             ///< records of the idempotency window left in the store, in the cold window
+    std::size_t expired = 0;          ///< records past the idempotency window: forgotten (prune removes them)
+    std::chrono::nanoseconds elapsed{0};       ///< from the first read to serving
+    std::chrono::nanoseconds cold_elapsed{0};  ///< of that, building the cold window's filter
 };
 
 template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
@@ -37,7 +51,8 @@ public:
 
     /// Throws idem::error: invalid_argument (options, or sync mode on a store that cannot be durable),
     /// store_unavailable / store_error (the store), corrupt_record (a bad row during recovery),
-    /// capacity_exhausted (the store holds more records than options.capacity allows).
+    /// capacity_exhausted (the store holds more claims in flight than options.capacity allows;
+    /// terminal records that do not fit go to the cold window instead).
     basic_durable_guard(std::unique_ptr<store> st, options opts = {}, store_options so = {}, Clock clock = {})
         : store_(std::move(st)),
           so_(prepare(*store_, so)),
@@ -47,6 +62,9 @@ public:
                             .count()),
           pipeline_(*store_, so_, [this](std::chrono::nanoseconds t) { return to_wall_ms(t); }),
           guard_(std::move(opts), clock, &pipeline_, /*defer_maintenance=*/true) {
+        check_windows();
+        guard_.enable_cold_window(window_on_clock());
+        pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
         recover();
         pipeline_.start();
         guard_.set_all_flushed([this] { return pipeline_.drained(); });
@@ -81,6 +99,8 @@ public:
         s.store_errors = c.errors;
         s.rejected_rows = c.rejected;
         s.flusher_cpu_ns = c.cpu_ns;
+        s.pruned_records = c.pruned_records;
+        s.pruned_audit_rows = c.pruned_audit_rows;
         return s;
     }
     [[nodiscard]] std::string last_store_error() { return pipeline_.snapshot().last_error; }
@@ -90,6 +110,61 @@ private:
         if (!so.node.empty()) st.set_node(so.node);
         if (so.mode == durability::sync) st.check_sync_durability();
         return so;
+    }
+
+    void check_windows() const {
+        auto text = [](std::chrono::milliseconds w) {
+            return w == store_options::forever ? std::string("forever") : std::to_string(w.count()) + " ms";
+        };
+        if (so_.window.count() <= 0)
+            throw error(errc::invalid_argument, "store_options.window is " + text(so_.window) +
+                                                    "; it must be positive (store_options::forever: never forget)");
+        if (so_.audit_window.count() <= 0)
+            throw error(errc::invalid_argument, "store_options.audit_window is " + text(so_.audit_window) +
+                                                    "; it must be positive (store_options::forever: keep every row)");
+        const auto retention = guard_.opts().retention;
+        if (so_.window != store_options::forever && retention > so_.window)
+            throw error(errc::invalid_argument,
+                        "options.retention (" +
+                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count()) +
+                            " ms) is longer than store_options.window (" + text(so_.window) +
+                            "): memory would remember keys the store forgets; the hot window must fit in the "
+                            "idempotency window");
+    }
+
+    /// The idempotency window in the guard clock's nanoseconds (max(): forever).
+    [[nodiscard]] std::chrono::nanoseconds window_on_clock() const noexcept {
+        constexpr auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds::max());
+        if (so_.window == store_options::forever || so_.window >= limit) return std::chrono::nanoseconds::max();
+        return so_.window;
+    }
+
+    /// Whether a record last updated at `updated_ms` (Unix ms) is past the idempotency window now.
+    [[nodiscard]] bool past_window(std::int64_t updated_ms, std::int64_t now_ms) const noexcept {
+        return so_.window != store_options::forever && updated_ms < now_ms - so_.window.count();
+    }
+
+    [[nodiscard]] static std::int64_t wall_now_ms() noexcept {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    }
+
+    /// A record the store returned for a key of the cold window, as the engine takes it: a
+    /// terminal or released record past the window is no record (the key is new again).
+    recalled to_recalled(const stored_record& r) const {
+        recalled out;
+        const std::int64_t now_ms = to_wall_ms(guard_.now());
+        if (r.state == record_state::absent || (r.state != record_state::processing && past_window(r.updated_ms, now_ms)))
+            return out;
+        out.found = recalled::kind::record;
+        out.state = r.state;
+        out.fence = r.fence;
+        out.outcome = r.outcome;
+        out.fingerprint = r.fingerprint;
+        out.lease_until = r.state == record_state::processing ? from_wall_ms(r.lease_until_ms, r.key, "lease_until")
+                                                              : std::chrono::nanoseconds(0);
+        out.updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
+        return out;
     }
 
     [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const noexcept {
@@ -107,29 +182,58 @@ private:
         return clock_base_ + std::chrono::milliseconds(ms - wall_base_ms_);
     }
 
+    /// Streams every record once. Claims in flight (PROCESSING, in doubt) must be in memory, for
+    /// compensation; released records and terminal ones inside the hot window go there too while
+    /// the table has room; the rest of the idempotency window goes into the cold window's filter
+    /// only (its hash and time: 24 bytes each while loading, 1.25 bytes after), older records
+    /// nowhere. So memory and start-up follow the windows, not the store's lifetime.
     void recover() {
         const auto started = std::chrono::steady_clock::now();
+        const std::int64_t now_ms = wall_base_ms_;
+        const auto retention_ms = std::chrono::duration_cast<std::chrono::milliseconds>(guard_.opts().retention).count();
+        const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
         std::uint64_t max_fence = 0;
+        std::vector<detail::window_filter::entry> cold;
         store_->load([&](const stored_record& r) {
             // The store validated the key (corrupt_record otherwise); parse() cannot fail here.
             const auto k = key::parse(r.key);
             if (!k) return;
             max_fence = std::max(max_fence, r.fence);
+            const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
+            const bool claim = r.state == record_state::processing;
+            if (!claim && past_window(r.updated_ms, now_ms)) {
+                ++report_.expired;
+                return;
+            }
+            if (!claim && r.updated_ms < hot_since_ms) {
+                cold.push_back(guard_.cold_entry(*k, updated));
+                return;
+            }
             const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
-                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"),
-                                                   from_wall_ms(r.updated_ms, r.key, "updated_time"));
+                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
             if (st == begin_status::capacity_exhausted) {
+                if (!claim) {  // a decided record the table has no room for: the store answers for it
+                    cold.push_back(guard_.cold_entry(*k, updated));
+                    return;
+                }
                 ++report_.refused;
-                throw error(errc::capacity_exhausted, store_->name() + ": recovery found more records than "
-                                                                       "options.capacity allows (at key '" +
+                throw error(errc::capacity_exhausted, store_->name() + ": recovery found more claims in flight "
+                                                                       "than options.capacity allows (at key '" +
                                                           key::printable(r.key) + "'); raise options.capacity");
             }
             ++report_.records;
-            if (r.state == record_state::processing) ++report_.processing;
+            if (claim) ++report_.processing;
         });
+        const auto cold_started = std::chrono::steady_clock::now();
+        if (!guard_.remember_cold(cold))
+            throw error(errc::capacity_exhausted, store_->name() + ": no memory for the cold window's filter of " +
+                                                      std::to_string(cold.size()) + " keys");
+        report_.cold = cold.size();
         // Restored records keep their fences; only claims made from now on need the floor.
         guard_.set_fence_floor(max_fence);
-        report_.elapsed = std::chrono::steady_clock::now() - started;
+        const auto done = std::chrono::steady_clock::now();
+        report_.cold_elapsed = done - cold_started;
+        report_.elapsed = done - started;
     }
 
     std::unique_ptr<store> store_;

@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <span>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -177,6 +178,17 @@ public:
                          std::chrono::nanoseconds updated) noexcept {
         return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated);
     }
+
+    /// The cold window (durable guards, detail/window_filter.hpp): keys evicted from memory that
+    /// the store remembers. Enable before the guard is shared; remember_cold() at recovery.
+    void enable_cold_window(std::chrono::nanoseconds window) { engine_.enable_cold_window(window); }
+    [[nodiscard]] detail::window_filter::entry cold_entry(const key& k, std::chrono::nanoseconds updated) const noexcept {
+        return engine_.cold_entry(k, updated);
+    }
+    [[nodiscard]] bool remember_cold(std::span<const detail::window_filter::entry> keys) {
+        return engine_.remember_cold(keys);
+    }
+    [[nodiscard]] const detail::window_filter* cold_window() const noexcept { return engine_.cold_window(); }
 
     /// Calls fn(std::string key, record_view) for every record in memory.
     template <class Fn>

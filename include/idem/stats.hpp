@@ -25,6 +25,14 @@ struct stats {
     std::uint64_t rotations_blocked = 0;   ///< rotations refused: a record in the previous generation
                                            ///< is processing, too young, or not yet flushed
     std::uint64_t max_probe = 0;           ///< longest probe sequence seen
+    // The cold window (durable guards): keys the store remembers that memory no longer holds.
+    std::uint64_t recalls = 0;             ///< begin() on a key the cold window may hold: the store was read
+    std::uint64_t recalled = 0;            ///< of those, a record in the window (answered from it)
+    std::uint64_t recall_failures = 0;     ///< of those, the store could not be read (store_unavailable)
+    std::uint64_t cold_keys = 0;           ///< keys in the cold window's filter
+    std::uint64_t cold_bytes = 0;          ///< the filter's memory
+    std::uint64_t pruned_records = 0;      ///< records the background prune removed (this process)
+    std::uint64_t pruned_audit_rows = 0;   ///< audit rows it removed
     // Filled by a durable store pipeline; zero for a memory-only guard.
     std::uint64_t flush_batches = 0;
     std::uint64_t flushed_transitions = 0;
@@ -66,6 +74,13 @@ inline std::string to_prometheus(const stats& s) {
     put("rotations_total", "counter", s.rotations);
     put("rotations_blocked_total", "counter", s.rotations_blocked);
     put("max_probe", "gauge", s.max_probe);
+    put("recalls_total", "counter", s.recalls);
+    put("recalled_total", "counter", s.recalled);
+    put("recall_failures_total", "counter", s.recall_failures);
+    put("cold_keys", "gauge", s.cold_keys);
+    put("cold_bytes", "gauge", s.cold_bytes);
+    put("pruned_records_total", "counter", s.pruned_records);
+    put("pruned_audit_rows_total", "counter", s.pruned_audit_rows);
     put("flush_batches_total", "counter", s.flush_batches);
     put("flushed_transitions_total", "counter", s.flushed_transitions);
     put("queue_depth", "gauge", s.queue_depth);

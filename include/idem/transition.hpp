@@ -74,6 +74,23 @@ enum class durability_wait : std::uint8_t {
     rejected,   ///< the store can never take the row; it was set aside (stats::rejected_rows)
 };
 
+/// What the store says about a key memory does not hold (transition_sink::recall), with its
+/// times on the guard's clock.
+struct recalled {
+    enum class kind : std::uint8_t {
+        absent,       ///< no record, or one past the idempotency window: the key is new
+        record,       ///< the record below
+        unavailable,  ///< the store could not be read in time: nothing may be decided
+    };
+    kind found = kind::absent;
+    record_state state = record_state::absent;
+    std::uint64_t fence = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fingerprint = 0;
+    std::chrono::nanoseconds lease_until{0};
+    std::chrono::nanoseconds updated{0};
+};
+
 /// Receives transitions from the hot path. Implementation: detail::flush_pipeline.
 ///
 /// Admission is by reservation: the guard reserves room before it changes anything in memory, so a
@@ -102,6 +119,13 @@ public:
         (void)k;
         (void)why;
         return true;
+    }
+    /// Reads key k's record from the store, for a key the guard's cold window says the store may
+    /// remember. Blocks (deadline-bounded); the rare path of a duplicate after eviction. Default:
+    /// a sink without a store to ask knows nothing.
+    [[nodiscard]] virtual recalled recall(const key& k) noexcept {
+        (void)k;
+        return {};
     }
 };
 

@@ -78,6 +78,7 @@
 #include <sys/mman.h>
 
 #include "idem/detail/slot.hpp"
+#include "idem/detail/window_filter.hpp"
 #include "idem/error.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
@@ -132,7 +133,7 @@ namespace detail {
 enum counter : unsigned {
     c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
     c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
-    c_rotation_blocked, c_restored_processing, c_count
+    c_rotation_blocked, c_restored_processing, c_recalls, c_recalled, c_recall_failed, c_count
 };
 
 template <template <class> class Atomic>
@@ -875,6 +876,26 @@ public:
     /// restart, gets a fence above every fence it had before. Call before the guard is shared.
     void set_fence_floor(std::uint64_t max_seen) noexcept { fence_base_ = (max_seen >> 32) + 1; }
 
+    /// Turns on the cold window: terminal records that rotation evicts are remembered in a filter
+    /// (window_filter.hpp) for `window` after their last update, and a claim of a key the filter
+    /// may hold first asks the sink (transition_sink::recall) what the store knows. Call before the
+    /// guard is shared, with a sink that can recall.
+    void enable_cold_window(std::chrono::nanoseconds window) { cold_ = std::make_unique<window_filter>(window); }
+    [[nodiscard]] bool cold_window_enabled() const noexcept { return cold_ != nullptr; }
+    /// A key of the cold window as the filter takes it: its table hash and last update.
+    [[nodiscard]] window_filter::entry cold_entry(const key& k, std::chrono::nanoseconds updated) const noexcept {
+        const hash128 h = hash(k);
+        return {h.lo, h.hi, updated.count()};
+    }
+    /// Adds keys to the cold window (recovery: records of the window left out of memory). Before
+    /// the guard is shared. False when the filter could not take them (no memory for a slice).
+    [[nodiscard]] bool remember_cold(std::span<const window_filter::entry> keys) {
+        std::lock_guard lock(rotate_mutex_);
+        return cold_ != nullptr && cold_->add(keys);
+    }
+    /// The filter's design false-positive rate and its memory (tests, stats).
+    [[nodiscard]] const window_filter* cold_window() const noexcept { return cold_.get(); }
+
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return clock_.now(); }
 
     /// Why begin() answered invalid_key for k, for error messages (not on the hot path).
@@ -980,6 +1001,10 @@ public:
                 if (t.existing.pending) return pending_claim();
                 if (t.existing.s != nullptr) continue;  // placed by another caller meanwhile: look again
                 if (t.e == nullptr) {
+                    // No room in memory: a key of the cold window is still answered from the store,
+                    // without a slot (a retry storm of old keys must not look like a full table).
+                    if (from == record_state::absent && cold_ != nullptr && cold_->may_contain(h.lo, h.hi))
+                        if (auto a = recall_without_slot(k, fingerprint)) return *a;
                     count(c_capacity);
                     return {begin_status::capacity_exhausted, {}, 0, 0};
                 }
@@ -1117,6 +1142,7 @@ public:
     bool rotate_if_due(AllFlushed&& all_flushed) {
         std::unique_lock lock(rotate_mutex_, std::try_to_lock);
         if (!lock.owns_lock()) return false;
+        if (cold_ != nullptr) cold_->expire(clock_.now());
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         if (fill(epoch & 1) < std::max<std::uint64_t>(1, opts_.capacity / 2)) return false;
         generation<Atomic>& prev = *gens_[(epoch + 1) & 1];
@@ -1145,6 +1171,23 @@ public:
         if (!all_flushed()) {
             count(c_rotation_blocked);
             return false;
+        }
+        // The cold window learns every terminal record before it leaves memory (a reader that then
+        // misses the key in memory finds it in the filter: see window_filter.hpp). A recycle that
+        // stops half-way below leaves extra keys in the filter, which only costs a store read.
+        if (cold_ != nullptr) {
+            std::vector<window_filter::entry> leaving;
+            for (std::size_t i = 0; i < prev.size(); ++i) {
+                slot_type* sp = published_slot(prev, i);
+                if (sp == nullptr) continue;
+                const snapshot snap = read_slot(*sp);
+                if (snap.valid && is_terminal(state_word::state(snap.word)))
+                    leaving.push_back({snap.lo, snap.hi, snap.updated});
+            }
+            if (!cold_->add(leaving)) {  // no memory for the filter: keep the records in memory
+                count(c_rotation_blocked);
+                return false;
+            }
         }
         std::uint64_t evicted = 0;
         for (std::size_t i = 0; i < prev.size(); ++i) {
@@ -1275,6 +1318,14 @@ public:
         s.capacity_exhausted = sum(c_capacity);
         s.backpressure = sum(c_backpressure);
         s.evicted = sum(c_evicted);
+        s.recalls = sum(c_recalls);
+        s.recalled = sum(c_recalled);
+        s.recall_failures = sum(c_recall_failed);
+        if (cold_ != nullptr) {
+            const auto u = cold_->use();
+            s.cold_keys = u.keys;
+            s.cold_bytes = u.bytes;
+        }
         s.rotations_blocked = sum(c_rotation_blocked);
         s.rotations = rotations_.load(std::memory_order_relaxed);   // relaxed: a statistic
         s.max_probe = max_probe_.load(std::memory_order_relaxed);   // relaxed: a statistic
@@ -1521,6 +1572,12 @@ private:
                                       transition_cause cause, std::chrono::nanoseconds now, admission& room) noexcept {
         const std::uint64_t inc = state_word::incarnation(seen);
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
+        // A key memory does not know may still be in the store's window: ask it before granting.
+        // The slot holds claiming meanwhile, so racing callers are answered in_progress.
+        if (from == record_state::absent && cause == transition_cause::claim && cold_ != nullptr &&
+            cold_->may_contain(s.lo.load(std::memory_order_relaxed), s.hi.load(std::memory_order_relaxed))) {  // relaxed: we hold claiming
+            if (auto answered = recall(s, gen, seen, k, fingerprint, from)) return answered;
+        }
         if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
             // reclaimed record keeps the text of its first claim: same identity, same key).
@@ -1558,6 +1615,84 @@ private:
             }
         }
         return begin_answer{begin_status::acquired, ref, 0, fence};
+    }
+
+    /// The slot holds claiming for key k, which memory did not know but the cold window may hold:
+    /// reads the store (blocking; sink_->recall). A terminal or processing record in the window is
+    /// installed in the slot and answered as a duplicate or in_progress: no claim. None (a false
+    /// positive of the filter, or a record past the window) lets the claim go on (nullopt), from
+    /// RELEASED when the store says so. A store that cannot be read: the slot goes back to `seen`
+    /// and the caller is told store_unavailable, nothing decided.
+    std::optional<begin_answer> recall(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, const key& k,
+                                       std::uint64_t fingerprint, record_state& from) noexcept {
+        count(c_recalls);
+        const recalled r = sink_->recall(k);
+        const bool installable = r.found == recalled::kind::record &&
+                                 (r.state == record_state::processing || r.state == record_state::succeeded ||
+                                  r.state == record_state::failed);
+        if (r.found == recalled::kind::record && r.state == record_state::released) from = record_state::released;
+        if (r.found != recalled::kind::unavailable && !installable) return std::nullopt;
+        const bool representable = r.fence != 0 && r.fence <= state_word::max_fence;
+        if (r.found == recalled::kind::unavailable || !representable) {
+            s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+            count(c_recall_failed);
+            return begin_answer{begin_status::store_unavailable, {}, 0, 0};
+        }
+        if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
+            const std::uint64_t ref = gen.keys().append(k, my_stripe());
+            if (ref == 0) {
+                s.word.store(seen, std::memory_order_release);  // (5) undo
+                count(c_capacity);
+                return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
+            }
+            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+        }
+        const slot_state st = r.state == record_state::processing  ? slot_state::processing
+                              : r.state == record_state::succeeded ? slot_state::succeeded
+                                                                   : slot_state::failed;
+        snapshot snap;
+        snap.word = state_word::make(st, state_word::incarnation(seen), r.fence);
+        snap.outcome = r.outcome;
+        snap.fingerprint = r.fingerprint;
+        snap.lease_until = r.lease_until.count();
+        snap.updated = r.updated.count();
+        snap.lo = s.lo.load(std::memory_order_relaxed);  // relaxed: we hold claiming
+        snap.hi = s.hi.load(std::memory_order_relaxed);
+        snap.valid = true;
+        s.outcome.store(snap.outcome, std::memory_order_relaxed);  // relaxed: published by (5)
+        s.fingerprint.store(snap.fingerprint, std::memory_order_relaxed);
+        s.lease_until.store(snap.lease_until, std::memory_order_relaxed);
+        s.updated.store(snap.updated, std::memory_order_relaxed);
+        if (st == slot_state::processing) count(c_restored_processing);  // compensation looks at it
+        s.word.store(snap.word, std::memory_order_release);  // (5)
+        count(c_recalled);
+        return existing(snap, fingerprint);
+    }
+
+    /// The table is full and key k may be in the cold window: the store's record, if it is in the
+    /// window, is the answer (nothing is installed or granted); otherwise nullopt (the caller says
+    /// capacity_exhausted: a new key needs a slot).
+    std::optional<begin_answer> recall_without_slot(const key& k, std::uint64_t fingerprint) noexcept {
+        count(c_recalls);
+        const recalled r = sink_->recall(k);
+        if (r.found == recalled::kind::unavailable) {
+            count(c_recall_failed);
+            return begin_answer{begin_status::store_unavailable, {}, 0, 0};
+        }
+        if (r.found != recalled::kind::record || r.state == record_state::released) return std::nullopt;
+        count(c_recalled);
+        if (r.state != record_state::processing && fingerprint != 0 && r.fingerprint != 0 &&
+            fingerprint != r.fingerprint) {
+            count(c_mismatch);
+            return begin_answer{begin_status::payload_mismatch, {}, 0, r.fence};
+        }
+        if (r.state == record_state::processing) {
+            count(c_in_progress);
+            return begin_answer{begin_status::in_progress, {}, 0, r.fence};
+        }
+        count(c_duplicates);
+        return begin_answer{r.state == record_state::succeeded ? begin_status::succeeded : begin_status::failed, {},
+                            r.outcome, r.fence};
     }
 
     /// Applies the resolver's answer to the claim seen as `seen` (processing, expired).
@@ -1602,6 +1737,7 @@ private:
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];
     Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
+    std::unique_ptr<window_filter> cold_;  ///< the cold window (durable guards with a window), else null
     std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 

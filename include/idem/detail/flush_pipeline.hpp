@@ -26,6 +26,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
 #include <mutex>
 #include <functional>
 #include <random>
@@ -68,6 +71,9 @@ struct store_options {
     /// How often the flusher prunes (one bounded call of store::prune between batches, repeated
     /// while it reports more). Zero: never in the background (`idem prune` does it).
     std::chrono::nanoseconds prune_interval = std::chrono::minutes(1);
+    /// Longest wait for the store's answer about a key the cold window may hold (a duplicate after
+    /// eviction); past it begin() answers store_unavailable and nothing is decided.
+    std::chrono::nanoseconds recall_timeout = 2s;
     static constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
 };
 
@@ -161,6 +167,36 @@ public:
 
     bool accepts(const key& k, std::string* why) const noexcept override { return store_.accepts(k, why); }
 
+    /// Turns a stored record into the guard's answer (its clock, the idempotency window). Set by
+    /// the durable guard before start().
+    void set_recall(std::function<recalled(const stored_record&)> convert) { to_recalled_ = std::move(convert); }
+
+    /// Reads the key's record on the flusher thread (the store is used by one thread at a time),
+    /// between two batches; waits up to store_options::recall_timeout for the answer.
+    recalled recall(const key& k) noexcept override {
+        recalled none;
+        none.found = recalled::kind::unavailable;
+        try {
+            auto req = std::make_shared<read_request>();
+            req->key.assign(k.view());
+            std::unique_lock lock(read_mutex_);
+            reads_.push_back(req);
+            reads_waiting_.store(true, std::memory_order_release);  // (R1) pairs with (R2)
+            lock.unlock();
+            {
+                std::lock_guard idle(idle_mutex_);  // an idle lane 0 between its check and its wait sees it
+            }
+            idle_cv_.notify_all();
+            lock.lock();
+            if (!read_done_.wait_for(lock, opts_.recall_timeout, [&] { return req->done; })) return none;
+            if (req->failed) return none;
+            if (!req->rec) return {};
+            return to_recalled_ ? to_recalled_(*req->rec) : none;
+        } catch (...) {
+            return none;
+        }
+    }
+
     /// True when every transition offered so far is decided (committed or set aside).
     [[nodiscard]] bool drained() const noexcept { return core_.drained(); }
 
@@ -175,6 +211,7 @@ public:
         std::uint64_t batches = 0, rows = 0, errors = 0, commit_unknown = 0, rejected = 0, queue_depth = 0;
         std::int64_t lag_ns = 0;
         std::uint64_t cpu_ns = 0;  ///< CPU time the flusher threads have used (their thread CPU clocks, summed)
+        std::uint64_t pruned_records = 0, pruned_audit_rows = 0;
         std::string last_error;
     };
     [[nodiscard]] counters snapshot() const {
@@ -189,6 +226,8 @@ public:
         out.queue_depth = core_.depth();
         out.lag_ns = lag_ns_.load(std::memory_order_relaxed);  // relaxed: a statistic
         out.cpu_ns = cpu_ns_.load(std::memory_order_relaxed);  // relaxed: a statistic
+        out.pruned_records = pruned_records_.load(std::memory_order_relaxed);  // relaxed: statistics
+        out.pruned_audit_rows = pruned_audit_.load(std::memory_order_relaxed);
         return out;
     }
 
@@ -210,10 +249,15 @@ private:
     /// store (core_.step_lane). Their CPU time adds up in cpu_ns_.
     void run(std::size_t lane = static_cast<std::size_t>(-1)) {
         const bool one = lane == static_cast<std::size_t>(-1);
+        const bool owner = one || lane == 0;  // the thread that reads and prunes through store_
         std::chrono::nanoseconds backoff = 1ms;
         auto oldest = std::chrono::steady_clock::now();
         std::uint64_t cpu_seen = thread_cpu_ns();
         for (;;) {
+            if (owner) {
+                serve_reads();
+                prune_if_due();
+            }
             if (!core_.batch_pending()) oldest = std::chrono::steady_clock::now();
             const auto result = one ? core_.step(store_) : core_.step_lane(*pipelined_, lane, [this] {
                 idle_cv_.notify_one();  // this lane is busy now: another one looks for work
@@ -232,7 +276,11 @@ private:
                     wake_waiters();
                     continue;
                 case pipeline_core::step_result::idle:
-                    if (!running_.load(std::memory_order_acquire)) return;  // (F2) pairs with (F1)
+                    if (!running_.load(std::memory_order_acquire)) {  // (F2) pairs with (F1)
+                        if (owner) fail_reads();
+                        return;
+                    }
+                    if (owner && reads_waiting_.load(std::memory_order_acquire)) continue;  // (R2)
                     if (one) std::this_thread::sleep_for(opts_.idle_poll);
                     else idle_lane();
                     continue;
@@ -242,6 +290,7 @@ private:
                 std::chrono::steady_clock::now().time_since_epoch().count() >
                     stop_deadline_.load(std::memory_order_relaxed)) {
                 abandoned_at_stop_.fetch_add(core_.abandon(), std::memory_order_relaxed);  // relaxed: read after join
+                if (owner) fail_reads();
                 return;
             }
             std::this_thread::sleep_for(backoff);
@@ -252,6 +301,77 @@ private:
             } catch (const std::exception&) {
                 // The next step reports the outage (with its own message) if it persists.
             }
+        }
+    }
+
+    struct read_request {
+        std::string key;
+        std::optional<stored_record> rec;
+        bool failed = false;
+        bool done = false;
+    };
+
+    /// Answers the recall requests waiting now, one store::get each (on the owner thread).
+    void serve_reads() {
+        if (!reads_waiting_.load(std::memory_order_acquire)) return;  // (R2) pairs with (R1)
+        std::deque<std::shared_ptr<read_request>> batch;
+        {
+            std::lock_guard lock(read_mutex_);
+            batch.swap(reads_);
+            reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+        }
+        for (auto& r : batch) {
+            try {
+                r->rec = store_.get(r->key);
+            } catch (const std::exception&) {
+                r->failed = true;  // the caller answers store_unavailable; the outage shows in the next step
+            }
+        }
+        {
+            std::lock_guard lock(read_mutex_);
+            for (auto& r : batch) r->done = true;
+        }
+        read_done_.notify_all();
+    }
+
+    /// At stop: requests nobody will serve any more are answered as failed.
+    void fail_reads() {
+        {
+            std::lock_guard lock(read_mutex_);
+            for (auto& r : reads_) {
+                r->failed = true;
+                r->done = true;
+            }
+            reads_.clear();
+            reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+        }
+        read_done_.notify_all();
+    }
+
+    /// Every prune_interval, one bounded store::prune between two batches, again at the next
+    /// turn while the store says there is more: a prune never holds the store for longer than one
+    /// call of store_options' bounds.
+    void prune_if_due() {
+        if (opts_.prune_interval <= std::chrono::nanoseconds::zero()) return;
+        const bool records = opts_.window != store_options::forever;
+        const bool audit = opts_.audit_window != store_options::forever;
+        if (!records && !audit) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_prune_) return;
+        const std::int64_t wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count();
+        prune_limits limits;
+        if (records) limits.records_before_ms = wall - opts_.window.count();
+        if (audit) limits.audit_before_ms = wall - opts_.audit_window.count();
+        next_prune_ = now + opts_.prune_interval;
+        try {
+            const prune_result r = store_.prune(limits);
+            pruned_records_.fetch_add(r.records, std::memory_order_relaxed);  // relaxed: statistics
+            pruned_audit_.fetch_add(r.audit_rows, std::memory_order_relaxed);
+            if (r.more) next_prune_ = now;
+        } catch (const std::exception&) {
+            // An outage: the batches report it; pruning waits for the next interval.
         }
     }
 
@@ -289,6 +409,13 @@ private:
     std::atomic<std::int64_t> lag_ns_{0};
     std::atomic<std::uint64_t> cpu_ns_{0};  // summed over the flusher threads
     std::atomic<std::uint64_t> abandoned_at_stop_{0};
+    std::function<recalled(const stored_record&)> to_recalled_;
+    std::mutex read_mutex_;
+    std::condition_variable read_done_;
+    std::deque<std::shared_ptr<read_request>> reads_;  // under read_mutex_
+    std::atomic<bool> reads_waiting_{false};
+    std::chrono::steady_clock::time_point next_prune_{};  // owner thread only
+    std::atomic<std::uint64_t> pruned_records_{0}, pruned_audit_{0};
     std::vector<std::thread> threads_;
     std::mutex idle_mutex_;  // idle lanes (lanes > 1 only): who polls
     std::condition_variable idle_cv_;
