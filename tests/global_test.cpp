@@ -663,6 +663,61 @@ TEST_F(Global, ClaimReplayAndMismatch) {
     expect_verified();
 }
 
+// The idempotency window in scope::global: prune removes a record past global_options::window, and
+// the key is then new on every node, with a fence above its old one (the store remembers the
+// largest pruned fence); the audit trail keeps both lives and verifies.
+TEST_F(Global, PrunedKeyIsNewAgainWithAHigherFence) {
+    idem::options o = opts();
+    o.retention = 1ms;
+    idem::global_options go = gopts("pruner");
+    go.window = 50ms;
+    go.prune_interval = 0ms;
+    std::uint64_t old_fence = 0;
+    {
+        idem::global_guard g(uri_, o, go);
+        auto r = g.begin(idem::key("OLD1_PAY_v1"));
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        old_fence = r.ticket.fence();
+        ASSERT_FALSE(r.ticket.succeed(1));
+        auto young = g.begin(idem::key("NEW1_PAY_v1"));
+        EXPECT_EQ(g.prune().records, 0u) << "nothing is past the window yet";
+        const auto written = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+        // The window is measured on the wall clock: wait for it to pass (not a synchronisation).
+        while (std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count() <= written + 120)
+            std::this_thread::sleep_for(5ms);
+        const auto pr = g.prune();
+        EXPECT_EQ(pr.records, 1u) << "the succeeded record past the window, never the PROCESSING one";
+        EXPECT_FALSE(g.lookup("OLD1_PAY_v1").has_value());
+        EXPECT_TRUE(g.lookup("NEW1_PAY_v1").has_value());
+        EXPECT_EQ(g.snapshot().pruned_records, 1u);
+        ASSERT_FALSE(young.ticket.succeed(2));
+    }
+    idem::global_guard other(uri_, o, gopts("other"));
+    auto again = other.begin(idem::key("OLD1_PAY_v1"));
+    ASSERT_EQ(again.status, idem::begin_status::acquired) << "a pruned key is new again";
+    EXPECT_GT(again.ticket.fence(), old_fence);
+    ASSERT_FALSE(again.ticket.succeed(3));
+    expect_verified();
+}
+
+TEST_F(Global, RetentionLongerThanTheWindowIsRefused) {
+    idem::options o = opts();
+    o.retention = 2h;
+    idem::global_options go = gopts("refused");
+    go.window = 1h;
+    try {
+        idem::global_guard g(uri_, o, go);
+        FAIL() << "accepted a local retention longer than the idempotency window";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::invalid_argument);
+        EXPECT_NE(std::string(e.what()).find("global_options.window"), std::string::npos) << e.what();
+    }
+}
+
 TEST_F(Global, ReleaseReclaimFailAndDrop) {
     idem::global_guard g(uri_, opts(), gopts("n1"));
     idem::global_guard h(uri_, opts(), gopts("n2"));

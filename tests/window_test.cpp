@@ -324,6 +324,41 @@ TEST_P(Window, RecoveryLeavesExpiredRecordsOut) {
     EXPECT_EQ((*g)->begin(idem::key("EXP0_PAY_v1")).status, begin_status::acquired);
 }
 
+// The flusher prunes by itself every prune_interval, between batches: records past the window go,
+// claims in flight and young records stay, and the guard keeps committing meanwhile.
+TEST_P(Window, TheFlusherPrunesRecordsPastTheWindow) {
+    idem::store_options so;
+    so.window = 30ms;
+    std::int64_t written_ms = 0;
+    {
+        auto g = open(hot_window(), so);
+        succeed_keys(*g, "GONE", 5);
+        auto held = (*g)->begin(idem::key("HELD_PAY_v1"));
+        ASSERT_EQ(held.status, begin_status::acquired);
+        ASSERT_TRUE(g->flush());
+        written_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+        idem_test::abandon(std::move(held.ticket));  // a claim in flight when the process stops
+    }
+    ASSERT_TRUE(idem_test::wait_wall_past(written_ms + 60));
+    so.prune_interval = 1ms;
+    idem::store_options so2 = so;
+    guard_t g(open_(), hot_window(), so2, clock_);
+    ASSERT_TRUE(idem_test::wait_for([&] { return g.snapshot().pruned_records >= 5; }))
+        << "pruned " << g.snapshot().pruned_records << ": " << g.last_store_error();
+    succeed_keys(g, "KEEP", 3);
+    ASSERT_TRUE(g.flush());
+    auto st = open_();
+    const auto all = idem_test::load_all(*st);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(all.count("GONE" + std::to_string(i) + "_PAY_v1"), 0u);
+    EXPECT_EQ(all.count("HELD_PAY_v1"), 1u) << "a PROCESSING record is never pruned";
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(all.count("KEEP" + std::to_string(i) + "_PAY_v1"), 1u);
+    EXPECT_EQ(g.snapshot().pruned_records, 5u);
+    const auto rep = idem::verify(*st);
+    EXPECT_TRUE(rep.violations.empty()) << rep.violations.front();
+}
+
 TEST_P(Window, RetentionLongerThanTheWindowIsRefused) {
     idem::options o = hot_window();
     o.retention = 2h;

@@ -146,6 +146,11 @@ public:
     /// store_unavailable (cannot connect), store_error (schema).
     explicit global_guard(std::string uri, options opts = {}, global_options go = {})
         : engine_(std::make_unique<detail::global_engine>(std::move(uri), std::move(opts), std::move(go))) {}
+
+    /// Removes records past global_options::window and audit rows past audit_window now (the
+    /// maintenance thread also does it every prune_interval). A key whose record is gone is new
+    /// again on every node. Throws idem::error (store_unavailable, store_error).
+    prune_result prune() { return engine_->prune(); }
     global_guard(const global_guard&) = delete;
     global_guard& operator=(const global_guard&) = delete;
 

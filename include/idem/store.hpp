@@ -109,6 +109,9 @@ public:
     return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome);
 }
 
+/// A window that never ends (store_options::window, audit_window; global_options likewise).
+inline constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
+
 /// What store::prune removes in one call. A bound of `keep_all` removes nothing of that kind.
 struct prune_limits {
     static constexpr std::int64_t keep_all = INT64_MIN;

@@ -454,6 +454,8 @@ public:
     void check_sync_durability() override { inner_.check_sync_durability(); }
     bool accepts(const idem::key& k, std::string* why) const noexcept override { return inner_.accepts(k, why); }
     void reconnect() override { inner_.reconnect(); }
+    idem::prune_result prune(const idem::prune_limits& l) override { return inner_.prune(l); }
+    idem::prune_horizon horizon() override { return inner_.horizon(); }
     std::string name() const override { return "forwarding(" + inner_.name() + ")"; }
     std::uint64_t max_fence() override { return inner_.max_fence(); }
 

@@ -74,7 +74,7 @@ struct store_options {
     /// Longest wait for the store's answer about a key the cold window may hold (a duplicate after
     /// eviction); past it begin() answers store_unavailable and nothing is decided.
     std::chrono::nanoseconds recall_timeout = 2s;
-    static constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
+    static constexpr std::chrono::milliseconds forever = idem::forever;
 };
 
 namespace detail {

@@ -108,6 +108,16 @@ struct global_options {
     std::size_t compensation_limit = 1000;
     /// Longest pause between retries of a batch that met a transient failure.
     std::chrono::milliseconds max_backoff{1000};
+    /// The idempotency window, as store_options::window: the maintenance thread prunes records
+    /// (never PROCESSING ones) last updated longer ago, and a key whose record is pruned is new
+    /// again on every node. forever: never pruned. options.retention (what the local table holds)
+    /// must fit inside it.
+    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
+    /// How long audit rows are kept. forever: never pruned.
+    std::chrono::milliseconds audit_window = forever;
+    /// How often the maintenance thread prunes (bounded calls, each a short transaction). Zero:
+    /// never (global_guard::prune or `idem prune` does it).
+    std::chrono::milliseconds prune_interval = std::chrono::minutes(1);
 };
 
 /// Counters of a global guard: the local table's, plus the store traffic.
@@ -127,6 +137,8 @@ struct global_stats {
     std::uint64_t commits_in_doubt = 0;  ///< COMMITs that went unanswered (each resolved by batch id)
     std::uint64_t store_errors = 0;      ///< failed store calls (each retried or reported)
     std::uint64_t timeouts = 0;          ///< callers that stopped waiting (store_unavailable)
+    std::uint64_t pruned_records = 0;    ///< records this node's prunes removed (past global_options::window)
+    std::uint64_t pruned_audit_rows = 0; ///< audit rows they removed (past global_options::audit_window)
 };
 
 namespace detail {
@@ -185,6 +197,14 @@ public:
         if (go_.call_deadline <= std::chrono::milliseconds::zero() || go_.wait_timeout <= std::chrono::milliseconds::zero())
             throw error(errc::invalid_argument, "global_options: call_deadline and wait_timeout must be positive");
         if (go_.max_batch == 0) throw error(errc::invalid_argument, "global_options: max_batch must be at least 1");
+        if (go_.window.count() <= 0 || go_.audit_window.count() <= 0)
+            throw error(errc::invalid_argument, "global_options: window and audit_window must be positive (idem::forever: never pruned)");
+        if (go_.window != forever && opts_.retention > go_.window)
+            throw error(errc::invalid_argument,
+                        "options.retention (" +
+                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(opts_.retention).count()) +
+                            " ms) is longer than global_options.window (" + std::to_string(go_.window.count()) +
+                            " ms): the local table would remember keys the store forgets");
         if (opts_.lease < std::chrono::milliseconds(1))
             throw error(errc::invalid_argument, "options.lease must be at least 1 ms in scope::global (store leases are in ms)");
         // Every answer of scope::global rests on a commit: refuse a server that may lose one
@@ -423,6 +443,33 @@ public:
         return store_.audit(k);
     }
 
+    /// Removes records past go.window and audit rows past go.audit_window, in calls of at most
+    /// `max_rows` rows each, until none is left (each call one short transaction; reads of other
+    /// threads wait at most one call). Returns what was removed.
+    prune_result prune(std::size_t max_rows = 10'000) {
+        prune_result total;
+        if (go_.window == forever && go_.audit_window == forever) return total;
+        const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count();
+        prune_limits limits;
+        if (go_.window != forever) limits.records_before_ms = now - go_.window.count();
+        if (go_.audit_window != forever) limits.audit_before_ms = now - go_.audit_window.count();
+        limits.max_rows = max_rows;
+        for (;;) {
+            prune_result r;
+            {
+                std::lock_guard lk(store_m_);
+                r = store_.prune(limits);
+            }
+            total.records += r.records;
+            total.audit_rows += r.audit_rows;
+            n_pruned_records_.fetch_add(r.records, std::memory_order_relaxed);  // relaxed: statistics
+            n_pruned_audit_.fetch_add(r.audit_rows, std::memory_order_relaxed);
+            if (!r.more) return total;
+        }
+    }
+
     [[nodiscard]] global_stats snapshot() const noexcept {
         global_stats s;
         s.local = local_.snapshot();
@@ -444,6 +491,8 @@ public:
         s.commits_in_doubt = ld(n_in_doubt_);
         s.store_errors = ld(n_errors_);
         s.timeouts = ld(n_timeouts_);
+        s.pruned_records = ld(n_pruned_records_);
+        s.pruned_audit_rows = ld(n_pruned_audit_);
         return s;
     }
     [[nodiscard]] std::string last_error() const {
@@ -1015,6 +1064,11 @@ private:
             try {
                 compensate();
                 local_.collect();
+                if (go_.prune_interval > std::chrono::milliseconds::zero() &&
+                    std::chrono::steady_clock::now() >= next_prune_) {
+                    next_prune_ = std::chrono::steady_clock::now() + go_.prune_interval;
+                    (void)prune();
+                }
             } catch (...) {
                 // a pass that fails is retried on the next one
             }
@@ -1045,7 +1099,8 @@ private:
     std::string last_error_;
     std::atomic<std::uint64_t> n_sent_{0}, n_won_{0}, n_lost_{0}, n_claim_batches_{0}, n_completions_{0},
         n_stale_{0}, n_completion_batches_{0}, n_compensated_{0}, n_doubt_{0}, n_withdrawn_{0}, n_in_doubt_{0},
-        n_errors_{0}, n_timeouts_{0};
+        n_errors_{0}, n_timeouts_{0}, n_pruned_records_{0}, n_pruned_audit_{0};
+    std::chrono::steady_clock::time_point next_prune_{};  // the maintenance thread only
     std::vector<std::thread> claim_threads_, completion_threads_;
     std::thread maintenance_thread_;
 };

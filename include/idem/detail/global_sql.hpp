@@ -47,8 +47,9 @@ inline constexpr std::string_view processing_index =
     "WHERE status = 'PROCESSING'";
 
 // Claim batch, statement 1. $1 batch id; $2 keys (sorted), $3 biz_types, $4 fingerprints;
-// $5 lease (ms); $6 node. Returns (key, fence, from) for every claim this batch won: new rows (fence 1,
-// from ABSENT) and RELEASED rows taken again (fence + 1, from RELEASED). Keys whose row exists in
+// $5 lease (ms); $6 node. Returns (key, fence, from) for every claim this batch won: new rows (fence
+// 1 above the largest fence a prune removed, so a key claimed again after its record was pruned
+// still gets a fence above its old ones; 1 on a store never pruned; from ABSENT) and RELEASED rows taken again (fence + 1, from RELEASED). Keys whose row exists in
 // another state are losers; statement 2 reads them. The audit detail of a claim is
 // "claim outcome=0 batch=<batch id>" (the batch id tells an unanswered commit's claims apart).
 inline constexpr std::string_view claim_name = "idem_g_claim";
@@ -60,8 +61,8 @@ WITH b AS (
 ), ins AS (
   INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                       request_fingerprint, created_time, updated_time)
-  SELECT u.k, u.biz, 'PROCESSING', 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, u.fp, )sql" IDEM_GSQL_NOW R"sql(, )sql" IDEM_GSQL_NOW R"sql(
-  FROM u ORDER BY u.n
+  SELECT u.k, u.biz, 'PROCESSING', pf.f + 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, u.fp, )sql" IDEM_GSQL_NOW R"sql(, )sql" IDEM_GSQL_NOW R"sql(
+  FROM u, (SELECT COALESCE(max(pruned_fence), 0) AS f FROM idem_schema) AS pf ORDER BY u.n
   ON CONFLICT (idempotent_key) DO NOTHING
   RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'ABSENT'::text AS fr
 ), re AS (
