@@ -17,6 +17,9 @@
 #include <filesystem>
 #include <memory>
 #include <concepts>
+#include <random>
+#include <stdexcept>
+#include <vector>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -24,6 +27,8 @@
 #include <unordered_map>
 
 #include <tbb/concurrent_hash_map.h>
+
+#include "uuid_keys.hpp"
 
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
@@ -164,6 +169,85 @@ private:
 };
 using idem_durable_guard = basic_idem_durable_guard<durable_kind::sqlite>;
 using idem_durable_rocksdb_guard = basic_idem_durable_guard<durable_kind::rocksdb>;
+
+// ---------------------------------------------------------------------------------------------
+// The cold window's cost to fresh keys (issue: "the store is the idempotency window"). A guard
+// whose sink takes every transition at once (no store, no thread: what is measured is the hot path
+// alone), with or without a cold window of cold_window_keys keys. The cold window is filled as
+// recovery fills it (durable.hpp, recover()): one remember_cold() call with every key's table hash
+// and last update, the updates spread evenly from the window's start to the hot window's
+// (options.retention) edge, so the filter has the slices a restarted service has (one per eighth
+// of the window the keys span). The filter's keys are UUIDs of another stream, never a run's keys:
+// each begin() of a fresh key probes the filter and misses, except for its false positives, which
+// read the "store" (recall: absent here, at once) and are granted; stats::recalls counts them.
+
+/// Keys in the cold window of the idem_cold_window guard: IDEM_BENCH_COLD_KEYS, default 10M.
+inline std::size_t cold_window_keys = 10'000'000;
+
+/// Takes every transition at once; knows no record (recall answers absent).
+class accept_all_sink final : public idem::transition_sink {
+public:
+    bool reserve() noexcept override { return true; }
+    void unreserve() noexcept override {}
+    std::uint64_t offer(const idem::transition&) noexcept override {
+        thread_local std::uint64_t seq = 0;  // per thread: no shared counter on the measured path
+        return ++seq;
+    }
+    idem::durability_wait await(std::uint64_t) noexcept override { return idem::durability_wait::committed; }
+    bool durable(std::uint64_t) const noexcept override { return true; }
+    bool synchronous() const noexcept override { return false; }
+    idem::recalled recall(const idem::key&) noexcept override { return {}; }
+};
+
+template <bool Cold>
+class basic_idem_window_guard {
+public:
+    using key_type = idem::key;
+    using claim = basic_idem_guard<false>::claim;
+    static constexpr std::string_view name = Cold ? "idem_cold_window" : "idem_no_cold_window";
+    static constexpr auto window = std::chrono::hours(24 * 7);  // store_options::window's default
+
+    explicit basic_idem_window_guard(std::size_t capacity) : g_(make_options(capacity), {}, &sink_) {
+        if constexpr (Cold) {
+            g_.enable_cold_window(window);
+            // Recovery's cold keys: last updated between the window's start and the hot window's edge.
+            const auto now = g_.now();
+            const auto oldest = now - window + std::chrono::minutes(10);
+            const auto newest = now - make_options(capacity).retention;
+            std::vector<idem::detail::window_filter::entry> cold;
+            cold.reserve(cold_window_keys);
+            std::mt19937_64 rng(0xC01D);
+            for (std::size_t i = 0; i < cold_window_keys; ++i) {
+                const auto at = oldest + (newest - oldest) * static_cast<std::int64_t>(i) /
+                                             static_cast<std::int64_t>(cold_window_keys);
+                cold.push_back(g_.cold_entry(idem::key(format_uuid(draw_uuid(rng))), at));
+            }
+            if (!g_.remember_cold(cold)) throw std::runtime_error("no memory for the cold window");
+        }
+    }
+
+    claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_.begin(k, fingerprint)}; }
+    bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
+
+    [[nodiscard]] idem::stats snapshot() const noexcept { return g_.snapshot(); }
+    [[nodiscard]] std::uint64_t cold_slices() const noexcept {
+        return g_.cold_window() != nullptr ? g_.cold_window()->use().slices : 0;
+    }
+
+private:
+    static idem::options make_options(std::size_t capacity) {
+        idem::options o;
+        o.capacity = capacity;
+        o.lease = lease;
+        o.maintenance_interval = {};  // no background thread: nothing runs beside the benchmark
+        return o;
+    }
+    accept_all_sink sink_;  // declared before the guard: outlives it
+    idem::guard g_;
+};
+
+using idem_no_cold_window_guard = basic_idem_window_guard<false>;
+using idem_cold_window_guard = basic_idem_window_guard<true>;
 
 // ---------------------------------------------------------------------------------------------
 // The record the peers keep, and the decision they share.
