@@ -8,6 +8,11 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
+#include <string_view>
+#include <optional>
+#include <cstdint>
+#include <climits>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -79,6 +84,38 @@ CLI::Validator in_range(T lo, T hi, std::string what) {
             return {};
         },
         "in [" + show_number(lo) + ", " + show_number(hi) + "]");
+}
+
+inline constexpr const char* duration_rule = "a whole number of 1 or more followed by ms, s, m, h or d (500ms, 90s, 30m, 36h, 7d)";
+
+/// DUR in milliseconds, or nullopt ("forever" when allowed gives milliseconds::max()).
+inline std::optional<std::chrono::milliseconds> parse_duration(std::string_view text, bool forever_ok) {
+    using namespace std::chrono;
+    if (forever_ok && text == "forever") return milliseconds::max();
+    std::int64_t n = 0;
+    const char* end = text.data() + text.size();
+    auto [p, ec] = std::from_chars(text.data(), end, n);
+    if (ec != std::errc{} || p == text.data() || n < 1) return std::nullopt;
+    const std::string_view unit(p, static_cast<std::size_t>(end - p));
+    std::int64_t per = 0;
+    if (unit == "ms") per = 1;
+    else if (unit == "s") per = 1000;
+    else if (unit == "m") per = 60'000;
+    else if (unit == "h") per = 3'600'000;
+    else if (unit == "d") per = 86'400'000;
+    else return std::nullopt;
+    if (n > INT64_MAX / per / 2) return std::nullopt;  // past any clock: a typo, not a window
+    return milliseconds(n * per);
+}
+
+inline CLI::Validator duration_check(bool forever_ok) {
+    const std::string rule = std::string(duration_rule) + (forever_ok ? ", or forever" : "");
+    return CLI::Validator(
+        [forever_ok, rule](std::string& text) -> std::string {
+            if (parse_duration(text, forever_ok)) return {};
+            return "'" + text + "' is not a duration: " + rule;
+        },
+        forever_ok ? "DUR|forever" : "DUR");
 }
 
 }  // namespace idem::tool

@@ -129,6 +129,19 @@ def main():
             check(s["records"] == v["keys"], f"stats: {s['records']} records, verify saw {v['keys']} keys")
             check(s["by_status"]["SUCCESS"] == s["records"], f"stats: by_status {s['by_status']}")
             check(s["audit_rows"] == v["transitions"], f"stats: {s['audit_rows']} audit rows")
+            w = s["at_restart"]
+            check(w["hot"] == s["records"] and w["cold"] == 0 and w["past_window"] == 0,
+                  f"stats: records just written are all in the hot window: {w}")
+        # With a hot window too short to hold them, the same records are in the cold window; with an
+        # idempotency window too short too, they are past it.
+        _, s2, _, _ = run(idem, "stats", "--store", store, "--json", "--retention", "1ms", "--window", "2ms")
+        if s and s2:
+            check(s2["at_restart"]["past_window"] == s["records"], f"stats --window 2ms: {s2['at_restart']}")
+        _, s3, _, _ = run(idem, "stats", "--store", store, "--json", "--retention", "1ms", "--window", "forever")
+        if s and s3:
+            check(s3["at_restart"]["cold"] == s["records"], f"stats --window forever: {s3['at_restart']}")
+        _, _, _, err = run(idem, "stats", "--store", store, "--window", "7 days", expect=2)
+        check("--window" in err and "is not a duration" in err, f"stats --window '7 days': {err[-300:]!r}")
         rc, _, text, _ = run(idem, "stats", "--store", store, "--prometheus")
         check("idem_store_records{status=\"SUCCESS\"}" in text, "stats --prometheus: no records gauge")
 

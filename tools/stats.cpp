@@ -25,6 +25,8 @@ struct stats_config {
     std::string store;
     bool json = false;
     bool prometheus = false;
+    std::string retention = "24h";  // the hot window a guard on this store would use
+    std::string window = "7d";      // its idempotency window
 };
 
 constexpr idem::record_state statuses[] = {idem::record_state::processing, idem::record_state::succeeded,
@@ -40,6 +42,10 @@ struct store_view {
     idem::prune_horizon horizon;                                                  // what prune removed
     std::uint64_t audit_rows = 0;
     std::map<std::string, std::uint64_t> audit_by_cause;                          // claim, succeed, ...
+    // How a durable_guard with these windows would recover this store now (durable.hpp, recover):
+    std::uint64_t hot = 0;          // into memory: claims in flight, and records inside the hot window
+    std::uint64_t cold = 0;         // into the cold window's filter only
+    std::uint64_t past_window = 0;  // nowhere: a key past the window runs again; prune removes it
 };
 
 /// A Prometheus label value: backslash, double quote and newline escaped.
@@ -78,8 +84,14 @@ int run_stats(const stats_config& c) {
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     store_view v;
     for (idem::record_state s : statuses) v.by_status[idem::to_string(s)] = 0;
+    const auto retention = *parse_duration(c.retention, false);
+    const auto window = *parse_duration(c.window, true);
     st->load([&](const idem::stored_record& r) {
         ++v.records;
+        const bool claim = r.state == idem::record_state::processing;
+        if (claim || r.updated_ms >= now_ms - retention.count()) ++v.hot;
+        else if (window == idem::forever || r.updated_ms >= now_ms - window.count()) ++v.cold;
+        else ++v.past_window;
         ++v.by_status[idem::to_string(r.state)];
         ++v.by_biz[r.biz_type][idem::to_string(r.state)];
         v.max_fence = std::max(v.max_fence, r.fence);
@@ -111,6 +123,10 @@ int run_stats(const stats_config& c) {
         for (const auto& [cause, n] : v.audit_by_cause)
             e.gauge("idem_store_audit_rows_by_cause", "Audit rows by cause (detail column).", "cause=\"" + cause + "\"", n);
         e.gauge("idem_store_max_fence", "Largest fencing_token in idempotent_record.", "", v.max_fence);
+        e.gauge("idem_store_records_by_window", "Records by where a restart would put them (--retention, --window).",
+                "window=\"hot\"", v.hot);
+        e.gauge("idem_store_records_by_window", "", "window=\"cold\"", v.cold);
+        e.gauge("idem_store_records_by_window", "", "window=\"past\"", v.past_window);
         std::cout << e.str();
     } else if (c.json) {
         json_object status, biz, causes;
@@ -133,6 +149,10 @@ int run_stats(const stats_config& c) {
         else
             j.add_null("oldest_processing");
         j.add("audit_rows", v.audit_rows).add("audit_by_cause", causes).add("max_fence", v.max_fence);
+        json_object windows;
+        windows.add("retention", c.retention).add("window", c.window).add("hot", v.hot).add("cold", v.cold).add(
+            "past_window", v.past_window);
+        j.add("at_restart", windows);
         add_horizon(j, v.horizon);
         j.add("elapsed_s", elapsed_s);
         std::cout << j.str() << std::endl;
@@ -152,6 +172,10 @@ int run_stats(const stats_config& c) {
         t.row("audit rows", grouped(v.audit_rows));
         for (const auto& [cause, n] : v.audit_by_cause) t.row("  " + cause, grouped(n));
         t.row("max fence", std::to_string(v.max_fence));
+        t.row("at a restart", "", "(retention " + c.retention + ", window " + c.window + ")");
+        t.row("  into memory", grouped(v.hot), "(claims in flight, and records inside the hot window)");
+        t.row("  cold window", grouped(v.cold), "(in the filter only; a duplicate reads the store)");
+        t.row("  past the window", grouped(v.past_window), "(forgotten: the key runs again; idem prune removes them)");
         horizon_rows(t, v.horizon);
         t.row("read in", fixed(elapsed_s, 2) + " s");
         t.print(std::cout);
@@ -185,6 +209,9 @@ command add_stats(CLI::App& root) {
     auto* json = app->add_flag("--json", c->json, "Print one JSON object on stdout");
     app->add_flag("--prometheus", c->prometheus, "Print the store view in Prometheus text format (gauges)")
         ->excludes(json);
+    app->add_option("--retention", c->retention, "Hot window of the guard that will open this store (default 24h)")
+        ->check(duration_check(false));
+    app->add_option("--window", c->window, "Its idempotency window (default 7d; forever)")->check(duration_check(true));
     return {app, [c] { return run_stats(*c); }};
 }
 
