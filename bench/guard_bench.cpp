@@ -8,6 +8,12 @@
 //   duplicate_begin      begin on keys that already succeeded (the duplicate check). The guard is
 //                        filled once with the 2^20 keys; threads look keys up in a random order
 //                        (the keys are stored in that order, so reading the input is sequential).
+//   cold_window_fresh    begin + succeed on 2^20 fresh random UUID keys (1 and 2 threads), on a
+//                        guard with a cold window of 10M keys (IDEM_BENCH_COLD_KEYS) beside the
+//                        same guard without one (bench/guards.hpp, basic_idem_window_guard): what
+//                        the idempotency window's filter costs a fresh key. Counters: recalls_per_op
+//                        (the filter's false positives, each a store read in a durable guard),
+//                        cold_keys, cold_bytes_per_key, cold_slices.
 //
 // Keys and fingerprints are generated before timing. items_per_second counts begin() calls (one
 // item per iteration). Google Benchmark's real time is the mean of the threads' own run times; the
@@ -111,6 +117,19 @@ const std::vector<K>& uuid_keys() {
         v.reserve(n);
         std::mt19937_64 rng(14);
         for (std::size_t i = 0; i < n; ++i) v.emplace_back(format_uuid(draw_uuid(rng)));
+        return v;
+    }();
+    return all;
+}
+
+/// The cold-window scenario's keys: key_count UUID-v4 keys in the order drawn (another seed than
+/// uuid_keys() and than the cold window's own keys).
+const std::vector<idem::key>& fresh_uuid_keys() {
+    static const std::vector<idem::key> all = [] {
+        std::vector<idem::key> v;
+        v.reserve(key_count);
+        std::mt19937_64 rng(15);
+        for (std::size_t i = 0; i < key_count; ++i) v.emplace_back(format_uuid(draw_uuid(rng)));
         return v;
     }();
     return all;
@@ -283,6 +302,55 @@ void duplicate_begin(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(sum);
     report(state, sh::start_ns, unexpected);
+}
+
+// ---- fresh keys beside a cold window ---------------------------------------------------------------
+// As fresh_begin_succeed, on random UUID keys, for the two window guards (guards.hpp): the one with
+// 10M keys in its cold window and the same guard without. The guard (and its filter) is built
+// before each run, untimed.
+
+struct cold_tag {};
+
+template <bench_guard G>
+void cold_window_fresh(benchmark::State& state) {
+    using sh = shared<G, cold_tag>;
+    const auto& ks = fresh_uuid_keys();
+    const auto& fps = fingerprints();
+    const std::size_t slice = key_count / static_cast<std::size_t>(state.threads());
+    const std::size_t first = slice * static_cast<std::size_t>(state.thread_index());
+    const std::size_t last = first + slice;
+    if (state.thread_index() == 0) {
+        sh::guard.reset();
+        sh::guard = make_guard<G>(state, key_count);
+        sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
+    }
+    G* g = nullptr;
+    std::size_t i = first;
+    std::uint64_t unexpected = 0;
+    for (auto _ : state) {
+        if (g == nullptr) [[unlikely]] {
+            if ((g = attach<sh>(state)) == nullptr) break;
+        }
+        if (i == last) [[unlikely]] i = first;
+        auto c = g->begin(ks[i], fps[i]);
+        if (c.status() == verdict::acquired) {
+            if (!g->succeed(c, i)) ++unexpected;
+        } else {
+            ++unexpected;
+        }
+        ++i;
+    }
+    report(state, sh::start_ns, unexpected);
+    if (state.thread_index() == 0 && sh::guard) {
+        const auto s = sh::guard->snapshot();
+        const double ops = static_cast<double>(state.iterations()) * state.threads();
+        state.counters["recalls_per_op"] = static_cast<double>(s.recalls) / ops;
+        state.counters["cold_keys"] = static_cast<double>(s.cold_keys);
+        state.counters["cold_bytes_per_key"] =
+            s.cold_keys != 0 ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys) : 0.0;
+        state.counters["cold_slices"] = static_cast<double>(sh::guard->cold_slices());
+        sh::guard.reset();
+    }
 }
 
 // ---- skewed keys: Zipf(0.99) ---------------------------------------------------------------------
@@ -495,6 +563,16 @@ void register_guard() {
 }
 
 template <bench_guard G>
+void register_cold_window() {
+    const std::string name(G::name);
+    for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(("cold_window_fresh/" + name).c_str(), cold_window_fresh<G>)
+            ->Threads(threads)
+            ->Iterations(static_cast<benchmark::IterationCount>(key_count / static_cast<std::size_t>(threads)))
+            ->UseRealTime();
+}
+
+template <bench_guard G>
 void register_lookup() {
     const std::string name(G::name);
     benchmark::RegisterBenchmark(("duplicate_begin/" + name).c_str(), duplicate_begin<G>)
@@ -546,6 +624,8 @@ int main(int argc, char** argv) {
     key_count = env_keys("IDEM_BENCH_KEYS", key_count);
     redis_keys = env_keys("IDEM_BENCH_REDIS_KEYS", redis_keys);
     pg_keys = env_keys("IDEM_BENCH_PG_KEYS", pg_keys);
+    if (const char* c = std::getenv("IDEM_BENCH_COLD_KEYS"); c != nullptr && *c != 0)
+        cold_window_keys = static_cast<std::size_t>(std::strtoull(c, nullptr, 10));
     register_guard<idem_guard>();
     register_guard<idem_prefault_guard>();
     register_guard<mutex_guard>();
@@ -571,6 +651,8 @@ int main(int argc, char** argv) {
 #if IDEM_BENCH_HAVE_LIBCUCKOO
     register_in_process<cuckoo_guard>();
 #endif
+    register_cold_window<idem_no_cold_window_guard>();
+    register_cold_window<idem_cold_window_guard>();
     register_overhead<unguarded>();
     register_overhead<idem_guard>();
     register_overhead<idem_durable_guard>();
@@ -586,6 +668,7 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("keys_per_run", std::to_string(key_count));
     benchmark::AddCustomContext("redis_keys_per_run", std::to_string(redis_keys));
     benchmark::AddCustomContext("pg_keys_per_run", std::to_string(pg_keys));
+    benchmark::AddCustomContext("cold_window_keys", std::to_string(cold_window_keys));
     benchmark::AddCustomContext("key_example", key_text(0));
     benchmark::AddCustomContext("overhead_key_example", uuid_keys<std::string>().front());
     benchmark::Initialize(&argc, argv);
@@ -595,6 +678,7 @@ int main(int argc, char** argv) {
     (void)keys<std::string>();
     (void)uuid_keys<idem::key>();
     (void)uuid_keys<std::string>();
+    (void)fresh_uuid_keys();
     (void)shuffled_keys<idem::key>();
     (void)shuffled_keys<std::string>();
     (void)shuffled_fingerprints();

@@ -218,8 +218,9 @@ public:
             cold.reserve(cold_window_keys);
             std::mt19937_64 rng(0xC01D);
             for (std::size_t i = 0; i < cold_window_keys; ++i) {
-                const auto at = oldest + (newest - oldest) * static_cast<std::int64_t>(i) /
-                                             static_cast<std::int64_t>(cold_window_keys);
+                const auto at = oldest + std::chrono::nanoseconds(static_cast<std::int64_t>(
+                                             static_cast<double>((newest - oldest).count()) * static_cast<double>(i) /
+                                             static_cast<double>(cold_window_keys)));
                 cold.push_back(g_.cold_entry(idem::key(format_uuid(draw_uuid(rng))), at));
             }
             if (!g_.remember_cold(cold)) throw std::runtime_error("no memory for the cold window");

@@ -5,7 +5,8 @@
                     --started 2026-12-02T12:00:00Z --machine "..."
 
 Inputs in --dir: guards.json (idem-bench, Google Benchmark JSON), memory-<guard>.json (one process
-per guard), flush.jsonl and storm.jsonl (idem-flush-bench, one JSON object per line). Outputs in --dir:
+per guard), flush.jsonl and storm.jsonl (idem-flush-bench, one JSON object per line), window.jsonl
+(idem-window-bench: recall latency, recovery of the idempotency window). Outputs in --dir:
 results.json and *.png; --docs is rewritten from bench/benchmarks.md.in, whose @@NAME@@ markers
 are replaced by tables made here. Every figure in the document comes from these files.
 
@@ -27,6 +28,7 @@ SCENARIOS = {
     "duplicate_begin": "begin on keys that already succeeded (the duplicate check)",
     "zipf_begin": "Zipf(0.99) keys: begin, then succeed when acquired",
     "overhead_10us": "a 10 us operation, unguarded and guarded",
+    "cold_window_fresh": "begin + succeed on fresh UUID keys, with and without a 10M-key cold window",
 }
 PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "idem_durable_sqlite_sequential", "idem_durable_rocksdb", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
               "redis", "postgres"]
@@ -141,7 +143,35 @@ def fmt_ratio(r):
     return f"{r:,.0f}x" if r >= 100 else f"{r:.2f}x"
 
 
-def build_results(guards, memory, flush, meta, problems, storm_rows=()):
+COLD = "idem_cold_window"
+NO_COLD = "idem_no_cold_window"
+
+
+def load_cold_counters(path):
+    """{threads: {"recalls_per_op": median, "cold_slices": median}} of the cold-window guard's runs."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    seen = defaultdict(lambda: defaultdict(list))
+    for b in data.get("benchmarks", []):
+        name = b.get("run_name", b["name"])
+        if b.get("run_type") == "aggregate" or not name.startswith(f"cold_window_fresh/{COLD}/"):
+            continue
+        m = re.search(r"threads:(\d+)", name)
+        for c in ("recalls_per_op", "cold_slices"):
+            if c in b:
+                seen[str(int(m.group(1)) if m else 1)][c].append(b[c])
+    return {t: {c: statistics.median(v) for c, v in cs.items()} for t, cs in seen.items()}
+
+
+def cold_ratio(scenarios, t):
+    """Fresh-key throughput with the cold window / without, at t threads (same run)."""
+    gs = scenarios.get("cold_window_fresh", {}).get(str(t), {}).get("ops_per_sec", {})
+    return gs[COLD] / gs[NO_COLD] if gs.get(COLD) and gs.get(NO_COLD) else None
+
+
+def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=()):
     scenarios = {}
     for s, ts in guards.items():
         entry = {}
@@ -220,6 +250,16 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=()):
     dloss = scenarios.get("overhead_10us", {}).get("1", {}).get("loss_percent", {}).get("idem_durable_sqlite")
     target("throughput loss on a 10 us operation, idem + SQLite async, 1 thread", dloss, 1, "%", higher=False)
     target("memory per live record, idem", memory.get("idem"), 64, "B", higher=False)
+    for t in (1, 2):
+        target(f"fresh keys, {t} thread{'s' if t > 1 else ''}: with a 10M-key cold window / without",
+               cold_ratio(scenarios, t), 0.9, "x")
+    for r in window:
+        if r.get("mode") == "recovery":
+            target(f"recovery of {r['window_records']:,} records in the window ({r['hot']:,} hot), {r['store']}: "
+                   "time to serve", r["open_s"], 3, "s", higher=False)
+            target("cold window memory per key", r["cold_bytes_per_key"], 2, "B", higher=False)
+        if r.get("unexpected"):
+            problems.append(f"window recall, {r['store']}: {r['unexpected']} answers were not the stored outcome")
     return {
         "meta": meta,
         "problems": problems,
@@ -230,6 +270,7 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=()):
         "storm": storm,
         "recovery": recovery,
         "latency_ns": latency,
+        "window": list(window),
         "targets": targets,
     }
 
@@ -437,6 +478,41 @@ def table_latency(results):
     return "\n".join(lines) + "\n"
 
 
+def table_window(results):
+    lines = []
+    entry = results["scenarios"].get("cold_window_fresh", {})
+    if entry:
+        counters = results.get("cold_window_counters", {})
+        lines += ["| threads | no cold window, ops/s | 10M-key cold window, ops/s | with / without | "
+                  "store reads per fresh key (false positives) | filter slices |", "|---|---|---|---|---|---|"]
+        for t in sorted(entry, key=int):
+            gs = entry[t]["ops_per_sec"]
+            c = counters.get(t, {})
+            fp = f"{100 * c['recalls_per_op']:.2f}%" if "recalls_per_op" in c else "n/a"
+            sl = f"{c['cold_slices']:.0f}" if "cold_slices" in c else "n/a"
+            lines.append(f"| {t} | {fmt_rate(gs.get(NO_COLD))} | {fmt_rate(gs.get(COLD))} | "
+                         f"{fmt_ratio(cold_ratio(results['scenarios'], t))} | {fp} | {sl} |")
+        lines.append("")
+    recall = [r for r in results.get("window", []) if r.get("mode") == "recall"]
+    if recall:
+        lines += ["| store | records in the cold window | begin() calls | p50 us | p99 us | p99.9 us | max us |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in recall:
+            b = r["begin_us"]
+            lines.append(f"| {r['store']} | {r['cold']:,} | {r['ops']:,} | {b['p50']:,.1f} | {b['p99']:,.1f} | "
+                         f"{b['p999']:,.1f} | {b['max']:,.1f} |")
+        lines.append("")
+    rec = [r for r in results.get("window", []) if r.get("mode") == "recovery"]
+    if rec:
+        lines += ["| store | records | into memory | into the cold window | time to serve s | of it, the filter s | "
+                  "RSS after MB | peak RSS MB | cold window B/key | slices |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rec:
+            lines.append(f"| {r['store']} | {r['window_records']:,} | {r['records']:,} | {r['cold']:,} | "
+                         f"{r['open_s']:.2f} | {r['cold_elapsed_s']:.2f} | {r['rss_after_mb']:,.0f} | "
+                         f"{r['peak_rss_mb']:,.0f} | {r['cold_bytes_per_key']:.3f} | {r['cold_slices']} |")
+    return ("\n".join(lines) + "\n") if lines else "_not measured in this run_\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -452,6 +528,7 @@ def main():
     memory = load_memory(a.dir)
     flush = load_flush(os.path.join(a.dir, "flush.jsonl"))
     storm_rows = [r for r in load_flush(os.path.join(a.dir, "storm.jsonl")) + flush if r.get("mode") == "storm"]
+    window = load_flush(os.path.join(a.dir, "window.jsonl"))
     global_rows, global_problems = load_global(os.path.join(a.dir, "global.json"))
     problems += global_problems
     meta = {
@@ -467,8 +544,9 @@ def main():
         "library_build_type": context.get("library_build_type", ""),
         "cpu_scaling_enabled": context.get("cpu_scaling_enabled"),
     }
-    results = build_results(guards, memory, flush, meta, problems, storm_rows)
+    results = build_results(guards, memory, flush, meta, problems, storm_rows, window)
     results["storm_runs"] = storm_rows
+    results["cold_window_counters"] = load_cold_counters(os.path.join(a.dir, "guards.json"))
     results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
     results["plots"] = plots(results, a.dir)
     with open(os.path.join(a.dir, "results.json"), "w", encoding="utf-8") as f:
@@ -486,6 +564,7 @@ def main():
             "STORM": table_storm(results),
             "FLUSHER_CPU": table_flusher_cpu(results),
             "LATENCY": table_latency(results),
+            "WINDOW": table_window(results),
             "GLOBAL": table_global(results),
             "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
         }
