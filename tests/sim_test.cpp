@@ -19,7 +19,18 @@
 //     backpressure (retry at once, many times), with queues as small as 2 rows in some seeds.
 //   * A truthful resolver answering from the ledger (or "unknown" at a seeded rate).
 //   * Crashes: memory and queue lost; recovery as durable_guard::recover does it (fence floor from
-//     the store's max fence, every record restored, then compensation).
+//     the largest fence loaded; claims, released records and the hot window restored into the
+//     table, terminal records that do not fit and the rest of the idempotency window into the
+//     cold window through remember_cold, records past the window nowhere; then compensation).
+//   * The two windows: options.retention (the hot window, 0 to 3 s) and the idempotency window
+//     (store_options::window: forever, 7 days, or 4 to 15 s so keys legitimately expire and are
+//     claimed again). The guard has the cold window enabled; small tables (capacity 3 to 8, 2 to
+//     96 keys, some seeds 4 to 8 times more keys than capacity) rotate often, so terminal records
+//     go to the filter and a claim of one reads the store through `sim_pipeline::recall`
+//     (fault_store::get: seeded read failures answer unavailable, latency in simulated time). The
+//     flusher's turn prunes the store every prune_interval (store::prune, bounded by max_rows; some
+//     seeds also with an audit_window) and clients retry keys that completed long before (after
+//     evictions, restarts, long pauses of the clock past the window).
 //   The checker, for every seed: exactly-once effects (sync mode; async tolerates only re-executions
 //   of claims a crash lost, and counts them), no lost acknowledgement (sync: every transition
 //   acknowledged to a client is in the store at every crash and at the end; async: at the end,
@@ -34,7 +45,12 @@
 //     - refusals (backpressure) change nothing: query() reads the same, no seq is taken, and the claim
 //       after a spin gets the fence it would have got; the queue depth never exceeds
 //       queue_capacity + max_batch;
-//     - liveness: after every outage and at the end, a key nobody holds is acquired within 20 s.
+//     - liveness: after every outage and at the end, a key nobody holds is acquired within 20 s;
+//     - the idempotency window: no claim is granted while the store holds a terminal decision of
+//       the key updated inside the window (a grant past the window is legal and starts a new life
+//       of the key), and a claim from ABSENT of a key whose last decision the simulation saw is
+//       legal only past the window (terminal) or after a rotation or the window (released). Acks,
+//       visibility and verify accept what a prune removed (the store's horizon).
 //   Each of these checks but the refusal checks has a mutation (enum mutation) that test
 //   checker_has_teeth must see fail; the refusal checks guard the engine's admission, which no
 //   mutation of the sink can break without hanging the pipeline.
@@ -48,6 +64,8 @@
 // --seed=S to replay one seed with a full trace (IDEM_SIM_SEED), --real-seeds=N (IDEM_SIM_REAL_SEEDS),
 // --no-committed-faults (IDEM_SIM_COMMITTED_FAULTS=0) to keep store::committed() healthy,
 // --teeth-all (IDEM_SIM_TEETH_ALL=1) to run every mutation of checker_has_teeth over all 200 seeds,
+// --windows=0 (IDEM_SIM_WINDOWS=0) to run the seeds without the window features (one table size,
+// retention 3 s, nothing pruned, no long pauses),
 // IDEM_SIM_DISK=sqlite|rocksdb to run sim.seeds over a real file store, IDEM_SIM_FILE_SEEDS=N for
 // the seeds of test seeds_on_file_stores (default 100 per file store).
 #include <idem/idem.hpp>
@@ -70,6 +88,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -118,6 +137,9 @@ struct flags {
     bool committed_faults = true;
     /// checker_has_teeth: run all 200 seeds per mutation (default: stop at the first caught).
     bool teeth_all = false;
+    /// Seeds draw the window features (small tables, short retention and windows, prunes, retries of
+    /// old keys, long pauses). --windows=0 turns them off.
+    bool windows = true;
 };
 flags g_flags;
 
@@ -131,6 +153,12 @@ enum class mutation {
     rejected_as_committed,  ///< the sink reports a row the store set aside as committed
     accepts_ignored,        ///< the sink does not forward store::accepts
     oversized_queue,        ///< the pipeline's queue is larger than store_options.queue_capacity
+    recall_forgets,         ///< the sink's recall() answers "no record" without reading the store
+    cold_dropped,           ///< recovery does not give the rest of the window to the cold window
+    /// Recovery floors new fences at the largest fence it loaded, not at store::max_fence() (which
+    /// counts pruned records): after a prune a key can be claimed again with a fence it already had.
+    /// This is what durable_guard::recover does as of ce2a4e4 (docs/testing.md, section 4, finding F6).
+    loaded_fence_floor,
 };
 const char* to_string(mutation m) {
     switch (m) {
@@ -142,6 +170,9 @@ const char* to_string(mutation m) {
         case mutation::rejected_as_committed: return "rejected_as_committed";
         case mutation::accepts_ignored: return "accepts_ignored";
         case mutation::oversized_queue: return "oversized_queue";
+        case mutation::recall_forgets: return "recall_forgets";
+        case mutation::cold_dropped: return "cold_dropped";
+        case mutation::loaded_fence_floor: return "loaded_fence_floor";
     }
     return "?";
 }
@@ -224,7 +255,7 @@ struct fault_rates {
     double unknown_done = 0;     ///< apply commits, then throws commit_unknown
     double unknown_lost = 0;     ///< apply throws commit_unknown; nothing written
     double committed_fail = 0;   ///< committed() throws (the question cannot be asked)
-    double read_fail = 0;        ///< load() / max_fence() throw during recovery
+    double read_fail = 0;        ///< load() / max_fence() throw during recovery; get() (recall) and prune() throw
     std::chrono::milliseconds latency{0};  ///< simulated time one apply takes
 };
 
@@ -307,9 +338,30 @@ public:
         }
         disk_.load(fn);
     }
-    std::optional<idem::stored_record> get(std::string_view key) override { return disk_.get(key); }
+    /// A recall's read (transition_sink::recall): latency, outages and seeded read failures.
+    std::optional<idem::stored_record> get(std::string_view key) override {
+        ++calls_;
+        if (spend_) spend_(rates_.latency);
+        if (dead_ || (down_ && down_()) || (!healthy_ && rng_.chance(rates_.read_fail))) {
+            note("get " + std::string(key) + " fails");
+            throw idem::error(errc::store_unavailable, "fault store: read failure");
+        }
+        return disk_.get(key);
+    }
     std::vector<idem::audit_entry> audit(std::string_view key) override { return disk_.audit(key); }
     void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { disk_.scan_audit(fn); }
+    idem::prune_result prune(const idem::prune_limits& limits) override {
+        ++calls_;
+        if (dead_ || (down_ && down_()) || (!healthy_ && rng_.chance(rates_.fail_before))) {
+            note("prune fails");
+            throw idem::error(errc::store_unavailable, "fault store: prune failed");
+        }
+        const idem::prune_result r = disk_.prune(limits);
+        note("prune removes " + std::to_string(r.records) + " records, " + std::to_string(r.audit_rows) +
+             " audit rows" + (r.more ? ", more" : ""));
+        return r;
+    }
+    idem::prune_horizon horizon() override { return disk_.horizon(); }
     std::string name() const override { return "fault"; }
     std::uint64_t max_fence() override {
         ++calls_;
@@ -348,7 +400,21 @@ struct pipeline_options {
     std::size_t max_batch = 16;
     std::chrono::nanoseconds sync_timeout = 3s;
     std::chrono::nanoseconds max_backoff = 200ms;
+    // The two windows' store side (store_options): the idempotency window, the audit window, and
+    // the flusher's prune (every prune_interval, at most prune_rows rows of each kind per call,
+    // again at the next turn while the store says there is more). Zero interval: never pruned.
+    std::chrono::milliseconds window = idem::forever;
+    std::chrono::milliseconds audit_window = idem::forever;
+    std::chrono::nanoseconds prune_interval{0};
+    std::size_t prune_rows = 10'000;
 };
+
+/// Whether a record last updated at `updated_ms` is past the idempotency window at `now_ms` (as
+/// durable_guard::past_window; the simulation's wall clock is the manual clock in ms).
+bool past_window(std::chrono::milliseconds window, std::int64_t updated_ms, std::int64_t now_ms) {
+    return window != idem::forever && updated_ms < now_ms - window.count();
+}
+std::int64_t ms_of(std::chrono::nanoseconds t) { return std::chrono::duration_cast<std::chrono::milliseconds>(t).count(); }
 
 /// The real pipeline core (detail/pipeline_core.hpp) driven by hand: what flush_pipeline's thread
 /// does, in simulated time. A sync wait runs the flusher in the caller's place.
@@ -406,6 +472,42 @@ public:
         if (g_mutation == mutation::accepts_ignored) return true;
         return store_.accepts(k, why);  // as flush_pipeline does
     }
+    /// flush_pipeline::recall: the flusher reads the key's record between two batches and the
+    /// caller blocks until it has the answer; here the read runs at once in the caller's place (its
+    /// latency spent in simulated time). The record converts as durable_guard::to_recalled does: a
+    /// terminal or released record past the window is no record. A read that fails: unavailable.
+    idem::recalled recall(const idem::key& k) noexcept override {
+        ++recalls_;
+        idem::recalled none;
+        none.found = idem::recalled::kind::unavailable;
+        if (dead_) return none;
+        std::optional<idem::stored_record> rec;
+        try {
+            rec = store_.get(k.view());
+        } catch (const std::exception&) {
+            log_("recall " + std::string(k.view()) + ": unavailable");
+            return none;
+        }
+        if (g_mutation == mutation::recall_forgets) return {};  // a sink bug: the store's answer is ignored
+        const std::int64_t now_ms = ms_of(clock_.now());
+        if (!rec || rec->state == record_state::absent ||
+            (rec->state != record_state::processing && past_window(o_.window, rec->updated_ms, now_ms))) {
+            log_("recall " + std::string(k.view()) + ": " + (rec ? "past the window" : "no record"));
+            return {};
+        }
+        idem::recalled out;
+        out.found = idem::recalled::kind::record;
+        out.state = rec->state;
+        out.fence = rec->fence;
+        out.outcome = rec->outcome;
+        out.fingerprint = rec->fingerprint;
+        out.lease_until = rec->state == record_state::processing ? std::chrono::nanoseconds(std::chrono::milliseconds(rec->lease_until_ms))
+                                                                 : std::chrono::nanoseconds(0);
+        out.updated = std::chrono::milliseconds(rec->updated_ms);
+        log_("recall " + std::string(k.view()) + ": " + idem::to_string(rec->state) + " fence " + std::to_string(rec->fence));
+        ++recalled_;
+        return out;
+    }
 
     /// Called with every transition offered, in offer order (the simulation's observer).
     std::function<void(const idem::transition&)> on_offer;
@@ -413,11 +515,14 @@ public:
     std::function<bool(const idem::key&)> poison;
     /// Called with every violation the pipeline's own checks find.
     std::function<void(const std::string&)> on_problem;
+    /// Called before every prune (the simulation notes the fences the store holds).
+    std::function<void(const idem::prune_limits&)> before_prune;
 
     // the flusher ----------------------------------------------------------------------------
     /// One turn of flush_pipeline::run: one step of the core, backing off on failure. True when
     /// something was attempted.
     bool step() {
+        prune_if_due();
         const auto result = core_.step(store_);
         settle();
         check_depth();
@@ -438,6 +543,11 @@ public:
     [[nodiscard]] std::uint64_t in_doubt() const { return core_.snapshot().commit_unknown; }
     [[nodiscard]] std::uint64_t unanswered() const { return core_.snapshot().unanswered; }
     [[nodiscard]] std::uint64_t rejected() const { return core_.snapshot().rejected; }
+    [[nodiscard]] std::uint64_t recalls() const { return recalls_; }
+    [[nodiscard]] std::uint64_t recalled_records() const { return recalled_; }
+    [[nodiscard]] std::uint64_t prunes() const { return prunes_; }
+    [[nodiscard]] std::uint64_t pruned_records() const { return pruned_records_; }
+    [[nodiscard]] std::uint64_t pruned_audit_rows() const { return pruned_audit_; }
     void crash() {
         dead_ = true;
         (void)core_.abandon();
@@ -447,6 +557,31 @@ public:
     }
 
 private:
+    /// flush_pipeline::prune_if_due in simulated time: one bounded store::prune every
+    /// prune_interval, again at the next turn while the store reports more; a failure waits for the
+    /// next interval.
+    void prune_if_due() {
+        if (o_.prune_interval <= std::chrono::nanoseconds::zero() || dead_) return;
+        const bool records = o_.window != idem::forever, audit = o_.audit_window != idem::forever;
+        if (!records && !audit) return;
+        const auto now = clock_.now();
+        if (now < next_prune_) return;
+        idem::prune_limits limits;
+        limits.max_rows = o_.prune_rows;
+        if (records) limits.records_before_ms = ms_of(now) - o_.window.count();
+        if (audit) limits.audit_before_ms = ms_of(now) - o_.audit_window.count();
+        next_prune_ = now + o_.prune_interval;
+        if (before_prune) before_prune(limits);
+        try {
+            const idem::prune_result r = store_.prune(limits);
+            ++prunes_;
+            pruned_records_ += r.records;
+            pruned_audit_ += r.audit_rows;
+            if (r.more) next_prune_ = now;
+        } catch (const std::exception&) {
+        }
+    }
+
     /// Every row the watermark passed was decided as the store demands: set aside when it holds a
     /// poison key, committed otherwise (so a poison row never takes innocent rows down with it).
     void settle() {
@@ -481,14 +616,15 @@ private:
     trace& log_;
     std::chrono::nanoseconds backoff_ = 1ms;
     std::uint64_t offers_ = 0, max_depth_ = 0;
+    std::uint64_t recalls_ = 0, recalled_ = 0, prunes_ = 0, pruned_records_ = 0, pruned_audit_ = 0;
+    std::chrono::nanoseconds next_prune_{0};
     std::deque<pending_row> pending_;  ///< pushed rows not yet passed by the watermark, in seq order
     bool dead_ = false;
 };
 
 // ---- the downstream system the effects happen in ------------------------------------------------
-constexpr std::size_t key_count = 12;
+constexpr std::size_t key_count = 96;  ///< the clients' keys at most (a seed uses nkeys_ of them)
 constexpr std::size_t no_key = ~std::size_t{0};
-constexpr auto retention = 3s;
 std::uint64_t outcome_of(std::size_t k) { return 1000 + k; }
 
 struct execution {
@@ -511,6 +647,12 @@ struct key_ledger {
     std::chrono::nanoseconds last_at{0};
     std::uint64_t rotations_at = 0;
     std::uint64_t max_fence = 0;  ///< the largest fence offered for the key in this process life
+    /// A restart found no record of a key whose last transition the simulation saw (a prune removed
+    /// it, or an async crash lost it): its next claim from ABSENT opens a new life.
+    bool reopen_next = false;
+    std::uint64_t max_fence_ever = 0;  ///< the largest fence offered for the key in any process life
+    std::uint64_t stored_fence = 0;    ///< the largest fence the store held for the key (read before every prune)
+    std::int64_t decided_ms = INT64_MIN;  ///< the time of its latest terminal transition (any process life)
     [[nodiscard]] std::size_t life_of(std::uint64_t fence) const {
         return static_cast<std::size_t>(std::upper_bound(life_starts.begin(), life_starts.end(), fence) -
                                         life_starts.begin()) - 1;
@@ -542,6 +684,21 @@ struct outcome {
     std::uint64_t fence_checks = 0;      ///< claims after refusals whose fence was checked
     std::uint64_t max_depth = 0, depth_bound = 0;
     std::uint64_t visible_checks = 0;    ///< sync terminal results seen and found in the store
+    // the two windows
+    bool short_window = false;           ///< the seed's idempotency window is seconds long
+    bool audit_pruned = false;           ///< ... and it has an audit window
+    bool big_store = false;              ///< the seed has at least 4 times more keys than capacity
+    std::uint64_t recalls = 0, recalled = 0;  ///< recall() calls of the sink; records it answered with
+    std::uint64_t prunes = 0, pruned_records = 0, pruned_audit_rows = 0;
+    std::uint64_t cold_at_start = 0;     ///< records recovery gave to the cold window
+    std::uint64_t expired_at_start = 0;  ///< records recovery skipped (past the window)
+    std::uint64_t hot_at_start = 0;      ///< terminal and released records recovery put in memory
+    std::uint64_t max_store_records = 0; ///< the largest store a recovery read (records)
+    std::uint64_t grant_checks = 0;      ///< grants checked against the store's decisions in the window
+    std::uint64_t window_reopened = 0;   ///< claims granted after a terminal decision went past the window
+    std::uint64_t old_retries = 0;       ///< begin() of a key that completed before
+    std::uint64_t old_duplicates = 0;    ///< ... answered with its decision
+    std::uint64_t long_pauses = 0;       ///< clock jumps of seconds to minutes (past retention or the window)
     idem::stats guard;  ///< the guards' counters, summed over the seed's process lives
 };
 
@@ -557,6 +714,11 @@ void add(idem::stats& a, const idem::stats& b) {
     a.backpressure += b.backpressure;
     a.evicted += b.evicted;
     a.rotations += b.rotations;
+    a.recalls += b.recalls;
+    a.recalled += b.recalled;
+    a.recall_failures += b.recall_failures;
+    a.capacity_exhausted += b.capacity_exhausted;
+    a.cold_keys = std::max(a.cold_keys, b.cold_keys);
 }
 
 bool same(const idem::record_view& a, const idem::record_view& b) {
@@ -595,12 +757,45 @@ public:
         clients_ = 2 + r_.below(3);
         steps_ = 200 + r_.below(400);
         crashes_left_ = r_.below(3);
+        // The two windows. Tables: the old one (capacity 8: 16 slots a generation for 12 keys), small
+        // ones that rotate every few claims, and big stores (4 to 12 times more keys than capacity,
+        // up to 96) that recovery cannot hold in memory. Retention (the hot window) from 3 s down to
+        // 0; the idempotency window forever, 7 days, or a few seconds so keys expire and are claimed
+        // again; prunes every 0.5 or 2 s, some bounded to 1 or 3 rows a call, some seeds with an
+        // audit window; clients that retry keys which completed; long pauses of the clock.
+        if (g_flags.windows) {
+            const std::uint64_t table = r_.below(20);
+            if (table >= 8) capacity_ = 3 + r_.below(table >= 13 ? 6 : 3);
+            if (table >= 13) {
+                nkeys_ = std::min<std::size_t>(key_count, capacity_ * (4 + r_.below(9)));
+                out_.big_store = true;
+                crashes_left_ = 1 + r_.below(3);
+            } else if (r_.chance(0.15)) {
+                nkeys_ = 2 + r_.below(3);  // a few hot keys, retried all the time
+            }
+            retention_ = std::chrono::milliseconds(static_cast<std::int64_t>(pick({3000, 1000, 200, 0})));
+            const std::uint64_t w = r_.below(20);
+            if (w >= 12) {
+                po_.window = std::chrono::milliseconds(4000 + 1000 * static_cast<std::int64_t>(r_.below(12)));
+                out_.short_window = true;
+            } else if (w >= 6) {
+                po_.window = std::chrono::hours(24 * 7);  // store_options' default
+            }
+            if ((out_.short_window && r_.chance(0.4)) || r_.chance(0.05)) {
+                po_.audit_window = std::chrono::milliseconds(6000 + 1000 * static_cast<std::int64_t>(r_.below(15)));
+                out_.audit_pruned = true;
+            }
+            po_.prune_interval = std::chrono::milliseconds(static_cast<std::int64_t>(pick({500, 2000, 2000, 0})));
+            po_.prune_rows = static_cast<std::size_t>(pick({1, 3, 10000, 10000}));
+            retry_old_ = pick({0.0, 0.3, 0.6});
+            pause_rate_ = pick({0.0, 0.01, 0.03});
+        }
         // Poison keys: rows the store can never take. Some are declared through store::accepts
         // (begin answers invalid_key up front), the others only apply() finds.
         std::vector<std::string> poison, declared;
         if (r_.chance(0.4)) {
             for (std::uint64_t n = 1 + r_.below(2); n > 0; --n) {
-                const std::size_t k = r_.below(key_count);
+                const std::size_t k = r_.below(nkeys_);
                 if (poison_[k]) continue;
                 poison_[k] = true;
                 declared_[k] = r_.chance(0.5);
@@ -617,13 +812,19 @@ public:
         spin_step_ = pick({1.0 / 32, 1.0 / 8, 0.5});
         out_.depth_bound = po_.queue_capacity + po_.max_batch;
         std::string poison_text;
-        for (std::size_t k = 0; k < key_count; ++k)
+        for (std::size_t k = 0; k < nkeys_; ++k)
             if (poison_[k]) poison_text += " " + std::to_string(k) + (declared_[k] ? "(declared)" : "");
         log_("seed " + std::to_string(seed) + (sync_ ? " sync" : " async") + " clients " + std::to_string(clients_) +
              " steps " + std::to_string(steps_) + " crashes<=" + std::to_string(crashes_left_) +
              " queue " + std::to_string(po_.queue_capacity) + " batch " + std::to_string(po_.max_batch) +
              " poison keys:" + (poison_text.empty() ? " none" : poison_text) + " spin limit " +
-             std::to_string(spin_limit_));
+             std::to_string(spin_limit_) + " keys " + std::to_string(nkeys_) + " capacity " +
+             std::to_string(capacity_) + " retention " + std::to_string(retention_.count()) + "ms window " +
+             (po_.window == idem::forever ? std::string("forever") : std::to_string(po_.window.count()) + "ms") +
+             " audit window " +
+             (po_.audit_window == idem::forever ? std::string("forever") : std::to_string(po_.audit_window.count()) + "ms") +
+             " prune every " + std::to_string(ms_of(po_.prune_interval)) + "ms (" + std::to_string(po_.prune_rows) +
+             " rows)");
         store_ = std::make_unique<fault_store>(disk_, rates_, mix(seed, 7), &log_,
                                                [this](std::chrono::nanoseconds d) { clock_.advance(d); });
         store_->set_outage([this] { return clock_.now() < outage_until_; });
@@ -640,6 +841,23 @@ public:
                 probe();
             }
             if (sync_ && (s & 15) == 0) sweep();
+            if (pause_rate_ > 0 && r_.chance(pause_rate_)) {
+                // A long pause: past the retention, and in short-window seeds up to twice the window
+                // (keys expire and are claimed again).
+                const std::uint64_t most = po_.window == idem::forever || po_.window > 60s
+                                               ? 30'000
+                                               : 2 * static_cast<std::uint64_t>(po_.window.count());
+                const auto d = std::chrono::milliseconds(1000 + r_.below(most));
+                clock_.advance(d);
+                ++out_.long_pauses;
+                log_("clock +" + std::to_string(d.count()) + "ms (a long pause)");
+                if (out_.short_window && crashes_left_ > 0 && r_.chance(0.3)) {
+                    // An idle process restarted after the window went by: its flusher pruned first.
+                    for (int n = 0; n < 200; ++n) pipe_->step();
+                    --crashes_left_;
+                    crash();
+                }
+            }
             const std::uint64_t a = r_.below(100);
             if (a < 55) {
                 client_step(r_.below(clients_));
@@ -719,9 +937,9 @@ private:
 
     idem::options guard_options() {
         idem::options o;
-        o.capacity = 8;  // 16 slots a generation for 12 keys; 4 new keys make it due for rotation
+        o.capacity = capacity_;  // 8: 16 slots a generation for 12 keys; 4 new keys make it due for rotation
         o.lease = 1s;
-        o.retention = retention;
+        o.retention = retention_;
         o.maintenance_interval = {};
         o.on_failure = idem::failure_policy::retryable;
         o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
@@ -738,21 +956,61 @@ private:
             pipe_->on_offer = [this](const idem::transition& t) { observe(t); };
             pipe_->poison = [this](const idem::key& k) { return poisoned(index_of(k.view())); };
             pipe_->on_problem = [this](const std::string& p) { problem(p); };
+            pipe_->before_prune = [this](const idem::prune_limits& l) { note_before_prune(l); };
             g_.emplace(guard_options(), clock_, pipe_.get(), /*defer_maintenance=*/true);
+            g_->enable_cold_window(po_.window == idem::forever ? std::chrono::nanoseconds::max()
+                                                               : std::chrono::nanoseconds(po_.window));
             try {
-                // durable_guard::recover: restore every record, then new fences start above the
-                // largest fence loaded.
-                std::uint64_t max_fence = 0;
+                // durable_guard::recover: claims in flight, released records and terminal ones
+                // inside the hot window into the table (terminal and released records that do not
+                // fit into the cold window), the rest of the idempotency window into the cold
+                // window, records past it nowhere; new fences start above the largest fence loaded.
+                std::uint64_t max_fence = 0, records = 0, claims = 0, cold_n = 0, expired = 0, hot = 0;
+                const std::int64_t now_ms = ms_of(clock_.now());
+                const std::int64_t retention_ms = ms_of(retention_);
+                const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
+                std::vector<idem::detail::window_filter::entry> cold;
                 store_->load([&](const idem::stored_record& rec) {
                     const auto k = idem::key::parse(rec.key);
                     if (!k) return;
+                    ++records;
+                    claims += rec.state == record_state::processing;
                     max_fence = std::max(max_fence, rec.fence);
+                    const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
+                    const bool claim = rec.state == record_state::processing;
+                    if (!claim && past_window(po_.window, rec.updated_ms, now_ms)) {
+                        ++expired;
+                        return;
+                    }
+                    if (!claim && rec.updated_ms < hot_since_ms) {
+                        cold.push_back(g_->cold_entry(*k, updated));
+                        return;
+                    }
                     const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
-                                                std::chrono::milliseconds(rec.lease_until_ms),
-                                                std::chrono::milliseconds(rec.updated_ms));
-                    if (st != begin_status::acquired) problem("restore refused " + rec.key);
+                                                std::chrono::milliseconds(rec.lease_until_ms), updated);
+                    if (st == begin_status::capacity_exhausted && !claim) {
+                        cold.push_back(g_->cold_entry(*k, updated));
+                        return;
+                    }
+                    if (st != begin_status::acquired)
+                        problem("restore refused " + rec.key + " (" + idem::to_string(st) + ")" +
+                                (claim ? ": more claims in flight than options.capacity allows" : ""));
+                    else
+                        ++hot;
                 });
+                cold_n = cold.size();
+                if (g_mutation != mutation::cold_dropped && !g_->remember_cold(cold))
+                    problem("the cold window could not take " + std::to_string(cold.size()) + " keys");
+                // The floor counts the fences of pruned records too (store::max_fence()).
+                if (g_mutation != mutation::loaded_fence_floor) max_fence = std::max(max_fence, store_->max_fence());
                 g_->set_fence_floor(max_fence);
+                out_.cold_at_start += cold_n;
+                out_.expired_at_start += expired;
+                out_.hot_at_start += hot;
+                out_.max_store_records = std::max(out_.max_store_records, records);
+                log_("recovery: " + std::to_string(records) + " records (" + std::to_string(claims) + " claims), " +
+                     std::to_string(hot) + " in memory, " +
+                     std::to_string(cold_n) + " cold, " + std::to_string(expired) + " past the window");
                 break;
             } catch (const idem::error& e) {
                 // The process restarts, backing off (100 ms doubling up to 1.6 s) while the store
@@ -767,6 +1025,8 @@ private:
         // The simulation's view of every key restarts from the store, as the new table does.
         for (auto& [k, kl] : ledger_) {
             const auto rec = disk_.get(key(k).view());
+            if (!rec && kl.last != record_state::absent) kl.reopen_next = true;
+            if (rec) kl.stored_fence = std::max(kl.stored_fence, rec->fence);
             kl.last = rec ? rec->state : record_state::absent;
             kl.last_at = rec ? std::chrono::milliseconds(rec->updated_ms) : clock_.now();
             kl.rotations_at = rotations_;
@@ -777,8 +1037,13 @@ private:
     }
 
     /// Every transition the queue took. A claim from ABSENT on a key whose last transition left it
-    /// terminal or released opens a new life, and is allowed only when memory could have evicted the
-    /// record: a rotation since, and for a terminal record the retention elapsed.
+    /// terminal or released opens a new life, and is allowed only when memory could have forgotten
+    /// the record: a released record after a rotation (rotation evicts it, the cold window does not
+    /// take it) or past the idempotency window; a terminal record only past the window (rotation
+    /// gives it to the cold window, which answers from the store until then). A poison key's
+    /// records never reach the store, so for them the old rule holds: a rotation since and the
+    /// retention elapsed. A claim from ABSENT after a restart found the key's record gone (pruned, or
+    /// lost by an async crash) opens a new life when its fence is above every fence the key had.
     void observe(const idem::transition& t) {
         const std::size_t k = index_of(t.k.view());
         if (k == no_key) return problem("a transition for an unknown key");
@@ -786,22 +1051,82 @@ private:
             problem("a transition of key " + std::to_string(k) + ", which store::accepts refuses, reached the queue");
         key_ledger& kl = ledger_[k];
         kl.max_fence = std::max(kl.max_fence, t.fence);
-        if (t.to == record_state::processing && t.from == record_state::absent && kl.last != record_state::absent) {
-            const bool terminal = kl.last == record_state::succeeded || kl.last == record_state::failed;
-            const bool evictable = (kl.last == record_state::released || (terminal && t.at - kl.last_at >= retention)) &&
-                                   rotations_ > kl.rotations_at;
-            if (!evictable)
-                problem("key " + std::to_string(k) + " claimed from ABSENT (fence " + std::to_string(t.fence) +
-                        ") while its " + idem::to_string(kl.last) + " record could not have been evicted");
+        if (t.to == record_state::processing && t.from == record_state::absent && t.fence <= kl.stored_fence)
+            problem("key " + std::to_string(k) + " claimed from ABSENT with fence " + std::to_string(t.fence) +
+                    ", not above the fence " + std::to_string(kl.stored_fence) + " the store held for it");
+        if (t.to == record_state::processing && t.from == record_state::absent &&
+            (kl.last != record_state::absent || (kl.reopen_next && t.fence > kl.max_fence_ever))) {
+            if (kl.last != record_state::absent) {
+                const bool terminal = kl.last == record_state::succeeded || kl.last == record_state::failed;
+                // Now, not t.at: the claim's time was read before a recall's latency.
+                const bool past = past_window(po_.window, ms_of(kl.last_at), ms_of(clock_.now()));
+                const bool rotated = rotations_ > kl.rotations_at;
+                const bool legal = kl.last == record_state::released ? rotated || past
+                                   : !terminal                       ? false
+                                   : poisoned(k)                     ? rotated && t.at - kl.last_at >= retention_
+                                                                     : past;
+                if (!legal)
+                    problem("key " + std::to_string(k) + " claimed from ABSENT (fence " + std::to_string(t.fence) +
+                            ") while its " + idem::to_string(kl.last) + " record of " +
+                            std::to_string(ms_of(kl.last_at)) + " ms could not have been forgotten (" +
+                            (terminal ? "inside the idempotency window" : "no rotation since") + ", now " +
+                            std::to_string(ms_of(clock_.now())) + " ms)");
+                if (terminal && past) ++out_.window_reopened;
+            }
+            kl.reopen_next = false;
+            // Lives opened by claims that never reached the store (lost in a crash, withdrawn) may
+            // start above this fence (the new process's fences start above the store's): merged.
+            while (kl.life_starts.size() > 1 && kl.life_starts.back() >= t.fence) kl.life_starts.pop_back();
             kl.life_starts.push_back(t.fence);
             ++out_.reopened;
-            log_("key " + std::to_string(k) + " reopened after eviction, fence " + std::to_string(t.fence));
+            log_("key " + std::to_string(k) + " reopened, fence " + std::to_string(t.fence));
         }
+        kl.max_fence_ever = std::max(kl.max_fence_ever, t.fence);
         if (t.from != t.to) {  // a doubt mark (PROCESSING -> PROCESSING) changes nothing here
             kl.last = t.to;
             kl.last_at = t.at;
             kl.rotations_at = rotations_;
+            if (t.to == record_state::succeeded || t.to == record_state::failed) {
+                kl.decided_ms = ms_of(t.at);
+                if (k < key_count && !completed_flag_[k]) {
+                    completed_flag_[k] = true;
+                    completed_.push_back(k);
+                }
+            }
         }
+    }
+
+    /// The largest fence the store holds for every key, noted before a prune may remove it (and at
+    /// every start): a claim of a key from ABSENT must get a fence above it.
+    /// ... and the audit rows the prune may remove (archived: acks and visibility accept them).
+    void note_before_prune(const idem::prune_limits& l) {
+        if (l.records_before_ms != idem::prune_limits::keep_all)
+            disk_.load([&](const idem::stored_record& rec) {  // one scan (a file store's gets cost a query each)
+                const std::size_t k = index_of(rec.key);
+                if (k == no_key) return;
+                key_ledger& kl = ledger_[k];
+                kl.stored_fence = std::max(kl.stored_fence, rec.fence);
+            });
+        if (l.audit_before_ms != idem::prune_limits::keep_all)
+            disk_.scan_audit([&](const idem::audit_entry& a) {
+                if (a.at_ms < l.audit_before_ms) archived_.insert({index_of(a.key), static_cast<int>(a.to), a.fence});
+            });
+    }
+
+    /// A claim granted to a caller: the store holds no terminal decision of the key inside the
+    /// idempotency window (memory, the cold window and recall together remember every one).
+    void check_grant(std::size_t k, std::uint64_t fence) {
+        if (poisoned(k)) return;  // its rows never reach the store
+        ++out_.grant_checks;
+        const auto rec = disk_.get(key(k).view());
+        if (!rec || (rec->state != record_state::succeeded && rec->state != record_state::failed)) return;
+        const std::int64_t now_ms = ms_of(clock_.now());
+        if (past_window(po_.window, rec->updated_ms, now_ms)) return;
+        problem("key " + std::to_string(k) + " granted (fence " + std::to_string(fence) +
+                ") while the store holds its " + idem::to_string(rec->state) + " decision (fence " +
+                std::to_string(rec->fence) + ", updated " + std::to_string(rec->updated_ms) + " ms, now " +
+                std::to_string(now_ms) + " ms) inside the idempotency window");
+        dump_trail(k);
     }
 
     idem::resolver_answer resolve(const idem::expired_claim& c) {
@@ -839,13 +1164,14 @@ private:
         if (const auto rec = disk_.get(name); rec && rec->state == st && rec->fence == fence) return;
         for (const auto& a : disk_.audit(name))
             if (a.to == st && a.fence == fence) return;
+        if (pruned_row(k, st, fence)) return;
         problem("sync: " + std::string(via) + " showed key " + std::to_string(k) + " " + idem::to_string(st) +
                 " fence " + std::to_string(fence) + " before the store held it (durable before visible)");
     }
 
     /// Sync mode: every terminal record query() shows is in the store.
     void sweep() {
-        for (std::size_t k = 0; k < key_count; ++k) {
+        for (std::size_t k = 0; k < nkeys_; ++k) {
             const idem::record_view v = g_->query(key(k));
             if (v.state == record_state::succeeded || v.state == record_state::failed)
                 check_visible(k, v.state, v.fence, "query()");
@@ -873,6 +1199,8 @@ private:
     void check_fence_after_refusal(std::size_t k, const idem::record_view& before, std::uint64_t max_fence,
                                    const sim_guard::result_type& r) {
         if (r.fence == 0) return;  // refused before any claim (capacity, invalid key)
+        // A key memory did not know answered from the store (the cold window's recall): no claim.
+        if (before.state == record_state::absent && r.status != begin_status::acquired) return;
         ++out_.fence_checks;
         const bool ok = before.fence != 0 ? r.fence == before.fence + 1
                                           : (r.fence & 0xffffffffull) == 1 && r.fence > max_fence;
@@ -885,7 +1213,11 @@ private:
         client& c = cl_[i];
         switch (c.st) {
             case client::idle: {
-                c.k = r_.below(key_count);
+                // Some clients retry a key that completed before (after evictions, restarts, past
+                // the window): its decision must come back from memory, the cold window or the store.
+                const bool old = retry_old_ > 0 && !completed_.empty() && r_.chance(retry_old_);
+                c.k = old ? completed_[r_.below(completed_.size())] : r_.below(nkeys_);
+                out_.old_retries += old;
                 const idem::key& k = key(c.k);
                 idem::record_view before = g_->query(k);
                 std::uint64_t issued = pipe_->issued();
@@ -917,7 +1249,9 @@ private:
                 } else if (r.status == begin_status::invalid_key) {
                     problem("key " + std::to_string(c.k) + ", which the store can hold, answered invalid_key");
                 }
+                if (old && (r.status == begin_status::succeeded || r.status == begin_status::failed)) ++out_.old_duplicates;
                 if (r.status == begin_status::acquired) {
+                    check_grant(c.k, r.fence);
                     c.t.emplace(std::move(r.ticket));
                     c.fence = r.fence;
                     c.st = client::holding;
@@ -1018,6 +1352,7 @@ private:
             auto r = g_->begin(key(k));
             last = r.status;
             if (r.status == begin_status::acquired) {
+                check_grant(k, r.fence);
                 ack(k, record_state::processing, r.fence);
                 std::error_code ec;
                 for (int n = 0; n < 400; ++n) {
@@ -1047,7 +1382,13 @@ private:
     bool durable(const idem::audit_entry& want_like, std::size_t k) {
         for (const auto& a : disk_.audit(key(k).view()))
             if (a.to == want_like.to && a.fence == want_like.fence) return true;
-        return false;
+        return pruned_row(k, want_like.to, want_like.fence);
+    }
+
+    /// Whether the audit row of this transition was in the store when a prune may have removed it
+    /// (the rows past a prune's bound are archived just before it).
+    bool pruned_row(std::size_t k, record_state to, std::uint64_t fence) {
+        return archived_.count({k, static_cast<int>(to), fence}) != 0;
     }
 
     /// Sync mode: every acknowledged transition is in the store, at every crash and at the end.
@@ -1094,6 +1435,11 @@ private:
         out_.unanswered += pipe_->unanswered();
         out_.rejected_rows += pipe_->rejected();
         out_.max_depth = std::max(out_.max_depth, pipe_->max_depth());
+        out_.recalls += pipe_->recalls();
+        out_.recalled += pipe_->recalled_records();
+        out_.prunes += pipe_->prunes();
+        out_.pruned_records += pipe_->pruned_records();
+        out_.pruned_audit_rows += pipe_->pruned_audit_rows();
     }
 
     void crash() {
@@ -1150,7 +1496,8 @@ private:
         // Exactly once: every key ran at most once, apart from orphans of an async crash, and a key
         // that ran (not as an orphan) is recorded SUCCESS with its outcome. A poison key is never in
         // the store; in sync mode it never ran.
-        for (std::size_t k = 0; k < key_count; ++k) {
+        const idem::prune_horizon horizon = disk_.horizon();
+        for (std::size_t k = 0; k < nkeys_; ++k) {
             const auto rec = disk_.get(key(k).view());
             const key_ledger& kl = ledger_[k];
             std::vector<std::size_t> per_life(kl.life_starts.size(), 0);
@@ -1171,7 +1518,9 @@ private:
                 if (sync_ && !kl.executed.empty()) problem("sync: poison key " + std::to_string(k) + " executed");
                 continue;
             }
-            if (per_life.back() == 1 && (!rec || rec->state != record_state::succeeded)) {
+            // A record past the window may have been pruned (its decision older than the horizon).
+            const bool pruned = !rec && horizon.records_ms != idem::prune_limits::keep_all && kl.decided_ms < horizon.records_ms;
+            if (per_life.back() == 1 && !pruned && (!rec || rec->state != record_state::succeeded)) {
                 problem("key " + std::to_string(k) + " executed but its record is " +
                         (rec ? idem::to_string(rec->state) : "missing"));
                 dump_trail(k);
@@ -1228,6 +1577,13 @@ private:
     std::map<std::size_t, key_ledger> ledger_;
     std::vector<acked_transition> acked_;
     std::map<std::pair<std::size_t, std::uint64_t>, std::uint64_t> asked_;
+    std::set<std::tuple<std::size_t, int, std::uint64_t>> archived_;  ///< audit rows a prune may have removed
+    // the two windows
+    std::size_t nkeys_ = 12, capacity_ = 8;
+    std::chrono::milliseconds retention_ = 3s;
+    double retry_old_ = 0, pause_rate_ = 0;
+    std::vector<std::size_t> completed_;  ///< keys with a terminal transition, in the order they got one
+    bool completed_flag_[key_count] = {};
     outcome out_;
 };
 
@@ -1246,6 +1602,8 @@ TEST(sim, seeds) {
     std::uint64_t unavailable = 0, reopened = 0, outages = 0;
     outcome d;  // the durable path's counters, summed (max_depth: the largest; depth_bound: its bound)
     std::uint64_t sync_seeds = 0, poison_seeds = 0, depth_at_bound = 0;
+    outcome w;  // the two windows' counters, summed
+    std::uint64_t short_window_seeds = 0, audit_seeds = 0, big_seeds = 0;
     idem::stats gs;
     std::uint64_t first_failure = 0;
     for (std::uint64_t s = g_flags.first; s < g_flags.first + g_flags.seeds; ++s) {
@@ -1281,6 +1639,23 @@ TEST(sim, seeds) {
             d.depth_bound = o.depth_bound;
         }
         depth_at_bound += o.max_depth == o.depth_bound;
+        short_window_seeds += o.short_window;
+        audit_seeds += o.audit_pruned;
+        big_seeds += o.big_store;
+        w.recalls += o.recalls;
+        w.recalled += o.recalled;
+        w.prunes += o.prunes;
+        w.pruned_records += o.pruned_records;
+        w.pruned_audit_rows += o.pruned_audit_rows;
+        w.cold_at_start += o.cold_at_start;
+        w.expired_at_start += o.expired_at_start;
+        w.hot_at_start += o.hot_at_start;
+        w.max_store_records = std::max(w.max_store_records, o.max_store_records);
+        w.grant_checks += o.grant_checks;
+        w.window_reopened += o.window_reopened;
+        w.old_retries += o.old_retries;
+        w.old_duplicates += o.old_duplicates;
+        w.long_pauses += o.long_pauses;
         add(gs, o.guard);
         if (!o.ok) {
             if (failed++ == 0) first_failure = s;
@@ -1329,6 +1704,24 @@ TEST(sim, seeds) {
                 static_cast<unsigned long long>(d.max_depth), static_cast<unsigned long long>(d.depth_bound),
                 static_cast<unsigned long long>(depth_at_bound), static_cast<unsigned long long>(d.visible_checks),
                 static_cast<unsigned long long>(sync_seeds));
+    std::printf("[ sim     ] two windows: %llu seeds with a window of seconds (%llu with an audit window), %llu with "
+                "4+ times more keys than capacity (largest store read at a start: %llu records); %llu claims of keys "
+                "the cold window may hold read the store (%llu answered from a record, %llu store_unavailable; "
+                "guard: %llu recalled), %llu capacity_exhausted answers; recovery put %llu records in memory, %llu in "
+                "the cold window, skipped %llu past the window; %llu prunes removed %llu records and %llu audit rows; "
+                "%llu retries of completed keys (%llu answered with the decision), %llu long pauses, %llu keys "
+                "claimed again past the window, %llu grants checked against the store's decisions in the window\n",
+                static_cast<unsigned long long>(short_window_seeds), static_cast<unsigned long long>(audit_seeds),
+                static_cast<unsigned long long>(big_seeds), static_cast<unsigned long long>(w.max_store_records),
+                static_cast<unsigned long long>(w.recalls), static_cast<unsigned long long>(w.recalled),
+                static_cast<unsigned long long>(gs.recall_failures), static_cast<unsigned long long>(gs.recalled),
+                static_cast<unsigned long long>(gs.capacity_exhausted),
+                static_cast<unsigned long long>(w.hot_at_start), static_cast<unsigned long long>(w.cold_at_start),
+                static_cast<unsigned long long>(w.expired_at_start), static_cast<unsigned long long>(w.prunes),
+                static_cast<unsigned long long>(w.pruned_records), static_cast<unsigned long long>(w.pruned_audit_rows),
+                static_cast<unsigned long long>(w.old_retries), static_cast<unsigned long long>(w.old_duplicates),
+                static_cast<unsigned long long>(w.long_pauses), static_cast<unsigned long long>(w.window_reopened),
+                static_cast<unsigned long long>(w.grant_checks));
 }
 
 // The same seeds over real file stores as the disk: every fault, crash, recovery and check of
@@ -1383,7 +1776,10 @@ TEST(sim, checker_has_teeth) {
                           case_{mutation::leaked_reservation, "liveness"},
                           case_{mutation::rejected_as_committed, "poison key"},
                           case_{mutation::accepts_ignored, "store::accepts refuses"},
-                          case_{mutation::oversized_queue, "queue depth"}}) {
+                          case_{mutation::oversized_queue, "queue depth"},
+                          case_{mutation::recall_forgets, "while the store holds its"},
+                          case_{mutation::cold_dropped, "while the store holds its"},
+                          case_{mutation::loaded_fence_floor, "not above the fence"}}) {
         // By default each mutation stops at the first seed its check catches (the CI budget);
         // --teeth-all runs all 200 seeds and reports how many fail.
         g_mutation = c.m;
@@ -1611,6 +2007,7 @@ int main(int argc, char** argv) {
     }
     g_flags.committed_faults = env_or("IDEM_SIM_COMMITTED_FAULTS", 1) != 0;
     g_flags.teeth_all = env_or("IDEM_SIM_TEETH_ALL", 0) != 0;
+    g_flags.windows = env_or("IDEM_SIM_WINDOWS", 1) != 0;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto val = [&](const char* p) { return std::strtoull(a.c_str() + std::strlen(p), nullptr, 10); };
@@ -1620,6 +2017,7 @@ int main(int argc, char** argv) {
         else if (a.rfind("--real-seeds=", 0) == 0) g_flags.real_seeds = val("--real-seeds=");
         else if (a == "--no-committed-faults") g_flags.committed_faults = false;
         else if (a == "--teeth-all") g_flags.teeth_all = true;
+        else if (a.rfind("--windows=", 0) == 0) g_flags.windows = val("--windows=") != 0;
     }
     return RUN_ALL_TESTS();
 }
