@@ -171,29 +171,46 @@ TEST_P(Window, FreshKeyIsGrantedWithoutAStoreRead) {
     EXPECT_EQ(after.recalled - before.recalled, 0u);
 }
 
-/// Holds store::get until the test lets it go, so a recall stays in flight.
-class held_reads final : public idem_test::forwarding_store {
-public:
-    using forwarding_store::forwarding_store;
-    std::optional<idem::stored_record> get(std::string_view k) override {
-        ++reads;
-        gate.pass();
-        if (down.load()) throw idem::error(idem::errc::store_unavailable, "held store: injected outage");
-        return inner_.get(k);
-    }
+/// What a test steers in held_reads: reads wait at the gate, and fail while `down`.
+struct read_control {
     idem_test::commit_gate gate;
     std::atomic<int> reads{0};
     std::atomic<bool> down{false};
 };
 
+/// Holds store::get until the test lets it go, so a recall stays in flight. Its reader (for stores
+/// that have one: SQLite, PostgreSQL) is held the same way, so the recall is tested on the path
+/// the store really takes: the reader thread, or the flusher between batches.
+class held_reads final : public idem_test::forwarding_store {
+public:
+    held_reads(idem::store& inner, read_control& c, std::unique_ptr<idem::store> owned = nullptr)
+        : forwarding_store(inner), c_(c), owned_(std::move(owned)) {}
+    std::optional<idem::stored_record> get(std::string_view k) override {
+        ++c_.reads;
+        c_.gate.pass();
+        if (c_.down.load()) throw idem::error(idem::errc::store_unavailable, "held store: injected outage");
+        return inner_.get(k);
+    }
+    std::unique_ptr<idem::store> open_reader() override {
+        auto r = inner_.open_reader();
+        if (!r) return nullptr;
+        idem::store& inner = *r;
+        return std::make_unique<held_reads>(inner, c_, std::move(r));
+    }
+
+private:
+    read_control& c_;
+    std::unique_ptr<idem::store> owned_;  // a reader's own connection
+};
+
 TEST_P(Window, RacersOnAnEvictedKeyGetOneAnswer) {
     auto inner = open_();
-    auto owned = std::make_unique<held_reads>(*inner);
-    held_reads* held = owned.get();
+    read_control ctl;
     idem::store_options so;
     so.prune_interval = {};
-    guard_t g(std::move(owned), hot_window(), so, clock_);
-    idem_test::gate_opener opener(held->gate);
+    guard_t g(std::make_unique<held_reads>(*inner, ctl), hot_window(), so, clock_);
+    idem_test::gate_opener opener(ctl.gate);
+    read_control* held = &ctl;
     {
         auto a = g->begin(idem::key("RACE_PAY_v1"));
         ASSERT_EQ(a.status, begin_status::acquired);
@@ -237,11 +254,11 @@ TEST_P(Window, RacersOnAnEvictedKeyGetOneAnswer) {
 
 TEST_P(Window, StoreOutageDuringARecallDecidesNothing) {
     auto inner = open_();
-    auto owned = std::make_unique<held_reads>(*inner);
-    held_reads* held = owned.get();
+    read_control ctl;
+    read_control* held = &ctl;
     idem::store_options so;
     so.prune_interval = {};
-    guard_t g(std::move(owned), hot_window(), so, clock_);
+    guard_t g(std::make_unique<held_reads>(*inner, ctl), hot_window(), so, clock_);
     {
         auto a = g->begin(idem::key("OUT_PAY_v1"));
         ASSERT_EQ(a.status, begin_status::acquired);

@@ -665,6 +665,10 @@ public:
 private:
     /// The store that commits on `lane`, opened on first use with this store's settings. Only that
     /// lane's flusher thread calls this for lane > 0 (lane_stores_ never changes size).
+    /// Another session on the same database for reads beside the writer (its settings, no schema
+    /// step; it connects at its first call).
+    std::unique_ptr<store> open_reader() override { return std::unique_ptr<store>(new postgres_store(lane_of{}, *this)); }
+
     postgres_store& lane_store(std::size_t lane) {
         if (lane == 0) return *this;
         std::unique_ptr<postgres_store>& l = lane_stores_.at(lane - 1);

@@ -159,7 +159,16 @@ public:
                           "would survive a reopen; name a database file");
         return true;
     }
-    ~sqlite_store() override { close(); }  // then lock_fd_ closes, which releases the writer lock
+    ~sqlite_store() override { close(); }
+
+    /// Another connection to the file, for reads beside this writer (WAL: readers never wait for
+    /// a writer). It never takes the writer lock: it never writes. nullptr for a temporary
+    /// database (a second connection would see another one).
+    std::unique_ptr<store> open_reader() override {
+        if (temporary_) return nullptr;
+        return std::make_unique<sqlite_store>(path_, sqlite_options{full_sync_, busy_timeout_, false,
+                                                                    sqlite_lock::on_first_write});
+    }  // then lock_fd_ closes, which releases the writer lock
     sqlite_store(const sqlite_store&) = delete;
     sqlite_store& operator=(const sqlite_store&) = delete;
 

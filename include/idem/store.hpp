@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -195,6 +196,10 @@ public:
     /// What prune has removed so far (see prune_horizon); read from the store, so it survives a
     /// restart. Default: never pruned.
     [[nodiscard]] virtual prune_horizon horizon() { return {}; }
+    /// A second connection to the same data that reads (get) while this one writes, so a read
+    /// never waits for a batch in flight (the durable guard's recalls); nullptr when the store
+    /// cannot be opened twice (memory, RocksDB: one opener), and reads then go between batches.
+    [[nodiscard]] virtual std::unique_ptr<store> open_reader() { return nullptr; }
     /// Reconnects after store_unavailable (no-op for embedded stores).
     virtual void reconnect() {}
     [[nodiscard]] virtual std::string name() const = 0;

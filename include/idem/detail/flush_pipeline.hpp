@@ -92,6 +92,15 @@ public:
 
     void start() {
         running_.store(true, std::memory_order_relaxed);  // relaxed: the thread starts below order it
+        try {
+            reader_ = store_.open_reader();
+        } catch (const std::exception&) {
+            reader_.reset();  // reads go between batches instead
+        }
+        if (reader_) {
+            reader_->set_node(store_.node());
+            reader_thread_ = std::thread([this] { read_loop(); });
+        }
         if (lanes_ == 1) {
             threads_.emplace_back([this] { run(); });
             return;
@@ -106,6 +115,15 @@ public:
     /// sync_timeout after stop() began, the flusher gives up: those rows were acknowledged only in
     /// async mode (sync callers were told store_unavailable), which is the async contract.
     void stop() {
+        if (reader_thread_.joinable()) {
+            {
+                std::lock_guard lock(read_mutex_);
+                reader_stop_ = true;
+            }
+            read_work_.notify_all();
+            reader_thread_.join();
+            fail_reads();
+        }
         if (threads_.empty()) return;
         stop_deadline_.store((std::chrono::steady_clock::now() + opts_.sync_timeout).time_since_epoch().count(),
                              std::memory_order_relaxed);  // relaxed: published by (F1)
@@ -171,8 +189,9 @@ public:
     /// the durable guard before start().
     void set_recall(std::function<recalled(const stored_record&)> convert) { to_recalled_ = std::move(convert); }
 
-    /// Reads the key's record on the flusher thread (the store is used by one thread at a time),
-    /// between two batches; waits up to store_options::recall_timeout for the answer.
+    /// Reads the key's record on the reader thread (store::open_reader: a second connection, so
+    /// the read does not wait for a batch in flight), or, for a store that cannot be opened twice,
+    /// on the flusher thread between two batches; waits up to store_options::recall_timeout.
     recalled recall(const key& k) noexcept override {
         recalled none;
         none.found = recalled::kind::unavailable;
@@ -182,12 +201,16 @@ public:
             std::unique_lock lock(read_mutex_);
             reads_.push_back(req);
             reads_waiting_.store(true, std::memory_order_release);  // (R1) pairs with (R2)
-            lock.unlock();
-            {
-                std::lock_guard idle(idle_mutex_);  // an idle lane 0 between its check and its wait sees it
+            if (reader_) {
+                read_work_.notify_one();
+            } else {
+                lock.unlock();
+                {
+                    std::lock_guard idle(idle_mutex_);  // an idle lane 0 between its check and its wait sees it
+                }
+                idle_cv_.notify_all();
+                lock.lock();
             }
-            idle_cv_.notify_all();
-            lock.lock();
             if (!read_done_.wait_for(lock, opts_.recall_timeout, [&] { return req->done; })) return none;
             if (req->failed) return none;
             if (!req->rec) return {};
@@ -255,7 +278,7 @@ private:
         std::uint64_t cpu_seen = thread_cpu_ns();
         for (;;) {
             if (owner) {
-                serve_reads();
+                if (!reader_) serve_reads();
                 prune_if_due();
             }
             if (!core_.batch_pending()) oldest = std::chrono::steady_clock::now();
@@ -277,10 +300,10 @@ private:
                     continue;
                 case pipeline_core::step_result::idle:
                     if (!running_.load(std::memory_order_acquire)) {  // (F2) pairs with (F1)
-                        if (owner) fail_reads();
+                        if (owner && !reader_) fail_reads();
                         return;
                     }
-                    if (owner && reads_waiting_.load(std::memory_order_acquire)) continue;  // (R2)
+                    if (owner && !reader_ && reads_waiting_.load(std::memory_order_acquire)) continue;  // (R2)
                     if (one) std::this_thread::sleep_for(opts_.idle_poll);
                     else idle_lane();
                     continue;
@@ -290,7 +313,7 @@ private:
                 std::chrono::steady_clock::now().time_since_epoch().count() >
                     stop_deadline_.load(std::memory_order_relaxed)) {
                 abandoned_at_stop_.fetch_add(core_.abandon(), std::memory_order_relaxed);  // relaxed: read after join
-                if (owner) fail_reads();
+                if (owner && !reader_) fail_reads();
                 return;
             }
             std::this_thread::sleep_for(backoff);
@@ -311,7 +334,20 @@ private:
         bool done = false;
     };
 
-    /// Answers the recall requests waiting now, one store::get each (on the owner thread).
+    /// The reader thread: answers recall requests on reader_ as they come.
+    void read_loop() {
+        for (;;) {
+            {
+                std::unique_lock lock(read_mutex_);
+                read_work_.wait(lock, [this] { return reader_stop_ || !reads_.empty(); });
+                if (reader_stop_) return;
+            }
+            serve_reads();
+        }
+    }
+
+    /// Answers the recall requests waiting now, one get each: on reader_ (the reader thread), else
+    /// on store_ (the owner flusher thread, between batches).
     void serve_reads() {
         if (!reads_waiting_.load(std::memory_order_acquire)) return;  // (R2) pairs with (R1)
         std::deque<std::shared_ptr<read_request>> batch;
@@ -320,11 +356,18 @@ private:
             batch.swap(reads_);
             reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
         }
+        store& from = reader_ ? *reader_ : store_;
         for (auto& r : batch) {
             try {
-                r->rec = store_.get(r->key);
+                r->rec = from.get(r->key);
             } catch (const std::exception&) {
-                r->failed = true;  // the caller answers store_unavailable; the outage shows in the next step
+                r->failed = true;  // the caller answers store_unavailable
+                if (reader_) {
+                    try {
+                        reader_->reconnect();  // for the next request
+                    } catch (const std::exception&) {
+                    }
+                }
             }
         }
         {
@@ -413,6 +456,10 @@ private:
     std::mutex read_mutex_;
     std::condition_variable read_done_;
     std::deque<std::shared_ptr<read_request>> reads_;  // under read_mutex_
+    std::condition_variable read_work_;                // the reader thread waits for requests
+    bool reader_stop_ = false;                         // under read_mutex_
+    std::unique_ptr<store> reader_;                    // store::open_reader(), used by reader_thread_ only
+    std::thread reader_thread_;
     std::atomic<bool> reads_waiting_{false};
     std::chrono::steady_clock::time_point next_prune_{};  // owner thread only
     std::atomic<std::uint64_t> pruned_records_{0}, pruned_audit_{0};
