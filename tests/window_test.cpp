@@ -388,6 +388,64 @@ TEST_P(Window, TheFlusherPrunesRecordsPastTheWindow) {
     EXPECT_TRUE(rep.violations.empty()) << rep.violations.front();
 }
 
+// A restart after a prune removed the records with the largest fences: new claims still take
+// fences above every fence the store ever held (its max_fence() remembers pruned records).
+TEST_P(Window, FencesStayAboveAPrunedStoreAfterARestart) {
+    std::uint64_t old_fence = 0;
+    {
+        auto g = open();
+        auto a = (*g)->begin(idem::key("FENCE_PAY_v1"));
+        ASSERT_EQ(a.status, begin_status::acquired);
+        old_fence = a.fence;
+        ASSERT_FALSE(a.ticket.succeed(1));
+        ASSERT_TRUE(g->flush());
+    }
+    {
+        auto st = open_();
+        idem::prune_limits all;
+        all.records_before_ms = INT64_MAX;  // every decided record
+        while (st->prune(all).more) {
+        }
+        ASSERT_TRUE(idem_test::load_all(*st).empty());
+    }
+    auto g = open();
+    auto again = (*g)->begin(idem::key("FENCE_PAY_v1"));
+    ASSERT_EQ(again.status, begin_status::acquired);
+    EXPECT_GT(again.fence, old_fence) << "a fence the key already had";
+    ASSERT_FALSE(again.ticket.succeed(2));
+    ASSERT_TRUE(g->flush());
+    g.reset();
+    auto st = open_();
+    const auto rep = idem::verify(*st);
+    EXPECT_TRUE(rep.violations.empty()) << rep.violations.front();
+}
+
+// Recovery restores claims in flight before decided records, so recent decided records never fill
+// the table ahead of a claim that must be in memory (the store loads in key order: the claim's key
+// sorts last here).
+TEST_P(Window, ClaimsInFlightAreRestoredBeforeDecidedRecords) {
+    {
+        auto g = open(hot_window(64));
+        succeed_keys(*g, "A", 12);
+        auto held = (*g)->begin(idem::key("ZCLAIM_PAY_v1"));
+        ASSERT_EQ(held.status, begin_status::acquired);
+        ASSERT_TRUE(g->flush());
+        idem_test::abandon(std::move(held.ticket));
+    }
+    idem::options small = hot_window(3);
+    small.retention = 1h;  // every record is inside the hot window
+    auto g = open(small);
+    EXPECT_EQ(g->recovery().processing, 1u);
+    EXPECT_EQ(g->recovery().records + g->recovery().cold, 13u);
+    EXPECT_GT(g->recovery().cold, 0u) << "12 decided records cannot all fit in a table of capacity 3";
+    EXPECT_EQ((*g)->begin(idem::key("ZCLAIM_PAY_v1")).status, begin_status::in_progress);
+    for (int i = 0; i < 12; ++i) {
+        const auto r = (*g)->begin(idem::key("A" + std::to_string(i) + "_PAY_v1"));
+        EXPECT_EQ(r.status, begin_status::succeeded) << i;
+        EXPECT_EQ(r.outcome, static_cast<std::uint64_t>(i) + 1000) << i;
+    }
+}
+
 TEST_P(Window, RetentionLongerThanTheWindowIsRefused) {
     idem::options o = hot_window();
     o.retention = 2h;
@@ -430,7 +488,7 @@ TEST(WindowFilter, FalsePositiveRateIsWithinTwiceTheDesignRate) {
     for (std::size_t i = 0; i < probes; ++i) hits += f.may_contain(rng(), rng()) ? 1 : 0;
     const double measured = static_cast<double>(hits) / probes;
     const double design = idem::detail::window_filter::design_fpr();
-    EXPECT_GT(design, 0.005);
+    EXPECT_GT(design, 0.001);
     EXPECT_LT(design, 0.02);
     EXPECT_LE(measured, 2 * design) << "measured " << measured << ", design " << design;
     const auto u = f.use();

@@ -194,6 +194,12 @@ private:
         const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
         std::uint64_t max_fence = 0;
         std::vector<detail::window_filter::entry> cold;
+        // Claims go into memory as they stream by; decided records of the hot window wait here and
+        // go in afterwards, so a claim never finds the table filled by them (a claim that does not
+        // fit fails the start; a decided record that does not fit goes to the cold window). At
+        // most options.capacity of them wait: the rest could not fit anyway.
+        std::vector<stored_record> hot;
+        const std::size_t hot_limit = guard_.opts().capacity;
         store_->load([&](const stored_record& r) {
             // The store validated the key (corrupt_record otherwise); parse() cannot fail here.
             const auto k = key::parse(r.key);
@@ -205,25 +211,40 @@ private:
                 ++report_.expired;
                 return;
             }
-            if (!claim && r.updated_ms < hot_since_ms) {
+            if (!claim && (r.updated_ms < hot_since_ms || hot.size() >= hot_limit)) {
                 cold.push_back(guard_.cold_entry(*k, updated));
+                return;
+            }
+            if (!claim) {
+                hot.push_back(r);
                 return;
             }
             const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
                                                    from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
             if (st == begin_status::capacity_exhausted) {
-                if (!claim) {  // a decided record the table has no room for: the store answers for it
-                    cold.push_back(guard_.cold_entry(*k, updated));
-                    return;
-                }
                 ++report_.refused;
                 throw error(errc::capacity_exhausted, store_->name() + ": recovery found more claims in flight "
                                                                        "than options.capacity allows (at key '" +
                                                           key::printable(r.key) + "'); raise options.capacity");
             }
             ++report_.records;
-            if (claim) ++report_.processing;
+            ++report_.processing;
         });
+        for (const stored_record& r : hot) {
+            const auto k = key::parse(r.key);
+            const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
+            const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
+                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
+            if (st == begin_status::capacity_exhausted) {  // no room: the store answers for it
+                cold.push_back(guard_.cold_entry(*k, updated));
+                continue;
+            }
+            ++report_.records;
+        }
+        hot = {};
+        // A pruned store may have removed the records with the largest fences: its max_fence()
+        // remembers them (a full read of the fences, so only then).
+        if (store_->horizon().records_ms != prune_limits::keep_all) max_fence = std::max(max_fence, store_->max_fence());
         const auto cold_started = std::chrono::steady_clock::now();
         if (!guard_.remember_cold(cold))
             throw error(errc::capacity_exhausted, store_->name() + ": no memory for the cold window's filter of " +

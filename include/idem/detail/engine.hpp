@@ -944,6 +944,9 @@ public:
             // The key's index line is nearly always a cache miss: start it, and read the clock (a
             // claim's lease starts now) while it is on its way.
             cur.prefetch(h);
+            // A fresh key's claim reads the cold window's blocks: start them too (a hint; nothing
+            // when the window is empty or off).
+            if (cold_ != nullptr) cold_->prefetch(h.lo, h.hi);
             const std::chrono::nanoseconds now = clock_.now();
             const auto f = cur.find(h, opts_.max_probe);
             if (f.pending) return pending_claim();
