@@ -961,7 +961,7 @@ private:
             g_->enable_cold_window(po_.window == idem::forever ? std::chrono::nanoseconds::max()
                                                                : std::chrono::nanoseconds(po_.window));
             try {
-                // durable_guard::recover: claims in flight, released records and terminal ones
+                // durable_guard::recover: claims in flight first, then released records and terminal ones
                 // inside the hot window into the table (terminal and released records that do not
                 // fit into the cold window), the rest of the idempotency window into the cold
                 // window, records past it nowhere; new fences start above the largest fence loaded.
@@ -970,6 +970,8 @@ private:
                 const std::int64_t retention_ms = ms_of(retention_);
                 const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
                 std::vector<idem::detail::window_filter::entry> cold;
+                std::vector<idem::stored_record> decided;  // hot decided records: after the claims
+                const std::size_t decided_limit = guard_options().capacity;
                 store_->load([&](const idem::stored_record& rec) {
                     const auto k = idem::key::parse(rec.key);
                     if (!k) return;
@@ -982,22 +984,33 @@ private:
                         ++expired;
                         return;
                     }
-                    if (!claim && rec.updated_ms < hot_since_ms) {
+                    if (!claim && (rec.updated_ms < hot_since_ms || decided.size() >= decided_limit)) {
                         cold.push_back(g_->cold_entry(*k, updated));
+                        return;
+                    }
+                    if (!claim) {
+                        decided.push_back(rec);
                         return;
                     }
                     const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
                                                 std::chrono::milliseconds(rec.lease_until_ms), updated);
-                    if (st == begin_status::capacity_exhausted && !claim) {
-                        cold.push_back(g_->cold_entry(*k, updated));
-                        return;
-                    }
                     if (st != begin_status::acquired)
-                        problem("restore refused " + rec.key + " (" + idem::to_string(st) + ")" +
-                                (claim ? ": more claims in flight than options.capacity allows" : ""));
+                        problem("restore refused " + rec.key + " (" + idem::to_string(st) +
+                                "): more claims in flight than options.capacity allows");
                     else
                         ++hot;
                 });
+                for (const auto& rec : decided) {
+                    const auto k = idem::key::parse(rec.key);
+                    const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
+                    const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
+                                                std::chrono::milliseconds(rec.lease_until_ms), updated);
+                    if (st == begin_status::capacity_exhausted) cold.push_back(g_->cold_entry(*k, updated));
+                    else if (st != begin_status::acquired)
+                        problem("restore refused " + rec.key + " (" + idem::to_string(st) + ")");
+                    else
+                        ++hot;
+                }
                 cold_n = cold.size();
                 if (g_mutation != mutation::cold_dropped && !g_->remember_cold(cold))
                     problem("the cold window could not take " + std::to_string(cold.size()) + " keys");
