@@ -887,11 +887,12 @@ public:
         const hash128 h = hash(k);
         return {h.lo, h.hi, updated.count()};
     }
-    /// Adds keys to the cold window (recovery: records of the window left out of memory). Before
-    /// the guard is shared. False when the filter could not take them (no memory for a slice).
+    /// Adds keys to the cold window (recovery: records of the window left out of memory), in one
+    /// slice (one block read per lookup for all of them). Before the guard is shared. False when
+    /// the filter could not take them (no memory for a slice).
     [[nodiscard]] bool remember_cold(std::span<const window_filter::entry> keys) {
         std::lock_guard lock(rotate_mutex_);
-        return cold_ != nullptr && cold_->add(keys);
+        return cold_ != nullptr && cold_->add(keys, /*together=*/true);
     }
     /// The filter's design false-positive rate and its memory (tests, stats).
     [[nodiscard]] const window_filter* cold_window() const noexcept { return cold_.get(); }
