@@ -66,6 +66,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <string_view>
 
 #include "idem/key.hpp"
@@ -1074,8 +1075,16 @@ CREATE TABLE IF NOT EXISTS idempotent_audit (
     /// what it is: reading it as 0 would hide the damage, so it is refused as corrupt_record naming
     /// the row, the column and the value.
     std::int64_t integer(sqlite3_stmt* s, int col, const std::string& row) const {
+        return integer(s, col, [&] { return row; });
+    }
+    /// The same, naming the row only when it is refused (`row()` builds the name: recovery reads
+    /// millions of rows and names none of them).
+    template <class RowName>
+        requires std::is_invocable_r_v<std::string, RowName>
+    std::int64_t integer(sqlite3_stmt* s, int col, RowName&& row_name) const {
         const int type = sqlite3_column_type(s, col);
-        if (type == SQLITE_INTEGER) return sqlite3_column_int64(s, col);
+        if (type == SQLITE_INTEGER) [[likely]] return sqlite3_column_int64(s, col);
+        const std::string row = row_name();
         const char* kind = type == SQLITE_TEXT ? "text" : type == SQLITE_FLOAT ? "a real number"
                                                : type == SQLITE_BLOB ? "a blob" : "NULL";
         std::string value = type == SQLITE_NULL ? std::string("NULL") : "'" + key::printable(text(s, col)) + "'";
@@ -1098,7 +1107,7 @@ CREATE TABLE IF NOT EXISTS idempotent_audit (
                                                   "' has status '" + key::printable(status) +
                                                   "'; expected PROCESSING, SUCCESS, FAILED or RELEASED");
         r.state = *st;
-        const std::string row = "record '" + key::printable(r.key) + "'";
+        const auto row = [&r] { return "record '" + key::printable(r.key) + "'"; };
         r.fence = static_cast<std::uint64_t>(integer(s, 3, row));
         if (r.fence == 0 || r.fence >= (1ull << 52))
             throw error(errc::corrupt_record, "sqlite:" + path_ + ": record '" + key::printable(r.key) +
