@@ -7,7 +7,7 @@
 // Two windows (docs/stores.md, "Two windows"). options.retention is the hot window: how long memory
 // holds a terminal record. store_options::window is the idempotency window: how long a decision is
 // remembered at all. A key memory evicted (or recovery left out of memory) but still in the window
-// is in the cold window, a filter of about 1.25 bytes per key; a claim of a key the filter may hold
+// is in the cold window, a filter of about 1.5 bytes per key; a claim of a key the filter may hold
 // first reads the store, and a record in the window is answered from there (a duplicate with its
 // outcome, or in_progress), never granted again. A fresh key misses the filter and is granted
 // without a store read. Past the window the key is new, and the flusher prunes its record.
@@ -185,7 +185,7 @@ private:
     /// Streams every record once. Claims in flight (PROCESSING, in doubt) must be in memory, for
     /// compensation; released records and terminal ones inside the hot window go there too while
     /// the table has room; the rest of the idempotency window goes into the cold window's filter
-    /// only (its hash and time: 24 bytes each while loading, 1.25 bytes after), older records
+    /// only (its hash and time: 24 bytes each while loading, 1.5 bytes after), older records
     /// nowhere. So memory and start-up follow the windows, not the store's lifetime.
     void recover() {
         const auto started = std::chrono::steady_clock::now();
