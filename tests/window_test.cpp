@@ -7,6 +7,7 @@
 //   FreshKeyIsGrantedWithoutAStoreRead    a key the filter does not hold never reads the store
 //   RacersOnAnEvictedKeyGetOneAnswer      threads on a latch, the store read held open: no grant
 //   StoreOutageDuringARecallDecidesNothing  store_unavailable while down, the outcome once back
+//   AStoreReadThatHangsTimesOutAndDecidesNothing  recall_timeout bounds a hung read; then the outcome
 //   RestartWithTenTimesCapacity           40 keys, capacity 4: the restart serves every duplicate
 //   KeysPastTheWindowRunAgain             granted again; the trail shows the reuse; verify passes
 //   RecoveryLeavesExpiredRecordsOut       past the window: not loaded, counted as expired
@@ -273,6 +274,41 @@ TEST_P(Window, StoreOutageDuringARecallDecidesNothing) {
     const auto r = g->begin(idem::key("OUT_PAY_v1"));
     EXPECT_EQ(r.status, begin_status::succeeded);
     EXPECT_EQ(r.outcome, 5u);
+}
+
+// A store read that does not answer (a hung connection) is bounded by recall_timeout: the caller
+// is told store_unavailable and nothing is decided; once the store answers again the key gets its
+// recorded outcome, and it is never granted meanwhile.
+TEST_P(Window, AStoreReadThatHangsTimesOutAndDecidesNothing) {
+    auto inner = open_();
+    read_control ctl;
+    idem::store_options so;
+    so.prune_interval = {};
+    so.recall_timeout = 200ms;
+    guard_t g(std::make_unique<held_reads>(*inner, ctl), hot_window(), so, clock_);
+    idem_test::gate_opener opener(ctl.gate);
+    {
+        auto a = g->begin(idem::key("HANG_PAY_v1"));
+        ASSERT_EQ(a.status, begin_status::acquired);
+        ASSERT_FALSE(a.ticket.succeed(8));
+    }
+    evict(g, "HANG_PAY_v1");
+    ctl.gate.close();
+    EXPECT_EQ(g->begin(idem::key("HANG_PAY_v1")).status, begin_status::store_unavailable);
+    EXPECT_EQ(g.snapshot().recall_failures, 1u);
+    EXPECT_EQ(g->query(idem::key("HANG_PAY_v1")).state, record_state::absent) << "a timed-out recall left a trace";
+    ctl.gate.open();  // the store answers again
+    begin_status last = begin_status::store_unavailable;
+    std::uint64_t outcome = 0;
+    ASSERT_TRUE(idem_test::wait_for([&] {
+        const auto r = g->begin(idem::key("HANG_PAY_v1"));
+        EXPECT_NE(r.status, begin_status::acquired) << "granted while the store holds its success";
+        last = r.status;
+        outcome = r.outcome;
+        return r.status != begin_status::store_unavailable;
+    })) << "still " << idem::to_string(last);
+    EXPECT_EQ(last, begin_status::succeeded);
+    EXPECT_EQ(outcome, 8u);
 }
 
 TEST_P(Window, RestartWithTenTimesCapacity) {
