@@ -881,7 +881,6 @@ public:
     /// may hold first asks the sink (transition_sink::recall) what the store knows. Call before the
     /// guard is shared, with a sink that can recall.
     void enable_cold_window(std::chrono::nanoseconds window) { cold_ = std::make_unique<window_filter>(window); }
-    [[nodiscard]] bool cold_window_enabled() const noexcept { return cold_ != nullptr; }
     /// A key of the cold window as the filter takes it: its table hash and last update.
     [[nodiscard]] window_filter::entry cold_entry(const key& k, std::chrono::nanoseconds updated) const noexcept {
         const hash128 h = hash(k);
@@ -894,7 +893,7 @@ public:
         std::lock_guard lock(rotate_mutex_);
         return cold_ != nullptr && cold_->add(keys, /*together=*/true);
     }
-    /// The filter's design false-positive rate and its memory (tests, stats).
+    /// The cold window's filter (its rates and memory), or nullptr when it is off.
     [[nodiscard]] const window_filter* cold_window() const noexcept { return cold_.get(); }
 
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return clock_.now(); }
