@@ -70,7 +70,7 @@ function(idem_doc_example name source text header)
 endfunction()
 
 # ```cpp blocks of the docs.
-file(GLOB _idem_docs RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/docs/*.md)
+file(GLOB _idem_docs CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/docs/*.md)
 foreach(_idem_doc README.md ${_idem_docs})
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${_idem_doc})
   file(READ ${PROJECT_SOURCE_DIR}/${_idem_doc} _idem_rest)
@@ -99,7 +99,7 @@ foreach(_idem_doc README.md ${_idem_docs})
 endforeach()
 
 # The headers' examples.
-file(GLOB _idem_headers RELATIVE ${PROJECT_SOURCE_DIR}/include/idem ${PROJECT_SOURCE_DIR}/include/idem/*.hpp)
+file(GLOB _idem_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include/idem ${PROJECT_SOURCE_DIR}/include/idem/*.hpp)
 foreach(_idem_header ${_idem_headers})
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/idem/${_idem_header})
   file(READ ${PROJECT_SOURCE_DIR}/include/idem/${_idem_header} _idem_text)
