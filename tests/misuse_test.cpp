@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -318,6 +320,99 @@ TEST(Options, SmallestValidOptionsWork) {
     idem_test::manual_guard g(o, clock);
     EXPECT_EQ(g.run(idem::key("one"), [] { return 1; }), 1u);
     EXPECT_EQ(g.run(idem::key("one"), [] { return 2; }), 1u);
+}
+
+// run() of a key whose operation failed terminally: not a duplicate of a success, so not
+// duplicate_request (whose text says the key "completed"), but already_failed, naming the key and
+// the failure code and saying the operation is not run again. Still an idem::error.
+TEST(Run, TerminallyFailedKeyThrowsAlreadyFailedNamingKeyAndCode) {
+    auto opts = idem_test::test_options();
+    opts.on_failure = idem::failure_policy::terminal;
+    idem::guard g(opts);
+    const idem::key k("TX9_REFUND_v1");
+    auto r = g.begin(k);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    ASSERT_FALSE(r.ticket.fail(17));
+    int executed = 0;
+    for (const auto policy : {idem::duplicate_policy::replay, idem::duplicate_policy::raise}) {
+        idem::run_options ro;
+        ro.on_duplicate = policy;
+        try {
+            (void)g.run(k, [&] { return ++executed; }, ro);
+            ADD_FAILURE() << "run() of a failed key returned (" << policy << ")";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), errc::already_failed) << policy << ": " << e.what();
+            EXPECT_EQ(e.code(), errc::already_failed);
+            const std::string what = e.what();
+            EXPECT_NE(what.find("TX9_REFUND_v1"), std::string::npos) << what;
+            EXPECT_NE(what.find("code 17"), std::string::npos) << what;
+            EXPECT_NE(what.find("not run again"), std::string::npos) << what;
+            EXPECT_EQ(what.find("already completed"), std::string::npos) << what;
+        }
+    }
+    EXPECT_EQ(executed, 0);
+    EXPECT_EQ(idem::make_error_code(errc::already_failed).message(),
+              "the key already failed terminally; the operation is not run again");
+}
+
+template <class E>
+std::string printed(E e) {
+    std::ostringstream os;
+    os << e;
+    return os.str();
+}
+
+// Every enumerator prints its name (GoogleTest, logs); a value outside the enum prints as
+// type(value) instead of nothing or a byte dump.
+TEST(Print, EveryPublicEnumeratorPrintsItsName) {
+    const std::vector<std::pair<errc, const char*>> codes = {
+        {errc::invalid_key, "invalid_key"},
+        {errc::invalid_argument, "invalid_argument"},
+        {errc::capacity_exhausted, "capacity_exhausted"},
+        {errc::stale_ticket, "stale_ticket"},
+        {errc::payload_mismatch, "payload_mismatch"},
+        {errc::duplicate_request, "duplicate_request"},
+        {errc::in_progress, "in_progress"},
+        {errc::in_doubt, "in_doubt"},
+        {errc::empty_ticket, "empty_ticket"},
+        {errc::timeout, "timeout"},
+        {errc::backpressure, "backpressure"},
+        {errc::store_unavailable, "store_unavailable"},
+        {errc::store_error, "store_error"},
+        {errc::corrupt_record, "corrupt_record"},
+        {errc::busy, "busy"},
+        {errc::already_failed, "already_failed"},
+    };
+    // The table above is complete: one past the last enumerator has no name.
+    EXPECT_EQ(static_cast<int>(codes.back().first) - static_cast<int>(codes.front().first) + 1,
+              static_cast<int>(codes.size()));
+    EXPECT_EQ(idem::enum_name(static_cast<errc>(static_cast<int>(codes.back().first) + 1)), nullptr);
+    for (const auto& [e, name] : codes) {
+        EXPECT_EQ(printed(e), name);
+        // The category's message differs from the name: both are worth having.
+        EXPECT_NE(idem::make_error_code(e).message(), "unknown idem error") << name;
+    }
+    EXPECT_EQ(printed(static_cast<errc>(42)), "errc(42)");
+    EXPECT_EQ(printed(static_cast<errc>(0)), "errc(0)");
+
+    EXPECT_EQ(printed(idem::failure_policy::terminal), "terminal");
+    EXPECT_EQ(printed(idem::failure_policy::retryable), "retryable");
+    EXPECT_EQ(printed(static_cast<idem::failure_policy>(9)), "failure_policy(9)");
+
+    EXPECT_EQ(printed(idem::duplicate_policy::replay), "replay");
+    EXPECT_EQ(printed(idem::duplicate_policy::raise), "raise");
+    EXPECT_EQ(printed(static_cast<idem::duplicate_policy>(200)), "duplicate_policy(200)");
+
+    EXPECT_EQ(printed(idem::resolution::succeeded), "succeeded");
+    EXPECT_EQ(printed(idem::resolution::failed), "failed");
+    EXPECT_EQ(printed(idem::resolution::not_executed), "not_executed");
+    EXPECT_EQ(printed(idem::resolution::unknown), "unknown");
+    EXPECT_EQ(printed(static_cast<idem::resolution>(4)), "resolution(4)");
+
+    // Written with the stream's state untouched: a following number is not affected.
+    std::ostringstream os;
+    os << errc::busy << ' ' << 7;
+    EXPECT_EQ(os.str(), "busy 7");
 }
 
 }  // namespace

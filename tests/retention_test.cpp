@@ -162,7 +162,7 @@ TEST_F(Retention, FailedRecordIsReplayedAcrossARotation) {
 
 TEST_F(Retention, FlushHookGatesRecycling) {
     bool durable = true;
-    g.set_all_flushed([&] { return durable; });
+    idem::detail::guard_access::set_all_flushed(g, [&] { return durable; });
     complete("A", 3, 100);
     ASSERT_TRUE(g.collect());
     complete("B", 3, 200);

@@ -1,8 +1,10 @@
 // idem/durable.hpp: a guard whose every transition is flushed to a durable store, recovered at start.
 //
-//   auto g = idem::durable_guard(std::make_unique<idem::sqlite_store>("idem.db"), opts,
-//                                {.mode = idem::durability::sync});
-//   auto r = g->begin(key);          // the same guard API; sync mode returns after the commit
+//   idem::store_options so;
+//   so.mode = idem::durability::sync;                // begin() and succeed() return after the commit
+//   idem::durable_guard g(std::make_unique<idem::sqlite_store>("idem.db"), idem::options{}, so);
+//   auto r = g->begin(idem::key("TX1_TRANSFER_v1"));  // the same guard API (guard.hpp)
+//   if (r) (void)r.ticket.succeed(42);
 //
 // Two windows (docs/stores.md, "Two windows"). options.retention is the hot window: how long memory
 // holds a terminal record. store_options::window is the idempotency window: how long a decision is
@@ -63,17 +65,17 @@ public:
           pipeline_(*store_, so_, [this](std::chrono::nanoseconds t) { return to_wall_ms(t); }),
           guard_(std::move(opts), clock, &pipeline_, /*defer_maintenance=*/true) {
         check_windows();
-        guard_.enable_cold_window(window_on_clock());
+        detail::guard_access::enable_cold_window(guard_, window_on_clock());
         pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
         recover();
         pipeline_.start();
-        guard_.set_all_flushed([this] { return pipeline_.drained(); });
+        detail::guard_access::set_all_flushed(guard_, [this] { return pipeline_.drained(); });
         report_.compensated = guard_.compensate();
-        guard_.start_maintenance();
+        detail::guard_access::start_maintenance(guard_);
     }
 
     ~basic_durable_guard() {
-        guard_.stop_maintenance_for_shutdown();
+        detail::guard_access::stop_maintenance(guard_);
         pipeline_.stop();
     }
     basic_durable_guard(const basic_durable_guard&) = delete;
@@ -212,14 +214,14 @@ private:
                 return;
             }
             if (!claim && (r.updated_ms < hot_since_ms || hot.size() >= hot_limit)) {
-                cold.push_back(guard_.cold_entry(*k, updated));
+                cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
                 return;
             }
             if (!claim) {
                 hot.push_back(r);
                 return;
             }
-            const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
+            const begin_status st = detail::guard_access::restore(guard_, *k, r.state, r.fence, r.outcome, r.fingerprint,
                                                    from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
             if (st == begin_status::capacity_exhausted) {
                 ++report_.refused;
@@ -233,10 +235,10 @@ private:
         for (const stored_record& r : hot) {
             const auto k = key::parse(r.key);
             const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
-            const begin_status st = guard_.restore(*k, r.state, r.fence, r.outcome, r.fingerprint,
+            const begin_status st = detail::guard_access::restore(guard_, *k, r.state, r.fence, r.outcome, r.fingerprint,
                                                    from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
             if (st == begin_status::capacity_exhausted) {  // no room: the store answers for it
-                cold.push_back(guard_.cold_entry(*k, updated));
+                cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
                 continue;
             }
             ++report_.records;
@@ -246,12 +248,12 @@ private:
         // remembers them (a full read of the fences, so only then).
         if (store_->horizon().records_ms != prune_limits::keep_all) max_fence = std::max(max_fence, store_->max_fence());
         const auto cold_started = std::chrono::steady_clock::now();
-        if (!guard_.remember_cold(cold))
+        if (!detail::guard_access::remember_cold(guard_, cold))
             throw error(errc::capacity_exhausted, store_->name() + ": no memory for the cold window's filter of " +
                                                       std::to_string(cold.size()) + " keys");
         report_.cold = cold.size();
         // Restored records keep their fences; only claims made from now on need the floor.
-        guard_.set_fence_floor(max_fence);
+        detail::guard_access::set_fence_floor(guard_, max_fence);
         const auto done = std::chrono::steady_clock::now();
         report_.cold_elapsed = done - cold_started;
         report_.elapsed = done - started;

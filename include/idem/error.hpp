@@ -5,7 +5,9 @@
 // idem::errc, with a message that names the input and the rule it broke.
 #pragma once
 
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace idem {
@@ -26,7 +28,44 @@ enum class errc {
     store_error,         ///< the store answered with an error
     corrupt_record,      ///< a row read back from the store breaks the schema's rules
     busy,                ///< compensation or a reclaim holds the record for a moment; retry
+    already_failed,      ///< run() of a key whose operation failed terminally: it is not run again
 };
+
+/// The enumerator's name ("stale_ticket"); nullptr for a value outside the enum.
+[[nodiscard]] constexpr const char* enum_name(errc e) noexcept {
+    switch (e) {
+        case errc::invalid_key: return "invalid_key";
+        case errc::invalid_argument: return "invalid_argument";
+        case errc::capacity_exhausted: return "capacity_exhausted";
+        case errc::stale_ticket: return "stale_ticket";
+        case errc::payload_mismatch: return "payload_mismatch";
+        case errc::duplicate_request: return "duplicate_request";
+        case errc::in_progress: return "in_progress";
+        case errc::in_doubt: return "in_doubt";
+        case errc::empty_ticket: return "empty_ticket";
+        case errc::timeout: return "timeout";
+        case errc::backpressure: return "backpressure";
+        case errc::store_unavailable: return "store_unavailable";
+        case errc::store_error: return "store_error";
+        case errc::corrupt_record: return "corrupt_record";
+        case errc::busy: return "busy";
+        case errc::already_failed: return "already_failed";
+    }
+    return nullptr;
+}
+
+namespace detail {
+/// Writes `name`, or `type(value)` for a value no enumerator has (a cast, a newer peer's byte).
+template <class Enum>
+std::ostream& print_enum(std::ostream& os, const char* name, std::string_view type, Enum e) {
+    if (name != nullptr) return os << name;
+    return os << type << '(' << static_cast<long long>(e) << ')';
+}
+}  // namespace detail
+
+/// Prints the enumerator's name; a value outside the enum prints as errc(42). GoogleTest and
+/// logging use this instead of dumping the object's bytes.
+inline std::ostream& operator<<(std::ostream& os, errc e) { return detail::print_enum(os, enum_name(e), "errc", e); }
 
 class error_category_impl final : public std::error_category {
 public:
@@ -48,6 +87,7 @@ public:
             case errc::store_error: return "durable store error";
             case errc::corrupt_record: return "corrupt record read from the store";
             case errc::busy: return "record briefly held by compensation or a reclaim; retry";
+            case errc::already_failed: return "the key already failed terminally; the operation is not run again";
         }
         return "unknown idem error";
     }

@@ -3,12 +3,15 @@
 //
 //   idem::options o;                       // o.lease: the claim's lease in the store; o.resolve: compensation
 //   idem::global_guard g("postgresql://idem@db.internal/payments", o);
-//   auto r = g.begin(idem::key("TX1_TRANSFER_v1"), fingerprint);
+//   auto r = g.begin(idem::key("TX1_TRANSFER_v1"), idem::fingerprint_of("alice->bob 100"));
 //   switch (r.status) {
-//     case idem::begin_status::acquired:  execute(); r.ticket.succeed(42); break;   // one caller, all nodes
-//     case idem::begin_status::succeeded: reply(r.outcome); break;                  // the winner's outcome
-//     default: reply_busy(r.status);     // in_progress / in_doubt elsewhere, store_unavailable, ...
+//     case idem::begin_status::acquired: (void)r.ticket.succeed(42); break;  // one caller, all nodes
+//     case idem::begin_status::succeeded: break;     // the winner's outcome is r.outcome
+//     default: break;                                // in_progress / in_doubt elsewhere, store_unavailable, ...
 //   }
+//
+// The result shape, begin_wait(), run() and the ticket's completion are those of guard.hpp
+// (guard_contract.hpp): code written against one scope runs against the other.
 //
 // The store's primary key decides every claim (detail/global_engine.hpp has the design); this
 // process's in-memory table answers the keys it already knows (completed outcomes, its own live
@@ -40,14 +43,16 @@
 #include <vector>
 
 #include "idem/detail/global_engine.hpp"
+#include "idem/global_options.hpp"
 
 namespace idem {
 
 class global_guard;
 
 /// The claim in scope::global: move-only, rolled back (per options.on_failure, audited) when dropped
-/// without completion. Completion waits for the completion batch holding it.
-class [[nodiscard]] global_ticket {
+/// without completion. Completion waits for the completion batch holding it. succeed(), fail() and
+/// the drop are the ones of every scope (guard_contract.hpp).
+class [[nodiscard]] global_ticket : public detail::ticket_contract<global_ticket> {
 public:
     global_ticket() noexcept = default;
     global_ticket(global_ticket&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)), claim_(std::move(o.claim_)) {}
@@ -64,7 +69,6 @@ public:
     ~global_ticket() { drop(); }
 
     [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
-    explicit operator bool() const noexcept { return valid(); }
     /// The store's fencing token of this claim (0 for an empty ticket).
     [[nodiscard]] std::uint64_t fence() const noexcept { return engine_ ? claim_->fence : 0; }
     /// The key (an empty placeholder key for a ticket that never held a claim).
@@ -73,25 +77,16 @@ public:
         return claim_ ? claim_->k : none;
     }
 
-    /// Records success: {} once committed; stale_ticket when the claim was compensated meanwhile
-    /// (nothing changed); store_unavailable when the store did not confirm within wait_timeout (the
-    /// success stays queued and is written when the store answers) or when it could not even be
-    /// queued (out of memory: nothing is written; the claim stays PROCESSING in the store until its
-    /// lease expires and compensation resolves it). Until the store committed the success, this
-    /// process's duplicates see in_progress (other processes: in_progress, in_doubt once the lease
-    /// expired), never succeeded. The ticket is empty afterwards in every case.
-    std::error_code succeed(std::uint64_t outcome = 0) noexcept {
-        return finish(record_state::succeeded, outcome, transition_cause::succeed);
-    }
-    /// Records failure with options.on_failure.
-    std::error_code fail(std::uint64_t code = 0) noexcept {
-        return engine_ ? fail(code, engine_->opts().on_failure) : make_error_code(errc::empty_ticket);
-    }
-    /// Records failure: terminal (FAILED, replayed) or retryable (RELEASED: claimable again, fence + 1).
-    std::error_code fail(std::uint64_t code, failure_policy policy) noexcept {
-        return policy == failure_policy::terminal ? finish(record_state::failed, code, transition_cause::fail)
-                                                  : finish(record_state::released, code, transition_cause::release);
-    }
+    // succeed(outcome) and fail(code[, policy]) answer, in this scope: {} once committed;
+    // stale_ticket when the claim was compensated meanwhile (nothing changed); store_unavailable
+    // when the store did not confirm within wait_timeout (the completion stays queued and is written
+    // when the store answers) or when it could not even be queued (out of memory: nothing is
+    // written; the claim stays PROCESSING in the store until its lease expires and compensation
+    // resolves it). Until the store committed a success, this process's duplicates see in_progress
+    // (other processes: in_progress, in_doubt once the lease expired), never succeeded. The ticket is
+    // empty afterwards in every case: this scope never answers backpressure or busy. A terminal
+    // failure is FAILED (replayed); a retryable one RELEASED (claimable again, fence + 1).
+
     /// Renews the lease in the store to now + by (server clock). stale_ticket empties the ticket.
     std::error_code extend(std::chrono::nanoseconds by) noexcept {
         if (!engine_) return errc::empty_ticket;
@@ -105,6 +100,7 @@ public:
 
 private:
     friend class global_guard;
+    friend class detail::ticket_contract<global_ticket>;
     // The claim lives on the heap: an empty ticket (every answer but `acquired`) is two pointers, so
     // a duplicate answered from the local table costs no more than in process scope. (A key is 129
     // bytes; zeroing two of them per answer, and reading back across the zeroing, measurably did.)
@@ -115,29 +111,30 @@ private:
     };
     global_ticket(detail::global_engine* e, std::unique_ptr<claim> c) noexcept : engine_(e), claim_(std::move(c)) {}
 
-    std::error_code finish(record_state to, std::uint64_t outcome, transition_cause cause) noexcept {
-        if (!engine_) return errc::empty_ticket;
+    [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
+    void forget() noexcept { engine_ = nullptr; }
+
+    std::error_code finish(transition_cause cause, std::uint64_t outcome) noexcept {
+        const record_state to = cause == transition_cause::succeed ? record_state::succeeded
+                                : cause == transition_cause::fail  ? record_state::failed
+                                                                   : record_state::released;
         detail::global_engine* e = std::exchange(engine_, nullptr);
         return e->complete(claim_->k, claim_->fence, to, outcome, cause, std::move(claim_->local));
-    }
-    void drop() noexcept {
-        if (engine_) (void)fail(0, engine_->opts().on_failure);
     }
 
     detail::global_engine* engine_ = nullptr;
     std::unique_ptr<claim> claim_;
 };
 
-struct [[nodiscard]] global_begin_result {
-    begin_status status;
-    global_ticket ticket;     ///< valid only when status == acquired
-    std::uint64_t outcome = 0;  ///< succeeded: the winner's outcome; failed: its code
-    std::uint64_t fence = 0;    ///< the store's fence when the store answered; 0 when the local table did
-    explicit operator bool() const noexcept { return status == begin_status::acquired; }
-};
+/// The answer of global_guard::begin(): the result shape of every scope. fence is the store's when
+/// the store answered, 0 when the local table did.
+using global_begin_result = begin_result_of<global_ticket>;
 
-class global_guard {
+class global_guard : public detail::guard_contract<global_guard> {
 public:
+    using ticket_type = global_ticket;
+    using result_type = global_begin_result;
+
     /// Opens go.claim_connections + go.completion_connections + 2 connections to `uri` (claim and
     /// completion batchers, compensation, schema and reads); creates or checks the schema and the
     /// partial index on expired claims. Starts a batcher thread per connection, and a maintenance
@@ -178,18 +175,9 @@ public:
         return {a.status, global_ticket(), a.outcome, a.fence};
     }
 
-    /// Like begin(), but while the key is in progress (here or on another node) asks again, with
-    /// back-off (up to 10 ms between round trips), for up to `timeout`.
-    global_begin_result begin_wait(const key& k, std::uint64_t fingerprint, std::chrono::nanoseconds timeout) noexcept {
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        std::chrono::microseconds pause{50};
-        for (;;) {
-            auto r = begin(k, fingerprint);
-            if (r.status != begin_status::in_progress || std::chrono::steady_clock::now() >= deadline) return r;
-            std::this_thread::sleep_for(pause);
-            pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(10));
-        }
-    }
+    // begin_wait(key, fingerprint, timeout) and run(key, fn, run_options) come from
+    // detail::guard_contract (guard_contract.hpp): the same in every scope. Here an attempt that
+    // reaches the store costs a round trip, so wait_backoff spaces them by up to ten round trips.
 
     /// What this process's table knows about `k` (absent when it never asked). Lock-free.
     [[nodiscard]] record_view query(const key& k) const noexcept { return engine_->query(k); }
@@ -197,44 +185,6 @@ public:
     [[nodiscard]] std::optional<stored_record> lookup(std::string_view k) { return engine_->lookup(k); }
     /// The key's audit trail in the store (a round trip).
     [[nodiscard]] std::vector<audit_entry> audit(std::string_view k) { return engine_->audit(k); }
-
-    /// Runs fn at most once per key across all processes sharing the store; as guard::run (in
-    /// progress elsewhere: waits up to ro.wait, then throws errc::in_progress).
-    template <class Fn>
-    std::uint64_t run(const key& k, Fn&& fn, const run_options& ro = {}) {
-        auto r = ro.wait > std::chrono::nanoseconds::zero() ? begin_wait(k, ro.fingerprint, ro.wait)
-                                                            : begin(k, ro.fingerprint);
-        auto name = [&k] { return "key '" + key::printable(k.view()) + "'"; };
-        switch (r.status) {
-            case begin_status::acquired: break;
-            case begin_status::succeeded:
-                if (ro.on_duplicate == duplicate_policy::replay) return r.outcome;
-                throw error(errc::duplicate_request, name() + " already succeeded");
-            case begin_status::failed:
-                throw error(errc::duplicate_request, name() + " already failed terminally with code " + std::to_string(r.outcome));
-            case begin_status::in_progress: throw error(errc::in_progress, name() + " is being executed by another caller");
-            case begin_status::in_doubt:
-                throw error(errc::in_doubt, name() + " has an expired claim whose outcome is unknown");
-            case begin_status::payload_mismatch:
-                throw error(errc::payload_mismatch, name() + " was used before with a different request payload");
-            case begin_status::capacity_exhausted: throw error(errc::capacity_exhausted, name() + ": local table full");
-            case begin_status::backpressure: throw error(errc::backpressure, name() + ": queue full");
-            case begin_status::store_unavailable:
-                throw error(errc::store_unavailable, name() + ": the store did not confirm the claim; not executed (" +
-                                                         engine_->last_error() + ")");
-            case begin_status::invalid_key:
-                throw error(errc::invalid_key, name() + " " + detail::global_engine::refusal(k) + "; not executed");
-        }
-        std::uint64_t outcome = 0;
-        if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {
-            std::invoke(std::forward<Fn>(fn));
-        } else {
-            outcome = static_cast<std::uint64_t>(std::invoke(std::forward<Fn>(fn)));
-        }
-        if (const std::error_code ec = r.ticket.succeed(outcome))
-            throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
-        return outcome;
-    }
 
     /// One compensation pass now (the maintenance thread runs one every maintenance_interval).
     /// Returns how many expired claims this node resolved.
@@ -248,6 +198,21 @@ public:
     [[nodiscard]] const options& opts() const noexcept { return engine_->opts(); }
 
 private:
+    friend class detail::guard_contract<global_guard>;
+
+    /// run()'s words for the answers only this scope gives its reasons for.
+    [[nodiscard]] std::string refusal_message(begin_status st, const key& k) const {
+        const std::string name = "key '" + key::printable(k.view()) + "'";
+        switch (st) {
+            case begin_status::capacity_exhausted: return name + ": local table full";
+            case begin_status::backpressure: return name + ": queue full";
+            case begin_status::store_unavailable:
+                return name + ": the store did not confirm the claim; not executed (" + engine_->last_error() + ")";
+            case begin_status::invalid_key: return name + " " + detail::global_engine::refusal(k) + "; not executed";
+            default: return name + ": " + to_string(st);
+        }
+    }
+
     std::unique_ptr<detail::global_engine> engine_;
 };
 

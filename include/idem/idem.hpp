@@ -3,6 +3,7 @@
 
 #include "idem/error.hpp"
 #include "idem/guard.hpp"
+#include "idem/guard_contract.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
 #include "idem/stats.hpp"

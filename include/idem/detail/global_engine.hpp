@@ -1,4 +1,6 @@
-// idem/detail/global_engine.hpp: the machinery behind idem::global_guard (scope::global).
+// idem/detail/global_engine.hpp: the protocols behind idem::global_guard (scope::global): claim,
+// completion and compensation. The queues their batcher threads take requests from are
+// detail/request_queue.hpp; the public options and counters are idem/global_options.hpp.
 //
 // Design
 // ------
@@ -79,67 +81,13 @@
 #include <unistd.h>
 
 #include "idem/detail/global_session.hpp"
+#include "idem/detail/request_queue.hpp"
 #include "idem/detail/global_sql.hpp"
+#include "idem/global_options.hpp"
 #include "idem/guard.hpp"
 #include "idem/postgres_store.hpp"
 
 namespace idem {
-
-/// Options of scope::global (global_guard.hpp). The guard's idem::options keep their meaning: lease
-/// is the lease written into the store, resolve answers compensation, capacity sizes the local table.
-struct global_options {
-    /// This process's identity in the audit trail (node column, 64 characters at most). Empty: hostname:pid:random
-    /// (the random part tells a restarted process with a reused pid apart).
-    std::string node;
-    /// Deadline of every SQL call (the watchdog cuts the connection after it).
-    std::chrono::milliseconds call_deadline{5000};
-    /// How long begin() and a ticket's completion wait for their batch before answering
-    /// store_unavailable.
-    std::chrono::milliseconds wait_timeout{10000};
-    /// Largest number of claims (or completions) in one transaction.
-    std::size_t max_batch = 1024;
-    /// Claim batcher threads, each with its own connection: batches in flight at once. A batch waits
-    /// for its commit (the WAL flush), so more of them in flight is what raises throughput; the server
-    /// group-commits their flushes.
-    std::size_t claim_connections = 2;
-    /// Completion batcher threads, each with its own connection.
-    std::size_t completion_connections = 2;
-    /// Expired claims looked at per compensation pass.
-    std::size_t compensation_limit = 1000;
-    /// Longest pause between retries of a batch that met a transient failure.
-    std::chrono::milliseconds max_backoff{1000};
-    /// The idempotency window, as store_options::window: the maintenance thread prunes records
-    /// (never PROCESSING ones) last updated longer ago, and a key whose record is pruned is new
-    /// again on every node. forever: never pruned. options.retention (what the local table holds)
-    /// must fit inside it.
-    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
-    /// How long audit rows are kept. forever: never pruned.
-    std::chrono::milliseconds audit_window = forever;
-    /// How often the maintenance thread prunes (bounded calls, each a short transaction). Zero:
-    /// never (global_guard::prune or `idem prune` does it).
-    std::chrono::milliseconds prune_interval = std::chrono::minutes(1);
-};
-
-/// Counters of a global guard: the local table's, plus the store traffic.
-struct global_stats {
-    stats local;                         ///< the local table (cache) counters
-    std::uint64_t answered_locally = 0;  ///< begin() answered from the local table (no round trip)
-    std::uint64_t claims_sent = 0;       ///< claims sent to the store (including retries)
-    std::uint64_t claims_won = 0;
-    std::uint64_t claims_lost = 0;  ///< the key had a row in another state: the winner's state was returned
-    std::uint64_t claim_batches = 0;
-    std::uint64_t completions = 0;      ///< completions (and releases) the store took
-    std::uint64_t stale_completions = 0;
-    std::uint64_t completion_batches = 0;
-    std::uint64_t compensated = 0;       ///< expired claims this node resolved
-    std::uint64_t doubt_marks = 0;       ///< expired claims the resolver could not decide (audited once per node)
-    std::uint64_t withdrawn = 0;         ///< claims won after their caller gave up, released again
-    std::uint64_t commits_in_doubt = 0;  ///< COMMITs that went unanswered (each resolved by batch id)
-    std::uint64_t store_errors = 0;      ///< failed store calls (each retried or reported)
-    std::uint64_t timeouts = 0;          ///< callers that stopped waiting (store_unavailable)
-    std::uint64_t pruned_records = 0;    ///< records this node's prunes removed (past global_options::window)
-    std::uint64_t pruned_audit_rows = 0; ///< audit rows they removed (past global_options::audit_window)
-};
 
 namespace detail {
 
@@ -173,16 +121,6 @@ struct global_completion {
     ticket local;                            ///< the local claim, finalised by the batcher (empty for renewals)
     phase st = phase::queued;
     verdict v = verdict::error;
-};
-
-/// A FIFO of requests, its batcher threads, one mutex, and a condition variable for each side.
-template <class Req>
-struct global_queue {
-    std::mutex m;
-    std::condition_variable work;  // worker waits for requests
-    std::condition_variable done;  // callers wait for their request
-    std::deque<std::shared_ptr<Req>> q;
-    bool stopping = false;
 };
 
 class global_engine {
@@ -235,15 +173,11 @@ public:
         }
         comp_cv_.notify_all();
         if (maintenance_thread_.joinable()) maintenance_thread_.join();
-        stop(claims_);
+        claims_.stop();
         for (auto& t : claim_threads_) t.join();
         // Completions drain (a success whose caller gave up still belongs in the store) for up to
         // wait_timeout; what is left then is dropped: those claims expire and go to compensation.
-        {
-            std::lock_guard lk(completions_.m);
-            drain_deadline_ = std::chrono::steady_clock::now() + go_.wait_timeout;  // read under completions_.m
-        }
-        stop(completions_);
+        completions_.stop(std::chrono::steady_clock::now() + go_.wait_timeout);
         for (auto& t : completion_threads_) t.join();
     }
     global_engine(const global_engine&) = delete;
@@ -286,7 +220,7 @@ public:
         }
         c->k = k;
         c->fp = fp;
-        if (!submit(claims_, c)) {
+        if (!claims_.submit(c)) {
             (void)lr.ticket.fail(0, failure_policy::retryable);
             return {begin_status::store_unavailable, {}, 0, 0};
         }
@@ -564,25 +498,6 @@ private:
         last_error_ = what;
     }
 
-    template <class Req>
-    static bool submit(global_queue<Req>& q, const std::shared_ptr<Req>& r) {
-        {
-            std::lock_guard lk(q.m);
-            if (q.stopping) return false;
-            q.q.push_back(r);
-        }
-        q.work.notify_one();
-        return true;
-    }
-    template <class Req>
-    static void stop(global_queue<Req>& q) {
-        {
-            std::lock_guard lk(q.m);
-            q.stopping = true;
-        }
-        q.work.notify_all();
-    }
-
     /// A completion or renewal of (k, fence), filled in by `fill`, queued and awaited. A failed
     /// allocation answers store_unavailable without calling `fill`.
     template <class Fill>
@@ -596,7 +511,7 @@ private:
         r->k = k;
         r->fence = fence;
         fill(*r);
-        if (!submit(completions_, r)) return errc::store_unavailable;
+        if (!completions_.submit(r)) return errc::store_unavailable;
         std::unique_lock lk(completions_.m);
         const auto until = std::chrono::steady_clock::now() + go_.wait_timeout;
         completions_.done.wait_until(lk, until, [&] { return r->st == global_completion::phase::done; });
@@ -612,19 +527,9 @@ private:
         return errc::store_unavailable;
     }
 
-    /// Sleeps before a retry; false when the batcher should give up (stopping).
-    template <class Req>
-    bool backoff(global_queue<Req>& q, std::chrono::milliseconds& pause, bool drain) {
-        std::unique_lock lk(q.m);
-        if (q.stopping && (!drain || std::chrono::steady_clock::now() >= drain_deadline_)) return false;
-        q.work.wait_for(lk, pause);
-        pause = std::min(go_.max_backoff, pause * 2);
-        return true;
-    }
-
     /// The batch with this id committed? Asked until the store answers (or the batcher stops).
     template <class Req>
-    std::optional<bool> resolve_batch(global_session& db, std::int64_t batch_id, global_queue<Req>* q) {
+    std::optional<bool> resolve_batch(global_session& db, std::int64_t batch_id, request_queue<Req>* q) {
         std::chrono::milliseconds pause{1};
         for (;;) {
             bool committed = false;
@@ -641,7 +546,7 @@ private:
                 if (pause >= go_.max_backoff) return std::nullopt;  // compensation: next pass
                 std::this_thread::sleep_for(pause);
                 pause = std::min(go_.max_backoff, pause * 2);
-            } else if (!backoff(*q, pause, std::is_same_v<Req, global_completion>)) {
+            } else if (!q->backoff(pause, go_.max_backoff)) {
                 return std::nullopt;
             }
         }
@@ -668,32 +573,11 @@ private:
                     claims_.done.notify_all();
                     return;
                 }
-                take(claims_, batch, [](const auto& c) { return c->st == global_claim::phase::abandoned; },
-                     [](auto& c) { c->st = global_claim::phase::sent; });
+                claims_.take(batch, go_.max_batch, [](const auto& c) { return c->st == global_claim::phase::abandoned; },
+                             [](auto& c) { c->st = global_claim::phase::sent; });
             }
             if (!batch.empty()) run_claims(batch, db);
         }
-    }
-
-    /// Moves up to max_batch requests, one per key, from the queue into `batch` (sorted by key);
-    /// a second request for a key already taken waits for the next batch.
-    template <class Q, class Batch, class Skip, class Mark>
-    void take(Q& q, Batch& batch, Skip skip, Mark mark) {
-        std::unordered_set<std::string_view> keys;
-        decltype(q.q) later;
-        while (!q.q.empty() && batch.size() < go_.max_batch) {
-            auto r = std::move(q.q.front());
-            q.q.pop_front();
-            if (skip(r)) continue;
-            if (!keys.insert(r->k.view()).second) {
-                later.push_back(std::move(r));
-                continue;
-            }
-            mark(r);
-            batch.push_back(std::move(r));
-        }
-        for (auto it = later.rbegin(); it != later.rend(); ++it) q.q.push_front(std::move(*it));
-        std::sort(batch.begin(), batch.end(), [](const auto& a, const auto& b) { return a->k.view() < b->k.view(); });
     }
 
     struct row_read {
@@ -759,7 +643,7 @@ private:
                 note_error(db.last_error());
             }
             if (r == global_session::result::ok) break;
-            if (r == global_session::result::fatal || !backoff(claims_, pause, false)) {
+            if (r == global_session::result::fatal || !claims_.backoff(pause, go_.max_backoff)) {
                 finish_claims(batch, nullptr, nullptr);
                 return;
             }
@@ -789,7 +673,7 @@ private:
             });
             if (r == global_session::result::ok) return true;
             note_error(db.last_error());
-            if (r == global_session::result::fatal || !backoff(claims_, pause, false)) return false;
+            if (r == global_session::result::fatal || !claims_.backoff(pause, go_.max_backoff)) return false;
         }
     }
 
@@ -817,7 +701,7 @@ private:
             });
             if (r == global_session::result::ok) return true;
             note_error(db.last_error());
-            if (r == global_session::result::fatal || !backoff(claims_, pause, false)) return false;
+            if (r == global_session::result::fatal || !claims_.backoff(pause, go_.max_backoff)) return false;
         }
     }
 
@@ -875,7 +759,7 @@ private:
             for (auto it = again.rbegin(); it != again.rend(); ++it) claims_.q.push_front(*it);
         }
         claims_.done.notify_all();
-        for (auto& w : withdraw) (void)submit(completions_, w);
+        for (auto& w : withdraw) (void)completions_.submit(w);
     }
 
     // ---- the completion batcher -----------------------------------------------------------------
@@ -888,7 +772,7 @@ private:
                 std::unique_lock lk(completions_.m);
                 completions_.work.wait(lk, [&] { return completions_.stopping || !completions_.q.empty(); });
                 if (completions_.q.empty()) return;  // stopping and drained
-                if (completions_.stopping && std::chrono::steady_clock::now() >= drain_deadline_) {
+                if (completions_.drain_over()) {
                     auto left = std::move(completions_.q);
                     completions_.q.clear();
                     for (auto& r : left) r->st = global_completion::phase::done;  // verdict error
@@ -896,8 +780,8 @@ private:
                     completions_.done.notify_all();
                     return;  // `left` drops the local claims: released locally (local_options)
                 }
-                take(completions_, batch, [](const auto&) { return false; },
-                     [](auto& r) { r->st = global_completion::phase::sent; });
+                completions_.take(batch, go_.max_batch, [](const auto&) { return false; },
+                                  [](auto& r) { r->st = global_completion::phase::sent; });
             }
             run_completions(batch, db);
         }
@@ -926,7 +810,7 @@ private:
                 ok = true;
                 break;
             }
-            if (res == global_session::result::fatal || !backoff(completions_, pause, true)) break;
+            if (res == global_session::result::fatal || !completions_.backoff(pause, go_.max_backoff)) break;
         }
         if (ok) count(n_completion_batches_);
         for (auto& r : batch) {
@@ -1085,9 +969,8 @@ private:
     std::string node_;
     global_session compensation_db_;
     std::vector<std::unique_ptr<global_session>> claim_dbs_, completion_dbs_;  // one per batcher thread
-    global_queue<global_claim> claims_;
-    global_queue<global_completion> completions_;
-    std::chrono::steady_clock::time_point drain_deadline_ = std::chrono::steady_clock::time_point::max();
+    request_queue<global_claim> claims_{/*drains=*/false};
+    request_queue<global_completion> completions_{/*drains=*/true};
     std::mt19937_64 rng_;  // batch ids, drawn by three threads: under rng_m_
     std::mutex rng_m_;
     std::mutex comp_run_m_;  // one compensation pass at a time

@@ -1,0 +1,79 @@
+// idem/global_options.hpp: the options and counters of scope::global (global_guard.hpp).
+//
+//   idem::global_options go;
+//   go.node = "payments-eu-1";                        // this process in the audit trail
+//   go.wait_timeout = std::chrono::seconds(2);        // begin() answers store_unavailable after it
+//   go.window = std::chrono::hours(24 * 30);          // a decided key is remembered this long
+//   go.audit_window = idem::forever;                  // audit rows are kept
+//
+// Plain values: copy them, read them from any thread. global_guard checks them when it is built
+// and throws idem::error (invalid_argument) naming the one out of range.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "idem/stats.hpp"
+#include "idem/store.hpp"  // idem::forever
+
+namespace idem {
+
+/// Options of scope::global (global_guard.hpp). The guard's idem::options keep their meaning: lease
+/// is the lease written into the store, resolve answers compensation, capacity sizes the local table.
+struct global_options {
+    /// This process's identity in the audit trail (node column, 64 characters at most). Empty: hostname:pid:random
+    /// (the random part tells a restarted process with a reused pid apart).
+    std::string node;
+    /// Deadline of every SQL call (the watchdog cuts the connection after it).
+    std::chrono::milliseconds call_deadline{5000};
+    /// How long begin() and a ticket's completion wait for their batch before answering
+    /// store_unavailable.
+    std::chrono::milliseconds wait_timeout{10000};
+    /// Largest number of claims (or completions) in one transaction.
+    std::size_t max_batch = 1024;
+    /// Claim batcher threads, each with its own connection: batches in flight at once. A batch waits
+    /// for its commit (the WAL flush), so more of them in flight is what raises throughput; the server
+    /// group-commits their flushes.
+    std::size_t claim_connections = 2;
+    /// Completion batcher threads, each with its own connection.
+    std::size_t completion_connections = 2;
+    /// Expired claims looked at per compensation pass.
+    std::size_t compensation_limit = 1000;
+    /// Longest pause between retries of a batch that met a transient failure.
+    std::chrono::milliseconds max_backoff{1000};
+    /// The idempotency window, as store_options::window: the maintenance thread prunes records
+    /// (never PROCESSING ones) last updated longer ago, and a key whose record is pruned is new
+    /// again on every node. forever: never pruned. options.retention (what the local table holds)
+    /// must fit inside it.
+    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
+    /// How long audit rows are kept. forever: never pruned.
+    std::chrono::milliseconds audit_window = forever;
+    /// How often the maintenance thread prunes (bounded calls, each a short transaction). Zero:
+    /// never (global_guard::prune or `idem prune` does it).
+    std::chrono::milliseconds prune_interval = std::chrono::minutes(1);
+};
+
+/// Counters of a global guard: the local table's, plus the store traffic.
+struct global_stats {
+    stats local;                         ///< the local table (cache) counters
+    std::uint64_t answered_locally = 0;  ///< begin() answered from the local table (no round trip)
+    std::uint64_t claims_sent = 0;       ///< claims sent to the store (including retries)
+    std::uint64_t claims_won = 0;
+    std::uint64_t claims_lost = 0;  ///< the key had a row in another state: the winner's state was returned
+    std::uint64_t claim_batches = 0;
+    std::uint64_t completions = 0;      ///< completions (and releases) the store took
+    std::uint64_t stale_completions = 0;
+    std::uint64_t completion_batches = 0;
+    std::uint64_t compensated = 0;       ///< expired claims this node resolved
+    std::uint64_t doubt_marks = 0;       ///< expired claims the resolver could not decide (audited once per node)
+    std::uint64_t withdrawn = 0;         ///< claims won after their caller gave up, released again
+    std::uint64_t commits_in_doubt = 0;  ///< COMMITs that went unanswered (each resolved by batch id)
+    std::uint64_t store_errors = 0;      ///< failed store calls (each retried or reported)
+    std::uint64_t timeouts = 0;          ///< callers that stopped waiting (store_unavailable)
+    std::uint64_t pruned_records = 0;    ///< records this node's prunes removed (past global_options::window)
+    std::uint64_t pruned_audit_rows = 0; ///< audit rows they removed (past global_options::audit_window)
+};
+
+}  // namespace idem

@@ -1,0 +1,225 @@
+// idem/guard_contract.hpp: what every guard does the same way, whatever its scope.
+//
+//   [[maybe_unused]] auto pay_once = [](auto& g, const idem::key& k) {  // guard, global_guard, durable's guard()
+//       idem::run_options ro;
+//       ro.wait = std::chrono::milliseconds(50);       // a duplicate in flight: wait for its outcome
+//       return g.run(k, [] { return 42; }, ro);        // at most once per key; duplicates get 42 back
+//   };
+//
+// A scope (guard: this process; global_guard: every process sharing one PostgreSQL) supplies two
+// things: begin(key, fingerprint), which claims the key or says what its record is, answered as a
+// begin_result_of<its ticket>; and the ticket's finish(cause, outcome), which records the claim's end.
+// Everything built on them is written here once, so it cannot drift between scopes:
+//
+//   * one result shape: begin_result_of<Ticket> {status, ticket, outcome, fence};
+//   * one back-off: wait_backoff, used by begin_wait() while another caller holds the claim;
+//   * one run(): the same answer for every begin_status, the same retry of a success the queue
+//     could not take yet, the same exception (idem::error) and message shape;
+//   * one ticket surface: succeed(), fail() with and without a policy, and the drop of an
+//     uncompleted ticket (failed per options.on_failure).
+//
+// Thread-safety and progress are the scope's (guard.hpp, global_guard.hpp): begin_wait() and run()
+// add no shared state of their own; they block only where they wait by design.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "idem/detail/engine.hpp"  // begin_status
+#include "idem/error.hpp"
+#include "idem/key.hpp"
+#include "idem/options.hpp"
+#include "idem/transition.hpp"
+
+namespace idem {
+
+/// The answer of begin() in every scope: a status, and a ticket when status == acquired.
+template <class Ticket>
+struct [[nodiscard]] begin_result_of {
+    using ticket_type = Ticket;
+    begin_status status;
+    Ticket ticket;               ///< valid only when status == acquired
+    std::uint64_t outcome = 0;   ///< the recorded outcome (succeeded) or failure code (failed)
+    std::uint64_t fence = 0;     ///< the record's fence; 0 when the scope answered without knowing it
+    explicit operator bool() const noexcept { return status == begin_status::acquired; }
+};
+
+/// How run() treats a key it meets.
+struct run_options {
+    duplicate_policy on_duplicate = duplicate_policy::replay;
+    std::uint64_t fingerprint = 0;                       ///< 0: no payload check
+    std::chrono::nanoseconds wait{0};                    ///< wait this long for an in-flight outcome
+    std::chrono::nanoseconds record_timeout = std::chrono::seconds(5);  ///< retry recording success this long
+};
+
+/// The one back-off of begin_wait(), the same in every scope. The first pause is 1 us and each
+/// pause doubles, up to 1 ms or ten times what the last attempt took, whichever is longer. An
+/// attempt answered from memory costs nanoseconds, so a waiter in process scope looks again at
+/// least every millisecond; one that asks a store costs a round trip, so a waiter spends at most a
+/// tenth of its time asking and a loaded store is not hammered by the callers waiting on it.
+struct wait_backoff {
+    static constexpr std::chrono::nanoseconds first = std::chrono::microseconds(1);
+    static constexpr std::chrono::nanoseconds min_cap = std::chrono::milliseconds(1);
+    static constexpr int attempt_ratio = 10;
+
+    /// The pause to take after an attempt that took `spent`.
+    [[nodiscard]] std::chrono::nanoseconds next(std::chrono::nanoseconds spent) noexcept {
+        const auto cap = std::max(min_cap, spent * attempt_ratio);
+        const auto p = std::min(pause_, cap);
+        pause_ = std::min(p * 2, cap);
+        return p;
+    }
+
+private:
+    std::chrono::nanoseconds pause_ = first;
+};
+
+namespace detail {
+
+/// begin_wait() and run() over Guard::begin(). Guard supplies begin(key, fingerprint) and
+/// refusal_message(status, key) (the scope's words for capacity_exhausted, backpressure,
+/// store_unavailable and invalid_key); a Guard with now() also stops waiting at its own clock's
+/// deadline (a manual clock in tests).
+template <class Guard>
+class guard_contract {
+public:
+    /// Like begin(), but while another caller holds the claim (here or, in scope::global, on another
+    /// node), asks again with wait_backoff for up to `timeout`. Not lock-free: it waits by design.
+    auto begin_wait(const key& k, std::uint64_t fingerprint, std::chrono::nanoseconds timeout) noexcept {
+        Guard& g = self();
+        const auto real_deadline = std::chrono::steady_clock::now() + timeout;
+        auto clock_deadline = std::chrono::nanoseconds::max();
+        if constexpr (requires { g.now(); }) clock_deadline = g.now() + timeout;
+        wait_backoff backoff;
+        for (;;) {
+            const auto asked = std::chrono::steady_clock::now();
+            auto r = g.begin(k, fingerprint);
+            if (r.status != begin_status::in_progress) return r;
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= real_deadline) return r;
+            if constexpr (requires { g.now(); })
+                if (g.now() >= clock_deadline) return r;
+            std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff.next(now - asked), real_deadline - now));
+        }
+    }
+
+    /// Runs fn at most once per key and returns its outcome. fn returns an integral outcome or void
+    /// (outcome 0). A duplicate of a success returns the recorded outcome, or throws
+    /// errc::duplicate_request when ro.on_duplicate == raise; a key whose operation failed terminally
+    /// throws errc::already_failed (fn is not run again). Throws idem::error for in progress (after
+    /// ro.wait), in doubt, payload mismatch, capacity and store errors, each naming the key. If fn
+    /// throws, the claim fails per options.on_failure and the exception propagates. Once fn returned,
+    /// its success is recorded, retried while the scope answers backpressure or busy for up to
+    /// ro.record_timeout; a success that could not be recorded throws its errc.
+    template <class Fn>
+    std::uint64_t run(const key& k, Fn&& fn, const run_options& ro = {}) {
+        Guard& g = self();
+        auto r = ro.wait > std::chrono::nanoseconds::zero() ? begin_wait(k, ro.fingerprint, ro.wait)
+                                                            : g.begin(k, ro.fingerprint);
+        auto name = [&k] { return "key '" + key::printable(k.view()) + "'"; };  // only on the error paths
+        switch (r.status) {
+            case begin_status::acquired: break;
+            case begin_status::succeeded:
+                if (ro.on_duplicate == duplicate_policy::replay) return r.outcome;
+                throw error(errc::duplicate_request,
+                            name() + " already succeeded" +
+                                (r.fence != 0 ? " (fence " + std::to_string(r.fence) + ")" : std::string()));
+            case begin_status::failed:
+                throw error(errc::already_failed, name() + " already failed terminally with code " +
+                                                      std::to_string(r.outcome) + "; the operation is not run again");
+            case begin_status::in_progress: throw error(errc::in_progress, name() + " is being executed by another caller");
+            case begin_status::in_doubt:
+                throw error(errc::in_doubt, name() + " has an expired claim whose outcome is unknown");
+            case begin_status::payload_mismatch:
+                throw error(errc::payload_mismatch, name() + " was used before with a different request payload");
+            case begin_status::capacity_exhausted:
+                throw error(errc::capacity_exhausted, g.refusal_message(r.status, k));
+            case begin_status::backpressure: throw error(errc::backpressure, g.refusal_message(r.status, k));
+            case begin_status::store_unavailable:
+                throw error(errc::store_unavailable, g.refusal_message(r.status, k));
+            case begin_status::invalid_key: throw error(errc::invalid_key, g.refusal_message(r.status, k));
+        }
+        std::uint64_t outcome = 0;
+        if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {
+            std::invoke(std::forward<Fn>(fn));
+        } else {
+            outcome = static_cast<std::uint64_t>(std::invoke(std::forward<Fn>(fn)));
+        }
+        // The effect happened: the success must be recorded. Retry while the queue is full or
+        // compensation holds the record; give up after ro.record_timeout (the lease and the
+        // resolver then decide, and the caller learns it from the exception).
+        std::error_code ec = r.ticket.succeed(outcome);
+        const auto give_up = std::chrono::steady_clock::now() + ro.record_timeout;
+        while ((ec == errc::backpressure || ec == errc::busy) && std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::yield();
+            ec = r.ticket.succeed(outcome);
+        }
+        if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+        return outcome;
+    }
+
+protected:
+    guard_contract() = default;
+    ~guard_contract() = default;
+
+private:
+    Guard& self() noexcept { return static_cast<Guard&>(*this); }
+};
+
+/// succeed() and fail() over Ticket's finish(cause, outcome), valid(), on_failure() and forget().
+/// finish() records the end (transition_cause::succeed, fail or release), leaving the ticket valid
+/// only when it answers backpressure or busy (retry); forget() empties the ticket without recording.
+template <class Ticket>
+class ticket_contract {
+public:
+    explicit operator bool() const noexcept { return self().valid(); }
+
+    /// Records success with an outcome replayed to duplicates. The ticket is empty afterwards,
+    /// unless the answer is errc::backpressure or errc::busy (nothing changed: retry).
+    std::error_code succeed(std::uint64_t outcome = 0) noexcept {
+        if (!self().valid()) return errc::empty_ticket;
+        return self().finish(transition_cause::succeed, outcome);
+    }
+
+    /// Records failure with the guard's failure policy (options.on_failure).
+    std::error_code fail(std::uint64_t code = 0) noexcept {
+        return self().valid() ? fail(code, self().on_failure()) : make_error_code(errc::empty_ticket);
+    }
+
+    /// Records failure: terminal (duplicates see FAILED, replayed) or retryable (the key may be
+    /// claimed again, with a new fence).
+    std::error_code fail(std::uint64_t code, failure_policy policy) noexcept {
+        if (!self().valid()) return errc::empty_ticket;
+        return self().finish(policy == failure_policy::terminal ? transition_cause::fail : transition_cause::release,
+                             code);
+    }
+
+protected:
+    ticket_contract() = default;
+    ~ticket_contract() = default;
+
+    /// A ticket dropped without completion fails per options.on_failure, so a claim does not stay
+    /// PROCESSING until its lease runs out. Retried briefly while compensation holds the record;
+    /// under backpressure the lease and compensation take over.
+    void drop() noexcept {
+        for (int i = 0; i < 64 && self().valid(); ++i) {
+            if (fail(0, self().on_failure()) != errc::busy) break;
+            std::this_thread::yield();
+        }
+        self().forget();
+    }
+
+private:
+    Ticket& self() noexcept { return static_cast<Ticket&>(*this); }
+    const Ticket& self() const noexcept { return static_cast<const Ticket&>(*this); }
+};
+
+}  // namespace detail
+}  // namespace idem
