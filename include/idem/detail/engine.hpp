@@ -1,4 +1,17 @@
-// idem/detail/engine.hpp: the lock-free record table behind idem::guard.
+// idem/detail/engine.hpp: the lock-free record table behind idem::guard: the claim protocol.
+//
+// This header holds the protocol (class engine, claim_ref, admission). Each component it builds on
+// has a header of its own, with its invariants at its top:
+//
+//   slot.hpp           one record slot and its packed state word (the transitions)
+//   stripes.hpp        per-thread stripes of counters and arena cursors (one writer per owned stripe)
+//   mapping.hpp        anonymous mappings, huge pages, zero pages as atomics
+//   arenas.hpp         chunk allocator, slot arena, key arena (reset only while nobody allocates)
+//   arena_toucher.hpp  the thread that populates arena pages ahead of the claims
+//   index.hpp          hash128, the index position word (1)/(2)/(2'), a generation
+//   snapshot.hpp       the seqlock read of a slot (3)/(8)
+//   window_filter.hpp  the cold window's filter of evicted keys
+//   ../status.hpp      begin_status and record_view, the public answers
 //
 // Algorithm
 // ---------
@@ -81,54 +94,18 @@
 #include "idem/detail/arenas.hpp"
 #include "idem/detail/index.hpp"
 #include "idem/detail/mapping.hpp"
-#include "idem/detail/stripes.hpp"
-#include "idem/status.hpp"
-
 #include "idem/detail/slot.hpp"
+#include "idem/detail/snapshot.hpp"
+#include "idem/detail/stripes.hpp"
 #include "idem/detail/window_filter.hpp"
 #include "idem/error.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
 #include "idem/stats.hpp"
+#include "idem/status.hpp"
 #include "idem/transition.hpp"
 
-namespace idem {
-
-
-namespace detail {
-
-
-
-
-
-
-
-/// A seqlock snapshot of a slot's fields. valid == false when the word changed while reading.
-struct snapshot {
-    std::uint64_t word = 0;
-    std::uint64_t outcome = 0;
-    std::uint64_t fingerprint = 0;
-    std::int64_t lease_until = 0;
-    std::int64_t updated = 0;
-    std::uint64_t lo = 0, hi = 0;  ///< the identity that goes with `word`
-    bool valid = false;
-    [[nodiscard]] bool is(hash128 h) const noexcept { return valid && lo == h.lo && hi == h.hi; }
-};
-
-template <template <class> class Atomic>
-snapshot read_slot(const slot<Atomic>& s) noexcept {
-    snapshot r;
-    r.word = s.word.load(std::memory_order_seq_cst);  // (3) pairs with (5); seq_cst: see (6)
-    r.lo = s.lo.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.hi = s.hi.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.outcome = s.outcome.load(std::memory_order_relaxed);          // relaxed: validated below
-    r.fingerprint = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.lease_until = s.lease_until.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.updated = s.updated.load(std::memory_order_relaxed);          // relaxed: validated below
-    std::atomic_thread_fence(std::memory_order_acquire);            // (8)
-    r.valid = s.word.load(std::memory_order_relaxed) == r.word;     // relaxed: ordered by (8)
-    return r;
-}
+namespace idem::detail {
 
 [[nodiscard]] constexpr record_state durable_state(slot_state s) noexcept {
     switch (s) {
@@ -1104,5 +1081,4 @@ private:
     std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 
-}  // namespace detail
-}  // namespace idem
+}  // namespace idem::detail
