@@ -8,7 +8,7 @@
 //   mapping.hpp        anonymous mappings, huge pages, zero pages as atomics
 //   arenas.hpp         chunk allocator, slot arena, key arena (reset only while nobody allocates)
 //   arena_toucher.hpp  the thread that populates arena pages ahead of the claims
-//   index.hpp          hash128, the index position word (1)/(2)/(2'), a generation
+//   index.hpp          hash128, the index position word, a generation: (1), (2), (2')
 //   snapshot.hpp       the seqlock read of a slot (3)/(8)
 //   window_filter.hpp  the cold window's filter of evicted keys
 //   ../status.hpp      begin_status and record_view, the public answers
@@ -47,6 +47,9 @@
 // ---------------------------------------------------------------
 //   (1) index position load, seq_cst  pairs with (2) and (2'); seq_cst so that the previous-generation
 //                                     consult takes part in the (2)/(4)/(6)/(7) total order
+//   (1') index position load in a scan (published_slot), acquire: pairs with (2'), so the slot it
+//        names shows its identity; a scan validates every slot it reads with a snapshot and takes
+//        no part in the total order
 //   (2) position CAS free -> tag|pending, seq_cst: a new key's claim
 //   (2') position store tag|slot, release: publishes the slot's identity, written before it
 //   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
@@ -711,7 +714,7 @@ private:
 
     /// The slot published at index position i, or nullptr (free, pending or withdrawn position).
     static slot_type* published_slot(generation<Atomic>& g, std::size_t i) noexcept {
-        const std::uint64_t ref = position::ref_of(g.entry(i).load(std::memory_order_acquire));  // (1) pairs with (2')
+        const std::uint64_t ref = position::ref_of(g.entry(i).load(std::memory_order_acquire));  // (1') pairs with (2')
         return ref < 2 ? nullptr : &g.slot_at(ref);
     }
 
@@ -929,9 +932,12 @@ private:
             }
             s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
         }
-        // Counted here, right after the CAS drained the store buffer: a locked add after the field
-        // writes below would wait for their cache misses (it is a full barrier on x86).
-        // Counting before publishing only makes outstanding() err on scanning.
+        // Counted before the field writes below: on a shared stripe count() is a locked RMW, a full
+        // barrier on x86 that waits for the thread's pending stores, and the fields' cache misses
+        // would be among them (on an owned stripe it is a plain store). The stores before this
+        // point (the key text just appended; on a fresh slot its claiming word (4') and identity)
+        // are in lines this thread wrote a moment ago. Counting before publishing only makes
+        // outstanding() err on scanning.
         count(granted);
         const auto lease_until = now + opts_.lease;
         s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
