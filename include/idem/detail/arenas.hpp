@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "idem/detail/mapping.hpp"
+#include "idem/detail/seqlock_order.hpp"
 #include "idem/detail/slot.hpp"
 #include "idem/detail/stripes.hpp"
 #include "idem/key.hpp"
@@ -169,7 +170,7 @@ public:
         for (std::uint64_t i = 0; i < n; ++i) {
             std::uint64_t w;
             std::memcpy(&w, text + 8 * i, 8);
-            words_[at + i].store(w, std::memory_order_relaxed);  // relaxed: published by (5)
+            words_[at + i].store(w, seqlock::field_store);  // field_store: published by (5)
         }
         return std::uint64_t{k.size()} << size_shift | (at + 1);
     }
@@ -184,7 +185,7 @@ public:
         const std::uint64_t at = (ref & at_mask) - 1;
         std::uint64_t bytes[max_words];
         for (std::uint64_t i = 0; i < n; ++i)
-            bytes[i] = words_[at + i].load(std::memory_order_relaxed);  // relaxed: caller validates
+            bytes[i] = words_[at + i].load(seqlock::field_load);  // field_load: the caller validates
         return std::string(reinterpret_cast<const char*>(bytes), size);
     }
 

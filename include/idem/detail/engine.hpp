@@ -66,9 +66,14 @@
 //   (9) release fence right after a CAS (or (4')) into a transient state (claiming, completing, recycling),
 //       so the field stores that follow cannot become visible before the transient word (the
 //       seqlock writer side; free on x86, a store barrier on ARM)
+//   (8) and (9) are seqlock::reader_fence() and writer_fence() (seqlock_order.hpp). Under
+//       ThreadSanitizer, which does not model fences, they are left out and the field accesses they
+//       order are acquire loads (field_load) and release stores (field_store) instead: at least as
+//       strong for this pairing (the argument is in seqlock_order.hpp).
 // Readers validate (word, identity, fields, word): identity changes only under `recycling`, which
 // bumps the incarnation, so an unchanged word proves the identity and fields belong together.
-// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), counters and arena cursors
+// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8)/(9) (seqlock::field_load and
+// field_store: relaxed except under ThreadSanitizer), counters and arena cursors
 // (plain load + store on a stripe the thread owns: see stripe_owner).
 #pragma once
 
@@ -96,6 +101,7 @@
 #include "idem/detail/arena_toucher.hpp"
 #include "idem/detail/arenas.hpp"
 #include "idem/detail/index.hpp"
+#include "idem/detail/seqlock_order.hpp"
 #include "idem/detail/mapping.hpp"
 #include "idem/detail/slot.hpp"
 #include "idem/detail/snapshot.hpp"
@@ -393,9 +399,9 @@ public:
                                   outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                                   std::chrono::nanoseconds(0), now});
         const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
-        s.outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.updated.store(now.count(), std::memory_order_relaxed);
-        if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), std::memory_order_relaxed);
+        s.outcome.store(outcome, seqlock::field_store);  // field_store: published by (5)
+        s.updated.store(now.count(), seqlock::field_store);
+        if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), seqlock::field_store);
         const std::uint64_t done = state_word::with_state(c.word, to) | (unconfirmed ? state_word::doubt_bit : 0);
         s.word.store(done, std::memory_order_release);  // (5)
         count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
@@ -411,7 +417,7 @@ public:
         slot_type& s = *c.s;
         std::uint64_t replaced = 0;
         if (std::error_code ec = enter(c, replaced)) return ec;
-        s.lease_until.store((clock_.now() + by).count(), std::memory_order_relaxed);  // relaxed: published by (5)
+        s.lease_until.store((clock_.now() + by).count(), seqlock::field_store);  // field_store: published by (5)
         s.word.store(c.word, std::memory_order_release);                                // (5)
         return {};
     }
@@ -464,8 +470,8 @@ public:
                 const snapshot snap = read_slot(s);
                 if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
                 if (snap.lease_until > clock_.now().count()) continue;
-                const std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
-                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                const std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
+                seqlock::reader_fence();  // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // the key bytes may be newer
                 const auto k = key::parse(text);
                 if (!k) continue;
@@ -548,13 +554,13 @@ public:
                 if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
                                                     std::memory_order_seq_cst))  // (4)
                     return false;
-                std::atomic_thread_fence(std::memory_order_release);  // (9)
+                seqlock::writer_fence();  // (9)
                 if (is_terminal(state_word::state(snap.word))) ++evicted;
-                s.lo.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
-                s.hi.store(0, std::memory_order_relaxed);
-                s.outcome.store(0, std::memory_order_relaxed);
-                s.fingerprint.store(0, std::memory_order_relaxed);
-                s.key_ref.store(0, std::memory_order_relaxed);
+                s.lo.store(0, seqlock::field_store);  // field_store: published by (5)
+                s.hi.store(0, seqlock::field_store);
+                s.outcome.store(0, seqlock::field_store);
+                s.fingerprint.store(0, seqlock::field_store);
+                s.key_ref.store(0, seqlock::field_store);
                 // The word keeps its incarnation when the slot is handed out again, so a stale
                 // thread's CAS with a word of this life fails.
                 s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
@@ -637,8 +643,8 @@ public:
                 const snapshot snap = read_slot(s);
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
-                std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
-                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
+                seqlock::reader_fence();  // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
                 fn(std::move(text), view_of(snap));
             }
@@ -733,7 +739,7 @@ private:
         for (std::uint64_t expected : {c.word, c.word | state_word::doubt_bit}) {
             const std::uint64_t want = expected;
             if (s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
-                std::atomic_thread_fence(std::memory_order_release);                         // (9)
+                seqlock::writer_fence();  // (9)
                 replaced = want;
                 return {};
             }
@@ -787,8 +793,8 @@ private:
         if (!s.word.compare_exchange_strong(expected, state_word::with_state(marked, slot_state::completing),
                                             std::memory_order_seq_cst))  // (4)
             return;
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
-        s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), std::memory_order_relaxed);  // relaxed: published by (5)
+        seqlock::writer_fence();  // (9)
+        s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), seqlock::field_store);  // field_store: published by (5)
         s.word.store(marked, std::memory_order_release);  // (5)
     }
 
@@ -845,7 +851,7 @@ private:
         if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::claiming, inc, fence),
                                             std::memory_order_seq_cst))  // (4) pairs with (6)(7)
             return std::nullopt;
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
+        seqlock::writer_fence();  // (9)
         const auto now = clock_.now();
         if (epoch_.load(std::memory_order_seq_cst) != epoch ||  // (6) a rotation overtook us: withdraw
             (cause == transition_cause::reclaim &&
@@ -893,10 +899,10 @@ private:
         // release: a reader that acquires this word also sees the recycle's reset of the identity
         // (which this thread saw through (6)), so it cannot validate the identity of an earlier life.
         s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_release);  // (4')
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
-        s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
-        s.hi.store(h.hi, std::memory_order_relaxed);
-        s.key_ref.store(0, std::memory_order_relaxed);
+        seqlock::writer_fence();  // (9)
+        s.lo.store(h.lo, seqlock::field_store);  // field_store: published by (2')
+        s.hi.store(h.hi, seqlock::field_store);
+        s.key_ref.store(0, seqlock::field_store);
         position::publish(e, h, n);  // (2') the slot, claiming, with its identity
         return grant(s, gen, seen, fence, from, k, fingerprint, transition_cause::claim, now, room);
     }
@@ -930,7 +936,7 @@ private:
                 count(c_capacity);
                 return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
             }
-            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.key_ref.store(ref, seqlock::field_store);  // field_store: published by (5)
         }
         // Counted before the field writes below: on a shared stripe count() is a locked RMW, a full
         // barrier on x86 that waits for the thread's pending stores, and the fields' cache misses
@@ -940,9 +946,9 @@ private:
         // outstanding() err on scanning.
         count(granted);
         const auto lease_until = now + opts_.lease;
-        s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.lease_until.store(lease_until.count(), std::memory_order_relaxed);
-        s.updated.store(now.count(), std::memory_order_relaxed);
+        s.fingerprint.store(fingerprint, seqlock::field_store);  // field_store: published by (5)
+        s.lease_until.store(lease_until.count(), seqlock::field_store);
+        s.updated.store(now.count(), seqlock::field_store);
         const std::uint64_t seq =
             room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
@@ -991,7 +997,7 @@ private:
                 count(c_capacity);
                 return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
             }
-            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.key_ref.store(ref, seqlock::field_store);  // field_store: published by (5)
         }
         const slot_state st = r.state == record_state::processing  ? slot_state::processing
                               : r.state == record_state::succeeded ? slot_state::succeeded
@@ -1005,10 +1011,10 @@ private:
         snap.lo = s.lo.load(std::memory_order_relaxed);  // relaxed: we hold claiming
         snap.hi = s.hi.load(std::memory_order_relaxed);
         snap.valid = true;
-        s.outcome.store(snap.outcome, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.fingerprint.store(snap.fingerprint, std::memory_order_relaxed);
-        s.lease_until.store(snap.lease_until, std::memory_order_relaxed);
-        s.updated.store(snap.updated, std::memory_order_relaxed);
+        s.outcome.store(snap.outcome, seqlock::field_store);  // field_store: published by (5)
+        s.fingerprint.store(snap.fingerprint, seqlock::field_store);
+        s.lease_until.store(snap.lease_until, seqlock::field_store);
+        s.updated.store(snap.updated, seqlock::field_store);
         if (st == slot_state::processing) count(c_restored_processing);  // compensation looks at it
         s.word.store(snap.word, std::memory_order_release);  // (5)
         count(c_recalled);

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "idem/detail/index.hpp"
+#include "idem/detail/seqlock_order.hpp"
 #include "idem/detail/slot.hpp"
 
 namespace idem::detail {
@@ -35,14 +36,14 @@ template <template <class> class Atomic>
 snapshot read_slot(const slot<Atomic>& s) noexcept {
     snapshot r;
     r.word = s.word.load(std::memory_order_seq_cst);  // (3) pairs with (5); seq_cst: see (6)
-    r.lo = s.lo.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.hi = s.hi.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.outcome = s.outcome.load(std::memory_order_relaxed);          // relaxed: validated below
-    r.fingerprint = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.lease_until = s.lease_until.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.updated = s.updated.load(std::memory_order_relaxed);          // relaxed: validated below
-    std::atomic_thread_fence(std::memory_order_acquire);            // (8)
-    r.valid = s.word.load(std::memory_order_relaxed) == r.word;     // relaxed: ordered by (8)
+    r.lo = s.lo.load(seqlock::field_load);                    // field_load: validated below
+    r.hi = s.hi.load(seqlock::field_load);                    // field_load: validated below
+    r.outcome = s.outcome.load(seqlock::field_load);          // field_load: validated below
+    r.fingerprint = s.fingerprint.load(seqlock::field_load);  // field_load: validated below
+    r.lease_until = s.lease_until.load(seqlock::field_load);  // field_load: validated below
+    r.updated = s.updated.load(seqlock::field_load);          // field_load: validated below
+    seqlock::reader_fence();                                  // (8)
+    r.valid = s.word.load(std::memory_order_relaxed) == r.word;  // relaxed: ordered by (8)
     return r;
 }
 
