@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <iosfwd>
 
+#include "idem/detail/enum_print.hpp"
 #include "idem/transition.hpp"
 
 namespace idem {
@@ -23,7 +25,9 @@ enum class begin_status : std::uint8_t {
                          ///< (PostgreSQL: not valid UTF-8); nothing changed, retrying cannot help
 };
 
-[[nodiscard]] constexpr const char* to_string(begin_status s) noexcept {
+namespace detail {
+/// The enumerator's name, or nullptr for a value begin_status does not name.
+[[nodiscard]] constexpr const char* name_of(begin_status s) noexcept {
     switch (s) {
         case begin_status::acquired: return "acquired";
         case begin_status::in_progress: return "in_progress";
@@ -36,7 +40,19 @@ enum class begin_status : std::uint8_t {
         case begin_status::store_unavailable: return "store_unavailable";
         case begin_status::invalid_key: return "invalid_key";
     }
-    return "?";
+    return nullptr;
+}
+}  // namespace detail
+
+[[nodiscard]] constexpr const char* to_string(begin_status s) noexcept {
+    const char* name = detail::name_of(s);
+    return name != nullptr ? name : "?";
+}
+
+/// Prints the enumerator's name (`acquired`), or `begin_status(n)` for a value it does not name.
+template <class CharT, class Traits>
+std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, begin_status s) {
+    return detail::print_enum(os, detail::name_of(s), "begin_status", s);
 }
 
 /// A consistent view of one record, as returned by query().
