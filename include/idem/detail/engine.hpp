@@ -10,6 +10,7 @@
 //   arena_toucher.hpp  the thread that populates arena pages ahead of the claims
 //   index.hpp          hash128, the index position word, a generation: (1), (2), (2')
 //   snapshot.hpp       the seqlock read of a slot (3)/(8)
+//   seqlock_order.hpp  the fences (8)/(9), and what stands for them under ThreadSanitizer
 //   window_filter.hpp  the cold window's filter of evicted keys
 //   ../status.hpp      begin_status and record_view, the public answers
 //
