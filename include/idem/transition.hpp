@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 
+#include "idem/detail/enum_print.hpp"
 #include "idem/key.hpp"
 
 namespace idem {
@@ -29,6 +31,27 @@ enum class record_state : std::uint8_t { absent = 0, processing = 1, succeeded =
     return "?";
 }
 
+namespace detail {
+/// The enumerator's name, or nullptr for a value record_state does not name.
+[[nodiscard]] constexpr const char* name_of(record_state v) noexcept {
+    switch (v) {
+        case record_state::absent: return "absent";
+        case record_state::processing: return "processing";
+        case record_state::succeeded: return "succeeded";
+        case record_state::failed: return "failed";
+        case record_state::released: return "released";
+    }
+    return nullptr;
+}
+}  // namespace detail
+
+/// Prints the enumerator's name (`succeeded`; to_string gives the store's `SUCCESS`), or
+/// `record_state(n)` for a value it does not name.
+template <class CharT, class Traits>
+std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, record_state v) {
+    return detail::print_enum(os, detail::name_of(v), "record_state", v);
+}
+
 /// Why a transition happened; stored in the audit trail's `detail` column.
 enum class transition_cause : std::uint8_t {
     claim,            ///< begin() granted a claim
@@ -41,8 +64,10 @@ enum class transition_cause : std::uint8_t {
     not_durable,      ///< sync mode: the claim could not be made durable and was withdrawn
 };
 
-[[nodiscard]] constexpr const char* to_string(transition_cause c) noexcept {
-    switch (c) {
+namespace detail {
+/// The enumerator's name, or nullptr for a value transition_cause does not name.
+[[nodiscard]] constexpr const char* name_of(transition_cause v) noexcept {
+    switch (v) {
         case transition_cause::claim: return "claim";
         case transition_cause::reclaim: return "reclaim";
         case transition_cause::succeed: return "succeed";
@@ -52,7 +77,19 @@ enum class transition_cause : std::uint8_t {
         case transition_cause::doubt: return "doubt";
         case transition_cause::not_durable: return "not_durable";
     }
-    return "?";
+    return nullptr;
+}
+}  // namespace detail
+
+[[nodiscard]] constexpr const char* to_string(transition_cause c) noexcept {
+    const char* name = detail::name_of(c);
+    return name != nullptr ? name : "?";
+}
+
+/// Prints the enumerator's name, or `transition_cause(n)` for a value it does not name.
+template <class CharT, class Traits>
+std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, transition_cause v) {
+    return detail::print_enum(os, detail::name_of(v), "transition_cause", v);
 }
 
 struct transition {
@@ -74,6 +111,24 @@ enum class durability_wait : std::uint8_t {
     rejected,   ///< the store can never take the row; it was set aside (stats::rejected_rows)
 };
 
+namespace detail {
+/// The enumerator's name, or nullptr for a value durability_wait does not name.
+[[nodiscard]] constexpr const char* name_of(durability_wait v) noexcept {
+    switch (v) {
+        case durability_wait::committed: return "committed";
+        case durability_wait::timed_out: return "timed_out";
+        case durability_wait::rejected: return "rejected";
+    }
+    return nullptr;
+}
+}  // namespace detail
+
+/// Prints the enumerator's name, or `durability_wait(n)` for a value it does not name.
+template <class CharT, class Traits>
+std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, durability_wait v) {
+    return detail::print_enum(os, detail::name_of(v), "durability_wait", v);
+}
+
 /// What the store says about a key memory does not hold (transition_sink::recall), with its
 /// times on the guard's clock.
 struct recalled {
@@ -90,6 +145,24 @@ struct recalled {
     std::chrono::nanoseconds lease_until{0};
     std::chrono::nanoseconds updated{0};
 };
+
+namespace detail {
+/// The enumerator's name, or nullptr for a value recalled::kind does not name.
+[[nodiscard]] constexpr const char* name_of(recalled::kind v) noexcept {
+    switch (v) {
+        case recalled::kind::absent: return "absent";
+        case recalled::kind::record: return "record";
+        case recalled::kind::unavailable: return "unavailable";
+    }
+    return nullptr;
+}
+}  // namespace detail
+
+/// Prints the enumerator's name, or `recalled::kind(n)` for a value it does not name.
+template <class CharT, class Traits>
+std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, recalled::kind v) {
+    return detail::print_enum(os, detail::name_of(v), "recalled::kind", v);
+}
 
 /// Receives transitions from the hot path. Implementation: detail::flush_pipeline.
 ///

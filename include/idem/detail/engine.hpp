@@ -1,4 +1,18 @@
-// idem/detail/engine.hpp: the lock-free record table behind idem::guard.
+// idem/detail/engine.hpp: the lock-free record table behind idem::guard: the claim protocol.
+//
+// This header holds the protocol (class engine, claim_ref, admission). Each component it builds on
+// has a header of its own, with its invariants at its top:
+//
+//   slot.hpp           one record slot and its packed state word (the transitions)
+//   stripes.hpp        per-thread stripes of counters and arena cursors (one writer per owned stripe)
+//   mapping.hpp        anonymous mappings, huge pages, zero pages as atomics
+//   arenas.hpp         chunk allocator, slot arena, key arena (reset only while nobody allocates)
+//   arena_toucher.hpp  the thread that populates arena pages ahead of the claims
+//   index.hpp          hash128, the index position word, a generation: (1), (2), (2')
+//   snapshot.hpp       the seqlock read of a slot (3)/(8)
+//   seqlock_order.hpp  the fences (8)/(9), and what stands for them under ThreadSanitizer
+//   window_filter.hpp  the cold window's filter of evicted keys
+//   ../status.hpp      begin_status and record_view, the public answers
 //
 // Algorithm
 // ---------
@@ -34,6 +48,9 @@
 // ---------------------------------------------------------------
 //   (1) index position load, seq_cst  pairs with (2) and (2'); seq_cst so that the previous-generation
 //                                     consult takes part in the (2)/(4)/(6)/(7) total order
+//   (1') index position load in a scan (published_slot), acquire: pairs with (2'), so the slot it
+//        names shows its identity; a scan validates every slot it reads with a snapshot and takes
+//        no part in the total order
 //   (2) position CAS free -> tag|pending, seq_cst: a new key's claim
 //   (2') position store tag|slot, release: publishes the slot's identity, written before it
 //   (3) word load, acquire            pairs with the release stores (5) and CAS (4)
@@ -50,9 +67,14 @@
 //   (9) release fence right after a CAS (or (4')) into a transient state (claiming, completing, recycling),
 //       so the field stores that follow cannot become visible before the transient word (the
 //       seqlock writer side; free on x86, a store barrier on ARM)
+//   (8) and (9) are seqlock::reader_fence() and writer_fence() (seqlock_order.hpp). Under
+//       ThreadSanitizer, which does not model fences, they are left out and the field accesses they
+//       order are acquire loads (field_load) and release stores (field_store) instead: at least as
+//       strong for this pairing (the argument is in seqlock_order.hpp).
 // Readers validate (word, identity, fields, word): identity changes only under `recycling`, which
 // bumps the incarnation, so an unchanged word proves the identity and fields belong together.
-// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8), counters and arena cursors
+// Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8)/(9) (seqlock::field_load and
+// field_store: relaxed except under ThreadSanitizer), counters and arena cursors
 // (plain load + store on a stripe the thread owns: see stripe_owner).
 #pragma once
 
@@ -77,698 +99,23 @@
 
 #include <sys/mman.h>
 
+#include "idem/detail/arena_toucher.hpp"
+#include "idem/detail/arenas.hpp"
+#include "idem/detail/index.hpp"
+#include "idem/detail/seqlock_order.hpp"
+#include "idem/detail/mapping.hpp"
 #include "idem/detail/slot.hpp"
+#include "idem/detail/snapshot.hpp"
+#include "idem/detail/stripes.hpp"
 #include "idem/detail/window_filter.hpp"
 #include "idem/error.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
 #include "idem/stats.hpp"
+#include "idem/status.hpp"
 #include "idem/transition.hpp"
 
-namespace idem {
-
-/// What begin() found. `acquired` carries a ticket; the other values describe the existing record.
-enum class begin_status : std::uint8_t {
-    acquired,            ///< the caller owns the claim and must execute, then succeed() or fail()
-    in_progress,         ///< another caller holds a live claim
-    succeeded,           ///< already completed; `outcome` is the recorded outcome
-    failed,              ///< already failed terminally; `outcome` is the recorded failure code
-    in_doubt,            ///< the claim's lease expired and its outcome is unknown (not re-executed)
-    payload_mismatch,    ///< the key was used with a different request fingerprint
-    capacity_exhausted,  ///< no free slot within the probe bound
-    backpressure,        ///< the flush queue is full; nothing changed
-    store_unavailable,   ///< sync mode: the claim could not be made durable; do not execute
-    invalid_key,         ///< the key is empty (key{}), or the store declared it cannot hold it
-                         ///< (PostgreSQL: not valid UTF-8); nothing changed, retrying cannot help
-};
-
-[[nodiscard]] constexpr const char* to_string(begin_status s) noexcept {
-    switch (s) {
-        case begin_status::acquired: return "acquired";
-        case begin_status::in_progress: return "in_progress";
-        case begin_status::succeeded: return "succeeded";
-        case begin_status::failed: return "failed";
-        case begin_status::in_doubt: return "in_doubt";
-        case begin_status::payload_mismatch: return "payload_mismatch";
-        case begin_status::capacity_exhausted: return "capacity_exhausted";
-        case begin_status::backpressure: return "backpressure";
-        case begin_status::store_unavailable: return "store_unavailable";
-        case begin_status::invalid_key: return "invalid_key";
-    }
-    return "?";
-}
-
-/// A consistent view of one record, as returned by query().
-struct record_view {
-    record_state state = record_state::absent;
-    std::uint64_t fence = 0;
-    std::uint64_t outcome = 0;
-    std::uint64_t fingerprint = 0;
-    bool in_doubt = false;
-    std::chrono::nanoseconds lease_until{0};
-};
-
-namespace detail {
-
-enum counter : unsigned {
-    c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
-    c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
-    c_rotation_blocked, c_restored_processing, c_recalls, c_recalled, c_recall_failed, c_count
-};
-
-template <template <class> class Atomic>
-struct alignas(64) counter_stripe {
-    Atomic<std::uint64_t> v[c_count];
-};
-
-/// Stripes a thread can own (one writer), and stripes shared by the threads beyond them.
-inline constexpr unsigned owned_stripes = 64;
-inline constexpr unsigned shared_stripes = 8;
-inline constexpr unsigned stripe_count = owned_stripes + shared_stripes;
-
-/// The stripe of counters (and arena cursors) a thread writes. `owned`: no other thread writes it
-/// while this thread lives, so an add is a plain load and store instead of a locked RMW (which on
-/// x86 is a full barrier: it waits for the thread's pending stores, such as a new slot's cache
-/// misses, at every counter and cursor).
-struct stripe_ref {
-    unsigned index;
-    bool owned;
-};
-
-/// Hands each thread, at its first use, one of the 64 ownable stripes nobody holds, and takes it
-/// back when the thread exits (release; the next owner's acquire sees every value written). Threads
-/// beyond 64 live ones share the 8 shared stripes round robin and use RMWs there.
-///
-/// The thread's stripe_ref is a trivially destructible thread_local, so it stays readable while the
-/// thread's other thread_locals (and, on the main thread, statics) are destroyed; a separate
-/// releaser's destructor first turns it into a shared stripe and only then gives the owned one
-/// back, so a guard or ticket destroyed later on this thread never writes a stripe that another
-/// thread may own by then.
-class stripe_owner {
-public:
-    [[nodiscard]] static stripe_ref take() noexcept {
-        std::atomic<std::uint64_t>& held = taken();
-        std::uint64_t seen = held.load(std::memory_order_relaxed);  // relaxed: the CAS decides
-        while (seen != ~std::uint64_t{0}) {
-            const auto i = static_cast<unsigned>(std::countr_one(seen));
-            if (held.compare_exchange_weak(seen, seen | (std::uint64_t{1} << i), std::memory_order_acquire,
-                                           std::memory_order_relaxed))
-                return {i, true};
-        }
-        return shared(next_shared().fetch_add(1, std::memory_order_relaxed));  // relaxed: any value will do
-    }
-
-    /// Gives `ref` back at thread exit, after making it a shared stripe.
-    struct releaser {
-        stripe_ref* ref;
-        ~releaser() {
-            const stripe_ref was = *ref;
-            if (!was.owned) return;
-            *ref = shared(was.index);
-            taken().fetch_and(~(std::uint64_t{1} << was.index), std::memory_order_release);
-        }
-    };
-
-    /// Which copy of this code handed out the thread's owned stripe. Each copy has its own (two
-    /// shared objects built with hidden visibility each instantiate their own statics), so an
-    /// engine lets only one of them use its owned stripes (engine::my_stripe).
-    [[nodiscard]] static const void* registry() noexcept { return &taken(); }
-    /// The shared stripe standing in for `ref` (RMWs only).
-    [[nodiscard]] static stripe_ref as_shared(stripe_ref ref) noexcept { return shared(ref.index); }
-
-private:
-    [[nodiscard]] static stripe_ref shared(unsigned n) noexcept { return {owned_stripes + n % shared_stripes, false}; }
-    static std::atomic<std::uint64_t>& taken() noexcept {
-        static std::atomic<std::uint64_t> bits{0};  // trivially destructible: usable until the end
-        static_assert(owned_stripes == 64, "one bit per ownable stripe");
-        return bits;
-    }
-    static std::atomic<unsigned>& next_shared() noexcept {
-        static std::atomic<unsigned> next{0};
-        return next;
-    }
-};
-
-inline stripe_ref this_thread_stripe() noexcept {
-    thread_local stripe_ref ref{0, false};  // constant-initialized, never destroyed
-    thread_local bool assigned = false;
-    if (!assigned) [[unlikely]] {
-        assigned = true;
-        ref = stripe_owner::take();
-        thread_local stripe_owner::releaser give_back{&ref};
-        (void)give_back;
-    }
-    return ref;
-}
-
-/// Adds n to a counter or cursor of a stripe: a plain load and store when the calling thread owns
-/// the stripe (engine::stripe() says when), else a relaxed RMW.
-template <class A>
-void stripe_add(A& a, std::uint64_t n, bool owned) noexcept {
-    if (owned) a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // relaxed: one writer; a statistic
-    else a.fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
-}
-
-struct hash128 {
-    std::uint64_t lo, hi;
-};
-
-/// Arrays of atomics for the record table. With std::atomic they come from anonymous mmap: zero
-/// pages, faulted in on first touch (or all at once with prefault). std::atomic<integer> is
-/// lock-free and its object representation is the integer's, so zero pages are atomics holding 0
-/// (static_asserts in slot.hpp). Other atomic types (test hooks, model checkers) are constructed.
-/// One position of a generation's index: one 64-bit word, tag << 32 | ref; 0 = free.
-/// tag: the top 32 bits of the key's hash high half (never 0: 0 is remapped to 1); the position in
-/// the index comes from the low half, so the two are independent bits.
-/// ref: 0 = pending (the position's first claim is being made; its slot is not published yet);
-/// 1 = withdrawn (no slot; lookups probe on); otherwise the slot's number in the slot arena + 2.
-template <template <class> class Atomic>
-using index_entry = Atomic<std::uint64_t>;
-
-namespace position {
-inline constexpr std::uint64_t free = 0;
-inline constexpr std::uint64_t pending = 0;
-inline constexpr std::uint64_t withdrawn = 1;
-/// Slot numbers a position can name: ref is 32 bits and 0, 1 are taken.
-inline constexpr std::uint64_t max_slots = (std::uint64_t{1} << 32) - 2;
-[[nodiscard]] constexpr std::uint64_t tag(hash128 h) noexcept {
-    const std::uint64_t t = h.hi >> 32;
-    return t == 0 ? 1 : t;
-}
-[[nodiscard]] constexpr std::uint64_t make(std::uint64_t tag, std::uint64_t ref) noexcept { return tag << 32 | ref; }
-[[nodiscard]] constexpr std::uint64_t tag_of(std::uint64_t word) noexcept { return word >> 32; }
-[[nodiscard]] constexpr std::uint64_t ref_of(std::uint64_t word) noexcept { return word & 0xffffffffu; }
-/// Publishes slot n in a position its caller holds pending (2'): the slot's identity, written
-/// before, is visible to whoever loads the word.
-template <class Entry>
-void publish(Entry& e, hash128 h, std::uint64_t n) noexcept {
-    e.store(make(tag(h), n + 2), std::memory_order_release);  // (2')
-}
-/// Gives up a position its caller holds pending: lookups probe past it; the next recycle frees it.
-template <class Entry>
-void withdraw(Entry& e, hash128 h) noexcept {
-    e.store(make(tag(h), withdrawn), std::memory_order_seq_cst);
-}
-}  // namespace position
-
-template <class T>
-inline constexpr bool zero_pages_ok_v = std::is_same_v<T, std::atomic<std::uint64_t>> ||
-                                        std::is_same_v<T, slot<std::atomic>>;
-
-/// Transparent huge pages are 2 MiB on x86-64 and on arm64 with 4 KiB base pages.
-inline constexpr std::size_t huge_page = std::size_t{2} << 20;
-
-/// How a mapping is backed. `huge`: MADV_HUGEPAGE, for arenas filled from their start (a huge page
-/// is committed only when a claim reaches it, and then it is used in full) and for an index small
-/// enough that a few thousand claims touch all of it anyway. `small`: 4 KiB pages, for a large index,
-/// which is touched at random: in huge pages, 1,000 claims on a 256 MiB index would commit nearly all
-/// of it (a huge page each), in 4 KiB pages 4 MiB.
-enum class backing : std::uint8_t { huge, small };
-
-/// Largest index (bytes per generation) mapped in huge pages; beyond it, 4 KiB pages (see backing).
-inline constexpr std::size_t huge_index_limit = std::size_t{32} << 20;
-
-template <class T>
-T* map_words(std::size_t count, bool prefault, backing how = backing::huge) {
-    if constexpr (zero_pages_ok_v<T>) {
-        const std::size_t bytes = count * sizeof(T);
-        // Over-map by a huge page and trim both ends, so the mapping starts on a 2 MiB boundary and
-        // every 2 MiB of it can be one huge page (an unaligned start splits the first and last).
-        const std::size_t span = how == backing::huge ? bytes + huge_page : bytes;
-        void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED)
-            throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
-                                                    " bytes for the record table; lower options.capacity");
-        auto* p = static_cast<char*>(raw);
-        if (how == backing::huge) {
-            const auto addr = reinterpret_cast<std::uintptr_t>(raw);
-            const std::size_t head = (huge_page - addr % huge_page) % huge_page;
-            if (head != 0) ::munmap(p, head);
-            ::munmap(p + head + bytes, huge_page - head);
-            p += head;
-            // Lookups land on random lines of a large table: with 4 KiB pages nearly every one is a
-            // TLB miss (a two-level page walk under virtualization), and filling an arena costs a
-            // fault per 4 KiB instead of per 2 MiB. Best effort: ignored where THP is off.
-            (void)::madvise(p, bytes, MADV_HUGEPAGE);
-        }
-        if (prefault) {
-            (void)::madvise(p, bytes, MADV_WILLNEED);
-            auto* c = static_cast<volatile char*>(p);
-            for (std::size_t i = 0; i < bytes; i += 4096) c[i] = 0;  // fault every page in, now
-        }
-        return reinterpret_cast<T*>(p);
-    } else {
-        T* p = static_cast<T*>(::operator new[](count * sizeof(T), std::align_val_t{alignof(T)}));
-        for (std::size_t i = 0; i < count; ++i) new (&p[i]) T();
-        if constexpr (requires(T& t) { t.store(std::uint64_t{0}, std::memory_order_relaxed); })
-            for (std::size_t i = 0; i < count; ++i) p[i].store(0, std::memory_order_relaxed);  // relaxed: before publication
-        return p;
-    }
-}
-
-template <class T>
-void unmap_words(T* p, std::size_t count) noexcept {
-    if constexpr (zero_pages_ok_v<T>) {
-        ::munmap(p, count * sizeof(T));
-    } else {
-        for (std::size_t i = 0; i < count; ++i) p[i].~T();
-        ::operator delete[](p, std::align_val_t{alignof(T)});
-    }
-}
-
-/// Hands out units of an arena in chunks, one current chunk per counter stripe (so, nearly always,
-/// per thread): consecutive allocations of a thread are neighbours in memory. A stripe's cursor is
-/// (chunk + 1) << 32 | units used, advanced by a plain store on an owned stripe and by CAS on a
-/// shared one; a new chunk comes from a shared counter (threads racing for a new chunk on a shared
-/// stripe give theirs back when they lose, unless another chunk was taken meanwhile: rarely a chunk
-/// is left unused; a unit is never shared). Reset all at once.
-template <template <class> class Atomic, unsigned Cursors>
-class chunk_allocator {
-public:
-    static constexpr std::uint64_t npos = ~std::uint64_t{0};
-
-    chunk_allocator(std::uint64_t chunk_units, std::uint64_t chunks) : chunk_units_(chunk_units), chunks_(chunks) {
-        reset();
-    }
-
-    /// n consecutive units (n <= chunk_units), or npos when the arena is full. Progress: lock-free.
-    std::uint64_t alloc(std::uint64_t n, stripe_ref stripe) noexcept {
-        auto& cursor = cursors_[stripe.index % Cursors].v;
-        // An owned stripe's cursor has one writer (reset happens only while nobody allocates), so
-        // it is advanced by a plain store; a shared one by CAS.
-        const bool owned = stripe.owned && Cursors == stripe_count;
-        auto advance = [&](std::uint64_t& seen, std::uint64_t next) {
-            if (owned) {
-                cursor.store(next, std::memory_order_relaxed);  // relaxed: one writer; nothing is published
-                return true;
-            }
-            // relaxed: the range is ours by the RMW's modification order; nothing is published
-            return cursor.compare_exchange_strong(seen, next, std::memory_order_relaxed);
-        };
-        std::uint64_t c = cursor.load(std::memory_order_relaxed);  // relaxed: as above
-        for (;;) {
-            const std::uint64_t chunk = c >> 32;
-            const std::uint64_t used = c & 0xffffffffu;
-            if (chunk != 0 && used + n <= chunk_units_) {
-                if (advance(c, c + n)) return (chunk - 1) * chunk_units_ + used;
-                continue;
-            }
-            const std::uint64_t fresh = next_chunk_.fetch_add(1, std::memory_order_relaxed);  // relaxed: as above
-            if (fresh >= chunks_) return npos;
-            if (fresh >= call_at_.load(std::memory_order_relaxed)) [[unlikely]]  // relaxed: a hint
-                ring(fresh);
-            if (advance(c, ((fresh + 1) << 32) | n)) return fresh * chunk_units_;
-            // Another sharer installed a chunk first: give ours back if nobody took one since, so
-            // threads racing on a shared stripe do not leak a chunk each time.
-            std::uint64_t after = fresh + 1;
-            next_chunk_.compare_exchange_strong(after, fresh, std::memory_order_relaxed);  // relaxed: as above
-        }
-    }
-
-    /// Only while no thread can allocate; published to allocators by the epoch increment (7).
-    void reset() noexcept {
-        next_chunk_.store(0, std::memory_order_relaxed);  // relaxed: published by (7)
-        for (auto& c : cursors_) c.v.store(0, std::memory_order_relaxed);
-    }
-
-    /// Chunks handed out since the last reset. A hint for the toucher (arena_toucher): relaxed.
-    [[nodiscard]] std::uint64_t taken() const noexcept {
-        return std::min<std::uint64_t>(next_chunk_.load(std::memory_order_relaxed), chunks_);
-    }
-    /// Where ring() signals: set once, before the engine is shared (the toucher's constructor).
-    void attach(std::atomic<std::uint32_t>* bell) noexcept { bell_ = bell; }
-    /// The next allocation of a chunk numbered `chunk` or above increments the bell and wakes its
-    /// waiter, once; the toucher re-arms it. Not part of the record protocol: std::atomic always.
-    void call_at(std::uint64_t chunk) noexcept {
-        call_at_.store(chunk, std::memory_order_relaxed);  // relaxed: the toucher re-checks the frontier after waking
-    }
-
-private:
-    void ring(std::uint64_t fresh) noexcept {
-        std::uint64_t armed = call_at_.load(std::memory_order_relaxed);  // relaxed: one ringer wins the CAS
-        if (fresh < armed || !call_at_.compare_exchange_strong(armed, npos, std::memory_order_relaxed)) return;
-        bell_->fetch_add(1, std::memory_order_relaxed);  // relaxed: wakes the toucher; it reads the frontier itself
-        bell_->notify_one();
-    }
-
-    struct alignas(64) cursor_line {
-        Atomic<std::uint64_t> v;
-    };
-    std::uint64_t chunk_units_;
-    std::uint64_t chunks_;
-    std::atomic<std::uint32_t>* bell_ = nullptr;
-    std::atomic<std::uint64_t> call_at_{npos};  ///< npos: nobody to call (model checkers, prefault, fired)
-    alignas(64) Atomic<std::uint64_t> next_chunk_;
-    cursor_line cursors_[Cursors];
-};
-
-/// Cursors per arena: one per counter stripe; with other atomic types (model checkers) a few.
-template <template <class> class Atomic>
-inline constexpr unsigned arena_cursors =
-    std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>> ? stripe_count : 4;
-
-/// An arena's memory and its allocator, as the toucher sees them.
-template <template <class> class Atomic>
-struct arena_span {
-    char* base;
-    std::size_t bytes;
-    std::size_t chunk_bytes;
-    chunk_allocator<Atomic, arena_cursors<Atomic>>* alloc;
-};
-
-/// The key text of one generation's records, written once per record when it is first claimed and
-/// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
-/// An entry is the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4 KiB chunks per stripe: a
-/// claim writes its key into lines its own thread wrote a moment ago. Its size travels in the
-/// reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the first word + 1, so
-/// an entry needs no size word of its own (8 bytes less per record). It holds at least max_size bytes
-/// for every index position, plus a chunk per stripe, so it cannot fill before the index does.
-template <template <class> class Atomic>
-class key_arena {
-public:
-    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
-    static constexpr std::uint64_t max_words = key::max_size / 8;
-    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : max_words;
-    static constexpr unsigned size_shift = 40;
-    static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
-    static_assert(key::max_size % 8 == 0 && key::max_size < 256, "a key's size must fit the reference's 8 size bits");
-
-    key_arena(std::size_t positions, bool prefault)
-        : chunks_((positions * max_words + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
-          alloc_(chunk_words, chunks_) {
-        words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words, prefault);
-    }
-    ~key_arena() { unmap_words(words_, chunks_ * chunk_words); }
-    key_arena(const key_arena&) = delete;
-    key_arena& operator=(const key_arena&) = delete;
-
-    /// Appends k (not empty); returns its reference (size << 40 | first word + 1), or 0 when the
-    /// arena is full.
-    [[nodiscard]] std::uint64_t append(const key& k, stripe_ref stripe) noexcept {
-        const std::uint64_t n = (k.size() + 7) / 8;
-        const std::uint64_t at = alloc_.alloc(n, stripe);
-        if (at == alloc_.npos) return 0;
-        if constexpr (zero_pages_ok)  // the next keys' line
-            if (at + n + 16 < chunks_ * chunk_words) __builtin_prefetch(words_ + at + n + 16, 1);
-        // Whole words straight from the key's buffer: it holds max_size bytes, zero past size().
-        const char* text = k.view().data();
-        for (std::uint64_t i = 0; i < n; ++i) {
-            std::uint64_t w;
-            std::memcpy(&w, text + 8 * i, 8);
-            words_[at + i].store(w, std::memory_order_relaxed);  // relaxed: published by (5)
-        }
-        return std::uint64_t{k.size()} << size_shift | (at + 1);
-    }
-
-    /// The key text at ref, or "" when ref is out of range (a torn read: the caller validates the
-    /// slot word afterwards and discards the result).
-    [[nodiscard]] std::string read(std::uint64_t ref) const {
-        const std::uint64_t total = chunks_ * chunk_words;
-        const std::uint64_t size = ref >> size_shift;
-        const std::uint64_t n = (size + 7) / 8;
-        if ((ref & at_mask) == 0 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
-        const std::uint64_t at = (ref & at_mask) - 1;
-        std::uint64_t bytes[max_words];
-        for (std::uint64_t i = 0; i < n; ++i)
-            bytes[i] = words_[at + i].load(std::memory_order_relaxed);  // relaxed: caller validates
-        return std::string(reinterpret_cast<const char*>(bytes), size);
-    }
-
-    void reset() noexcept { alloc_.reset(); }
-    [[nodiscard]] arena_span<Atomic> span() noexcept {
-        return {reinterpret_cast<char*>(words_), chunks_ * chunk_words * sizeof(words_[0]), chunk_words * sizeof(words_[0]),
-                &alloc_};
-    }
-
-private:
-    std::uint64_t chunks_;
-    chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
-    Atomic<std::uint64_t>* words_ = nullptr;
-};
-
-/// The slots of one generation's records, handed out in chunks per stripe (consecutive claims of a
-/// thread write neighbouring lines) and recycled all at once with the generation. A slot keeps its
-/// state word across recycles, so its incarnation keeps counting up (see begin()'s fresh claim).
-template <template <class> class Atomic>
-class slot_arena {
-public:
-    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
-    static constexpr std::uint64_t chunk_slots = zero_pages_ok ? 64 : 1;  // 4 KiB
-    static constexpr std::uint64_t prefetch_ahead = 2;
-
-    slot_arena(std::size_t positions, bool prefault)
-        : chunks_((positions + arena_cursors<Atomic> * chunk_slots + chunk_slots - 1) / chunk_slots),
-          alloc_(chunk_slots, chunks_) {
-        slots_ = map_words<slot<Atomic>>(chunks_ * chunk_slots, prefault);
-    }
-    ~slot_arena() { unmap_words(slots_, chunks_ * chunk_slots); }
-    slot_arena(const slot_arena&) = delete;
-    slot_arena& operator=(const slot_arena&) = delete;
-
-    /// A slot number, or npos when the arena is full (it holds one slot per index position plus a
-    /// chunk per stripe, so it cannot fill before the index does).
-    [[nodiscard]] std::uint64_t alloc(stripe_ref stripe) noexcept {
-        const std::uint64_t n = alloc_.alloc(1, stripe);
-        // The thread's next claims write the next slots of its chunk: ask for their lines now, so
-        // the next claim does not wait for them (a hint: never faults, harmless past the chunk).
-        if constexpr (zero_pages_ok)
-            if (n != npos && n + prefetch_ahead < size()) __builtin_prefetch(slots_ + n + prefetch_ahead, 1);
-        return n;
-    }
-    [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
-    [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
-    void reset() noexcept { alloc_.reset(); }
-    [[nodiscard]] arena_span<Atomic> span() noexcept {
-        return {reinterpret_cast<char*>(slots_), size() * sizeof(slot<Atomic>), chunk_slots * sizeof(slot<Atomic>), &alloc_};
-    }
-    static constexpr std::uint64_t npos = chunk_allocator<Atomic, arena_cursors<Atomic>>::npos;
-
-private:
-    std::uint64_t chunks_;
-    chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
-    slot<Atomic>* slots_ = nullptr;
-};
-
-/// One generation: an index of 8-byte positions (open addressing, linear probing, power-of-two
-/// size) in front of the slot and key arenas. A lookup reads one index line and then its slot; a
-/// new key's claim takes a free position and writes a slot its thread's chunk holds in cache.
-template <template <class> class Atomic>
-class generation {
-public:
-    generation(std::size_t positions, bool prefault)
-        : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault) {
-        index_ = map_words<index_entry<Atomic>>(
-            positions, prefault,
-            positions * sizeof(index_entry<Atomic>) <= huge_index_limit ? backing::huge : backing::small);
-    }
-    ~generation() { unmap_words(index_, mask_ + 1); }
-    generation(const generation&) = delete;
-    generation& operator=(const generation&) = delete;
-
-    [[nodiscard]] std::size_t size() const noexcept { return mask_ + 1; }
-    [[nodiscard]] index_entry<Atomic>& entry(std::size_t i) noexcept { return index_[i & mask_]; }
-    [[nodiscard]] slot_arena<Atomic>& slots() noexcept { return slots_; }
-    [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
-    [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
-    /// The index's memory (the toucher populates a small index at construction).
-    [[nodiscard]] char* index_memory() noexcept { return reinterpret_cast<char*>(index_); }
-    [[nodiscard]] std::size_t index_bytes() const noexcept { return size() * sizeof(index_entry<Atomic>); }
-    /// The slot a position's ref names (ref >= 2).
-    [[nodiscard]] slot<Atomic>& slot_at(std::uint64_t ref) noexcept { return slots_.at(ref - 2); }
-
-    struct found {
-        slot<Atomic>* s = nullptr;
-        bool pending = false;  ///< the key's first claim here is being made right now
-    };
-
-    /// Starts loading the line where the key's probe sequence begins.
-    void prefetch(hash128 h) const noexcept { __builtin_prefetch(&index_[h.lo & mask_]); }
-
-    /// Finds the key's slot without inserting. Progress: wait-free (bounded by max_probe).
-    found find(hash128 h, std::size_t max_probe) noexcept {
-        const std::size_t start = h.lo & mask_;
-        const std::size_t limit = std::min(max_probe, mask_ + 1);
-        const std::uint64_t tag = position::tag(h);
-        for (std::size_t n = 0; n < limit; ++n) {
-            const std::uint64_t w = index_[(start + n) & mask_].load(std::memory_order_seq_cst);  // (1) pairs with (2), (2')
-            if (w == position::free) return {};
-            if (position::tag_of(w) != tag) continue;
-            if (auto m = match(w, h)) return *m;
-        }
-        return {};
-    }
-
-    struct taken {
-        index_entry<Atomic>* e = nullptr;  ///< a free position now pending with the key's tag, ours to publish a slot in
-        found existing;                    ///< or the key's slot / pending claim met on the way
-        std::size_t probes = 0;
-    };
-
-    /// Takes the first free position of the key's probe sequence (CAS free -> tag|pending), unless
-    /// the key is met first. Neither: max_probe positions hold other keys. Progress: lock-free.
-    taken take(hash128 h, std::size_t max_probe) noexcept {
-        const std::size_t start = h.lo & mask_;
-        const std::size_t limit = std::min(max_probe, mask_ + 1);
-        const std::uint64_t tag = position::tag(h);
-        for (std::size_t n = 0; n < limit; ++n) {
-            index_entry<Atomic>& e = index_[(start + n) & mask_];
-            std::uint64_t w = e.load(std::memory_order_seq_cst);  // (1)
-            if (w == position::free &&
-                e.compare_exchange_strong(w, position::make(tag, position::pending), std::memory_order_seq_cst))  // (2)
-                return {&e, {}, n + 1};
-            if (position::tag_of(w) != tag) continue;  // (after a lost CAS, w is the winner's)
-            if (auto m = match(w, h)) return {nullptr, *m, n + 1};
-        }
-        return {nullptr, {}, limit};
-    }
-
-private:
-    /// What a position word carrying the key's tag says about the key: its slot (if the slot's
-    /// identity is the key's hash; the caller validates it with a snapshot), a pending first claim
-    /// (of this key, or, with probability 2^-32, of another key with the same tag: see design.md),
-    /// or nullopt (withdrawn, or another key with the same tag: probe on).
-    std::optional<found> match(std::uint64_t w, hash128 h) noexcept {
-        const std::uint64_t ref = position::ref_of(w);
-        if (ref == position::pending) return found{nullptr, true};
-        if (ref == position::withdrawn) return std::nullopt;
-        slot<Atomic>& s = slot_at(ref);  // its identity was written before (2'), which w comes from
-        if (s.hi.load(std::memory_order_seq_cst) == h.hi && s.lo.load(std::memory_order_seq_cst) == h.lo)
-            return found{&s, false};
-        return std::nullopt;
-    }
-
-    index_entry<Atomic>* index_ = nullptr;
-    std::size_t mask_;
-    slot_arena<Atomic> slots_;
-    key_arena<Atomic> keys_;
-};
-
-/// Keeps the arenas' pages populated ahead of their allocation frontier, from a thread of its own,
-/// so claims do not take the first-touch fault of a huge page (zeroing 2 MiB: about 0.2 ms; on a VM
-/// whose host took the memory back, up to several ms) on the hot path. An arena in use is kept
-/// populated `ahead` bytes beyond its frontier (the chunks handed out); the first chunk allocated
-/// beyond the half of that margin rings the toucher's bell (chunk_allocator::call_at), so a claim
-/// pays at most one futex wake per `ahead / 2` bytes of arena and the toucher sleeps otherwise.
-/// Memory stays committed lazily: a guard holding n records has populated at most its n records'
-/// arena pages plus `ahead` per arena in use. Populating never writes a byte (MADV_POPULATE_WRITE;
-/// before Linux 5.14, an atomic `fetch_or(0)` per 4 KiB page, which changes no value either), so it
-/// needs no ordering with the claims that write there.
-class arena_toucher {
-public:
-    using span = arena_span<std::atomic>;
-    static constexpr std::size_t ahead = std::size_t{4} << 20;
-
-    /// Populates the first `ahead` bytes of the arenas in `now` (and the index `index`, if any) before
-    /// returning, then starts the thread that keeps every arena ahead.
-    arena_toucher(std::vector<span> arenas, std::size_t now, char* index, std::size_t index_bytes)
-        : regions_(arenas.size()) {
-        for (std::size_t i = 0; i < arenas.size(); ++i) regions_[i].a = arenas[i];
-        if (index != nullptr) populate(index, index_bytes);
-        for (std::size_t i = 0; i < now && i < regions_.size(); ++i) advance_to(regions_[i], ahead);
-        for (auto& r : regions_) {
-            r.a.alloc->attach(&bell_);
-            rearm(r);
-        }
-        thread_ = std::thread([this] { run(); });
-    }
-    ~arena_toucher() {
-        stop_.store(true, std::memory_order_relaxed);  // relaxed: published by the release RMW below
-        bell_.fetch_add(1, std::memory_order_release);  // pairs with the acquire load in run()
-        bell_.notify_one();
-        thread_.join();
-    }
-    arena_toucher(const arena_toucher&) = delete;
-    arena_toucher& operator=(const arena_toucher&) = delete;
-
-    /// Populates [p, p + bytes): fault the pages in as a write would, without writing.
-    static void populate(char* p, std::size_t bytes) noexcept {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-        if (bytes == 0 || ::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
-        for (std::size_t i = 0; i < bytes; i += 4096)
-            __atomic_fetch_or(reinterpret_cast<std::uint64_t*>(p + i), 0, __ATOMIC_RELAXED);  // relaxed: changes nothing
-    }
-
-private:
-    struct region {
-        span a{};
-        std::size_t populated = 0;  ///< bytes from the start known populated (never falls: memory stays)
-    };
-
-    /// How far `r` should be populated: `ahead` beyond its frontier, once it is in use.
-    [[nodiscard]] static std::size_t wanted(const region& r) noexcept {
-        const std::size_t frontier = r.a.alloc->taken() * r.a.chunk_bytes;
-        return frontier == 0 ? 0 : std::min(r.a.bytes, frontier + ahead);
-    }
-    static void advance_to(region& r, std::size_t target) noexcept {
-        target = std::min(r.a.bytes, target);
-        if (r.populated >= target) return;
-        populate(r.a.base + r.populated, target - r.populated);
-        r.populated = target;
-    }
-    /// Rings when the frontier comes within ahead / 2 of what is populated (at once, while unused).
-    void rearm(region& r) noexcept {
-        const std::size_t at = r.populated > ahead / 2 ? (r.populated - ahead / 2) / r.a.chunk_bytes : 0;
-        r.a.alloc->call_at(r.populated >= r.a.bytes ? chunk_allocator<std::atomic, stripe_count>::npos : at);
-    }
-    void run() noexcept {
-        for (;;) {
-            // acquire: a bell rung by ~arena_toucher (release) shows its stop_; claimers' rings
-            // need no order (the frontier is re-read below)
-            const std::uint32_t seen = bell_.load(std::memory_order_acquire);
-            if (stop_.load(std::memory_order_relaxed)) return;  // relaxed: ordered by the acquire above
-            bool behind = false;
-            for (auto& r : regions_) {
-                const std::size_t want = wanted(r);
-                if (r.populated >= want) continue;
-                // One huge page per step, so the other arenas get their turn; skip what the claims
-                // already faulted in themselves.
-                const std::size_t frontier = r.a.alloc->taken() * r.a.chunk_bytes;
-                r.populated = std::max(r.populated, frontier / huge_page * huge_page);
-                advance_to(r, std::min(want, (r.populated / huge_page + 1) * huge_page));
-                behind = behind || r.populated < wanted(r);
-            }
-            if (behind) continue;
-            for (auto& r : regions_) rearm(r);
-            bool again = false;  // a frontier may have passed the new mark before it was armed
-            for (auto& r : regions_) again = again || r.populated < wanted(r);
-            if (!again) bell_.wait(seen, std::memory_order_relaxed);
-        }
-    }
-
-    std::vector<region> regions_;
-    std::atomic<std::uint32_t> bell_{0};
-    std::atomic<bool> stop_{false};
-    std::thread thread_;
-};
-
-/// A seqlock snapshot of a slot's fields. valid == false when the word changed while reading.
-struct snapshot {
-    std::uint64_t word = 0;
-    std::uint64_t outcome = 0;
-    std::uint64_t fingerprint = 0;
-    std::int64_t lease_until = 0;
-    std::int64_t updated = 0;
-    std::uint64_t lo = 0, hi = 0;  ///< the identity that goes with `word`
-    bool valid = false;
-    [[nodiscard]] bool is(hash128 h) const noexcept { return valid && lo == h.lo && hi == h.hi; }
-};
-
-template <template <class> class Atomic>
-snapshot read_slot(const slot<Atomic>& s) noexcept {
-    snapshot r;
-    r.word = s.word.load(std::memory_order_seq_cst);  // (3) pairs with (5); seq_cst: see (6)
-    r.lo = s.lo.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.hi = s.hi.load(std::memory_order_relaxed);                    // relaxed: validated below
-    r.outcome = s.outcome.load(std::memory_order_relaxed);          // relaxed: validated below
-    r.fingerprint = s.fingerprint.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.lease_until = s.lease_until.load(std::memory_order_relaxed);  // relaxed: validated below
-    r.updated = s.updated.load(std::memory_order_relaxed);          // relaxed: validated below
-    std::atomic_thread_fence(std::memory_order_acquire);            // (8)
-    r.valid = s.word.load(std::memory_order_relaxed) == r.word;     // relaxed: ordered by (8)
-    return r;
-}
+namespace idem::detail {
 
 [[nodiscard]] constexpr record_state durable_state(slot_state s) noexcept {
     switch (s) {
@@ -1053,9 +400,9 @@ public:
                                   outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                                   std::chrono::nanoseconds(0), now});
         const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
-        s.outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.updated.store(now.count(), std::memory_order_relaxed);
-        if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), std::memory_order_relaxed);
+        s.outcome.store(outcome, seqlock::field_store);  // field_store: published by (5)
+        s.updated.store(now.count(), seqlock::field_store);
+        if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), seqlock::field_store);
         const std::uint64_t done = state_word::with_state(c.word, to) | (unconfirmed ? state_word::doubt_bit : 0);
         s.word.store(done, std::memory_order_release);  // (5)
         count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
@@ -1071,7 +418,7 @@ public:
         slot_type& s = *c.s;
         std::uint64_t replaced = 0;
         if (std::error_code ec = enter(c, replaced)) return ec;
-        s.lease_until.store((clock_.now() + by).count(), std::memory_order_relaxed);  // relaxed: published by (5)
+        s.lease_until.store((clock_.now() + by).count(), seqlock::field_store);  // field_store: published by (5)
         s.word.store(c.word, std::memory_order_release);                                // (5)
         return {};
     }
@@ -1124,8 +471,8 @@ public:
                 const snapshot snap = read_slot(s);
                 if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
                 if (snap.lease_until > clock_.now().count()) continue;
-                const std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
-                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                const std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
+                seqlock::reader_fence();  // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // the key bytes may be newer
                 const auto k = key::parse(text);
                 if (!k) continue;
@@ -1208,13 +555,13 @@ public:
                 if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
                                                     std::memory_order_seq_cst))  // (4)
                     return false;
-                std::atomic_thread_fence(std::memory_order_release);  // (9)
+                seqlock::writer_fence();  // (9)
                 if (is_terminal(state_word::state(snap.word))) ++evicted;
-                s.lo.store(0, std::memory_order_relaxed);  // relaxed: published by (5)
-                s.hi.store(0, std::memory_order_relaxed);
-                s.outcome.store(0, std::memory_order_relaxed);
-                s.fingerprint.store(0, std::memory_order_relaxed);
-                s.key_ref.store(0, std::memory_order_relaxed);
+                s.lo.store(0, seqlock::field_store);  // field_store: published by (5)
+                s.hi.store(0, seqlock::field_store);
+                s.outcome.store(0, seqlock::field_store);
+                s.fingerprint.store(0, seqlock::field_store);
+                s.key_ref.store(0, seqlock::field_store);
                 // The word keeps its incarnation when the slot is handed out again, so a stale
                 // thread's CAS with a word of this life fails.
                 s.word.store(state_word::make(slot_state::vacant, inc, 0), std::memory_order_release);  // (5)
@@ -1297,8 +644,8 @@ public:
                 const snapshot snap = read_slot(s);
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
-                std::string text = g->keys().read(s.key_ref.load(std::memory_order_relaxed));  // relaxed: validated below
-                std::atomic_thread_fence(std::memory_order_acquire);             // (8)
+                std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
+                seqlock::reader_fence();  // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
                 fn(std::move(text), view_of(snap));
             }
@@ -1374,7 +721,7 @@ private:
 
     /// The slot published at index position i, or nullptr (free, pending or withdrawn position).
     static slot_type* published_slot(generation<Atomic>& g, std::size_t i) noexcept {
-        const std::uint64_t ref = position::ref_of(g.entry(i).load(std::memory_order_acquire));  // (1) pairs with (2')
+        const std::uint64_t ref = position::ref_of(g.entry(i).load(std::memory_order_acquire));  // (1') pairs with (2')
         return ref < 2 ? nullptr : &g.slot_at(ref);
     }
 
@@ -1393,7 +740,7 @@ private:
         for (std::uint64_t expected : {c.word, c.word | state_word::doubt_bit}) {
             const std::uint64_t want = expected;
             if (s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
-                std::atomic_thread_fence(std::memory_order_release);                         // (9)
+                seqlock::writer_fence();  // (9)
                 replaced = want;
                 return {};
             }
@@ -1447,8 +794,8 @@ private:
         if (!s.word.compare_exchange_strong(expected, state_word::with_state(marked, slot_state::completing),
                                             std::memory_order_seq_cst))  // (4)
             return;
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
-        s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), std::memory_order_relaxed);  // relaxed: published by (5)
+        seqlock::writer_fence();  // (9)
+        s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), seqlock::field_store);  // field_store: published by (5)
         s.word.store(marked, std::memory_order_release);  // (5)
     }
 
@@ -1505,7 +852,7 @@ private:
         if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::claiming, inc, fence),
                                             std::memory_order_seq_cst))  // (4) pairs with (6)(7)
             return std::nullopt;
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
+        seqlock::writer_fence();  // (9)
         const auto now = clock_.now();
         if (epoch_.load(std::memory_order_seq_cst) != epoch ||  // (6) a rotation overtook us: withdraw
             (cause == transition_cause::reclaim &&
@@ -1553,10 +900,10 @@ private:
         // release: a reader that acquires this word also sees the recycle's reset of the identity
         // (which this thread saw through (6)), so it cannot validate the identity of an earlier life.
         s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_release);  // (4')
-        std::atomic_thread_fence(std::memory_order_release);  // (9)
-        s.lo.store(h.lo, std::memory_order_relaxed);  // relaxed: published by (2')
-        s.hi.store(h.hi, std::memory_order_relaxed);
-        s.key_ref.store(0, std::memory_order_relaxed);
+        seqlock::writer_fence();  // (9)
+        s.lo.store(h.lo, seqlock::field_store);  // field_store: published by (2')
+        s.hi.store(h.hi, seqlock::field_store);
+        s.key_ref.store(0, seqlock::field_store);
         position::publish(e, h, n);  // (2') the slot, claiming, with its identity
         return grant(s, gen, seen, fence, from, k, fingerprint, transition_cause::claim, now, room);
     }
@@ -1590,16 +937,19 @@ private:
                 count(c_capacity);
                 return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
             }
-            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.key_ref.store(ref, seqlock::field_store);  // field_store: published by (5)
         }
-        // Counted here, right after the CAS drained the store buffer: a locked add after the field
-        // writes below would wait for their cache misses (it is a full barrier on x86).
-        // Counting before publishing only makes outstanding() err on scanning.
+        // Counted before the field writes below: on a shared stripe count() is a locked RMW, a full
+        // barrier on x86 that waits for the thread's pending stores, and the fields' cache misses
+        // would be among them (on an owned stripe it is a plain store). The stores before this
+        // point (the key text just appended; on a fresh slot its claiming word (4') and identity)
+        // are in lines this thread wrote a moment ago. Counting before publishing only makes
+        // outstanding() err on scanning.
         count(granted);
         const auto lease_until = now + opts_.lease;
-        s.fingerprint.store(fingerprint, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.lease_until.store(lease_until.count(), std::memory_order_relaxed);
-        s.updated.store(now.count(), std::memory_order_relaxed);
+        s.fingerprint.store(fingerprint, seqlock::field_store);  // field_store: published by (5)
+        s.lease_until.store(lease_until.count(), seqlock::field_store);
+        s.updated.store(now.count(), seqlock::field_store);
         const std::uint64_t seq =
             room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
@@ -1648,7 +998,7 @@ private:
                 count(c_capacity);
                 return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
             }
-            s.key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+            s.key_ref.store(ref, seqlock::field_store);  // field_store: published by (5)
         }
         const slot_state st = r.state == record_state::processing  ? slot_state::processing
                               : r.state == record_state::succeeded ? slot_state::succeeded
@@ -1662,10 +1012,10 @@ private:
         snap.lo = s.lo.load(std::memory_order_relaxed);  // relaxed: we hold claiming
         snap.hi = s.hi.load(std::memory_order_relaxed);
         snap.valid = true;
-        s.outcome.store(snap.outcome, std::memory_order_relaxed);  // relaxed: published by (5)
-        s.fingerprint.store(snap.fingerprint, std::memory_order_relaxed);
-        s.lease_until.store(snap.lease_until, std::memory_order_relaxed);
-        s.updated.store(snap.updated, std::memory_order_relaxed);
+        s.outcome.store(snap.outcome, seqlock::field_store);  // field_store: published by (5)
+        s.fingerprint.store(snap.fingerprint, seqlock::field_store);
+        s.lease_until.store(snap.lease_until, seqlock::field_store);
+        s.updated.store(snap.updated, seqlock::field_store);
         if (st == slot_state::processing) count(c_restored_processing);  // compensation looks at it
         s.word.store(snap.word, std::memory_order_release);  // (5)
         count(c_recalled);
@@ -1744,5 +1094,4 @@ private:
     std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 
-}  // namespace detail
-}  // namespace idem
+}  // namespace idem::detail
