@@ -201,7 +201,7 @@ TEST(ErrorCategory, NameAndMessages) {
     EXPECT_EQ(&idem::error_category(), &idem::make_error_code(errc::stale_ticket).category());
 
     std::set<std::string> messages;
-    for (int v = static_cast<int>(errc::invalid_key); v <= static_cast<int>(errc::busy); ++v) {
+    for (int v = static_cast<int>(errc::invalid_key); v <= static_cast<int>(errc::already_failed); ++v) {
         const std::string m = idem::error_category().message(v);
         EXPECT_FALSE(m.empty()) << v;
         EXPECT_NE(m, "unknown idem error") << "errc " << v << " has no message";

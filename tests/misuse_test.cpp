@@ -386,7 +386,7 @@ TEST(Print, EveryPublicEnumeratorPrintsItsName) {
     // The table above is complete: one past the last enumerator has no name.
     EXPECT_EQ(static_cast<int>(codes.back().first) - static_cast<int>(codes.front().first) + 1,
               static_cast<int>(codes.size()));
-    EXPECT_EQ(idem::enum_name(static_cast<errc>(static_cast<int>(codes.back().first) + 1)), nullptr);
+    EXPECT_EQ(idem::detail::name_of(static_cast<errc>(static_cast<int>(codes.back().first) + 1)), nullptr);
     for (const auto& [e, name] : codes) {
         EXPECT_EQ(printed(e), name);
         // The category's message differs from the name: both are worth having.

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "idem/detail/enum_print.hpp"
+
 namespace idem {
 
 enum class errc {
@@ -31,8 +33,9 @@ enum class errc {
     already_failed,      ///< run() of a key whose operation failed terminally: it is not run again
 };
 
+namespace detail {
 /// The enumerator's name ("stale_ticket"); nullptr for a value outside the enum.
-[[nodiscard]] constexpr const char* enum_name(errc e) noexcept {
+[[nodiscard]] constexpr const char* name_of(errc e) noexcept {
     switch (e) {
         case errc::invalid_key: return "invalid_key";
         case errc::invalid_argument: return "invalid_argument";
@@ -53,19 +56,11 @@ enum class errc {
     }
     return nullptr;
 }
-
-namespace detail {
-/// Writes `name`, or `type(value)` for a value no enumerator has (a cast, a newer peer's byte).
-template <class Enum>
-std::ostream& print_enum(std::ostream& os, const char* name, std::string_view type, Enum e) {
-    if (name != nullptr) return os << name;
-    return os << type << '(' << static_cast<long long>(e) << ')';
-}
 }  // namespace detail
 
 /// Prints the enumerator's name; a value outside the enum prints as errc(42). GoogleTest and
 /// logging use this instead of dumping the object's bytes.
-inline std::ostream& operator<<(std::ostream& os, errc e) { return detail::print_enum(os, enum_name(e), "errc", e); }
+inline std::ostream& operator<<(std::ostream& os, errc e) { return detail::print_enum(os, detail::name_of(e), "errc", e); }
 
 class error_category_impl final : public std::error_category {
 public:

@@ -32,10 +32,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "idem/detail/engine.hpp"  // begin_status
 #include "idem/error.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
+#include "idem/status.hpp"
 #include "idem/transition.hpp"
 
 namespace idem {

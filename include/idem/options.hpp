@@ -35,22 +35,23 @@ enum class resolution : std::uint8_t {
     unknown,       ///< cannot tell: the key stays PROCESSING, marked in doubt, and is asked again next pass
 };
 
+namespace detail {
 /// The enumerator's name ("terminal"); nullptr for a value outside the enum.
-[[nodiscard]] constexpr const char* enum_name(failure_policy p) noexcept {
+[[nodiscard]] constexpr const char* name_of(failure_policy p) noexcept {
     switch (p) {
         case failure_policy::terminal: return "terminal";
         case failure_policy::retryable: return "retryable";
     }
     return nullptr;
 }
-[[nodiscard]] constexpr const char* enum_name(duplicate_policy p) noexcept {
+[[nodiscard]] constexpr const char* name_of(duplicate_policy p) noexcept {
     switch (p) {
         case duplicate_policy::replay: return "replay";
         case duplicate_policy::raise: return "raise";
     }
     return nullptr;
 }
-[[nodiscard]] constexpr const char* enum_name(resolution r) noexcept {
+[[nodiscard]] constexpr const char* name_of(resolution r) noexcept {
     switch (r) {
         case resolution::succeeded: return "succeeded";
         case resolution::failed: return "failed";
@@ -59,16 +60,17 @@ enum class resolution : std::uint8_t {
     }
     return nullptr;
 }
+}  // namespace detail
 
 /// Print the enumerator's name; a value outside the enum prints as failure_policy(7).
 inline std::ostream& operator<<(std::ostream& os, failure_policy p) {
-    return detail::print_enum(os, enum_name(p), "failure_policy", p);
+    return detail::print_enum(os, detail::name_of(p), "failure_policy", p);
 }
 inline std::ostream& operator<<(std::ostream& os, duplicate_policy p) {
-    return detail::print_enum(os, enum_name(p), "duplicate_policy", p);
+    return detail::print_enum(os, detail::name_of(p), "duplicate_policy", p);
 }
 inline std::ostream& operator<<(std::ostream& os, resolution r) {
-    return detail::print_enum(os, enum_name(r), "resolution", r);
+    return detail::print_enum(os, detail::name_of(r), "resolution", r);
 }
 
 struct resolver_answer {

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <string>
 
-#include "support/printers.hpp"
 
 namespace idem_test {
 

@@ -55,7 +55,6 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
-#include "support/printers.hpp"
 
 namespace idem {
 
