@@ -65,6 +65,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <type_traits>
 #include <string_view>
@@ -79,6 +80,16 @@ enum class sqlite_lock : std::uint8_t {
     on_first_write,  ///< at check_sync_durability() (a sync-mode durable_guard, before recovery) or the first apply()
     at_open,         ///< in the constructor: a second writer is refused before it reads anything
 };
+
+/// Prints the enumerator's name ("on_first_write", "at_open"); a value outside the enum as
+/// "sqlite_lock(N)".
+inline std::ostream& operator<<(std::ostream& os, sqlite_lock l) {
+    switch (l) {
+        case sqlite_lock::on_first_write: return os << "on_first_write";
+        case sqlite_lock::at_open: return os << "at_open";
+    }
+    return os << "sqlite_lock(" << static_cast<unsigned>(l) << ')';
+}
 
 /// How a sqlite_store opens its database.
 struct sqlite_options {
