@@ -38,7 +38,7 @@ struct store_options {
     std::chrono::nanoseconds sync_timeout = std::chrono::seconds(10);  ///< longest wait for a commit in sync mode
     std::chrono::nanoseconds idle_poll = std::chrono::microseconds(200);  ///< flusher sleep when the queue is empty
     std::chrono::nanoseconds max_backoff = std::chrono::seconds(1);       ///< longest pause between retries
-    /// Audit node identity; empty: hostname:pid. (Brace-initialized so that a designated
+    /// Audit node identity; empty: HOST:PID:RRRRRR (detail/node_identity.hpp). (Brace-initialized so that a designated
     /// initializer leaving it out compiles under -Wextra -Werror: -Wmissing-field-initializers.)
     std::string node{};
     /// The idempotency window: how long a key's decision is remembered at all. Inside it a
