@@ -10,6 +10,8 @@
 //                        an unwritable file (immutable: root is refused too) and a read-only file
 //                        system are invalid_argument naming the path and the fault, also when found
 //                        by reconnect(); a lock held by another connection is still store_unavailable.
+//   StoreEnums           operator<< prints every enumerator of durability and sqlite_lock by name,
+//                        and a value outside the enum as "durability(9)" (GoogleTest prints them so).
 //   ToolStoreUri         the idem tool's sqlite:PATH gives the store's own messages (when CLI11, which
 //                        the tool needs, is installed).
 // The immutable-file and read-only tests need root (chattr, mount) and an ext4/xfs/btrfs /tmp; they
@@ -21,6 +23,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -64,6 +67,32 @@ template <class Call>
 std::vector<idem::store_row> claim(const std::string& key, std::uint64_t n) {
     return {idem_test::row({.key = key, .fence = n}, n)};
 }
+
+// ---- printing ------------------------------------------------------------------------------------
+
+template <class E>
+std::string printed(E e) {
+    std::ostringstream os;
+    os << e;
+    return os.str();
+}
+
+TEST(StoreEnums, EveryEnumeratorPrintsItsName) {
+    EXPECT_EQ(printed(idem::durability::async), "async");
+    EXPECT_EQ(printed(idem::durability::sync), "sync");
+    EXPECT_EQ(printed(static_cast<idem::durability>(9)), "durability(9)");
+    EXPECT_EQ(printed(idem::sqlite_lock::on_first_write), "on_first_write");
+    EXPECT_EQ(printed(idem::sqlite_lock::at_open), "at_open");
+    EXPECT_EQ(printed(static_cast<idem::sqlite_lock>(9)), "sqlite_lock(9)");
+    EXPECT_EQ(::testing::PrintToString(idem::durability::sync), "sync");  // what a failed EXPECT_EQ shows
+}
+
+/// A designated initializer that leaves members out compiles under -Wextra -Werror (the durable.hpp
+/// header example): every member has a default member initializer.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wmissing-field-initializers"
+[[maybe_unused]] const idem::store_options designated{.mode = idem::durability::sync, .queue_capacity = 1024};
+#pragma GCC diagnostic pop
 
 // ---- paths ---------------------------------------------------------------------------------------
 

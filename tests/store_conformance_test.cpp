@@ -1,6 +1,7 @@
 // store_conformance_test: one typed suite run over every store. memory_store is the reference
 // semantics (store.hpp); every other store must leave the same records and audit trails for the
-// same batches: round trip, last row of a key wins within a batch, an older fence never overwrites
+// same batches: round trip, last row of a key wins within a batch, the batch fold spelled out for
+// several rows of a key (out-of-order fences, claim/release/claim, a stale claim's lease), an older fence never overwrites
 // a newer record, a claim's lease and fingerprint survive the rows that follow it, RELEASED rows,
 // batch ids, load / max_fence / scan_audit, keys that break naive SQL or encodings, and corrupt
 // rows refused by load() with errc::corrupt_record naming the key.
@@ -494,6 +495,53 @@ TYPED_TEST(StoreConformance, ATerminalRecordNeverRegressesAtItsOwnFence) {
     EXPECT_EQ(got->outcome, 100u);
     EXPECT_EQ(got->updated_ms, T0 + 1);
     EXPECT_EQ(this->st().audit("K").size(), 4u);
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+// The batch fold (detail/batch_fold.hpp) in general, with each record spelled out rather than taken
+// from the reference: several transitions of one key, a claim, a release and a claim again, a stale
+// row after a newer claim of the same key in one batch, keys interleaved, and a claim below the
+// stored fence whose lease must not reach the record that a later row of the batch overwrites.
+TYPED_TEST(StoreConformance, TheBatchFoldIsExactForAnyRowsOfAKey) {
+    using rs = record_state;
+    using tc = transition_cause;
+    this->apply({{.key = "A", .fence = F1, .fingerprint = 11, .at_ms = T0, .lease_until_ms = T0 + 100},
+                 {.key = "B", .fence = F1, .fingerprint = 21, .at_ms = T0, .lease_until_ms = T0 + 100},
+                 {.key = "C", .fence = F1 + 3, .fingerprint = 31, .at_ms = T0, .lease_until_ms = T0 + 300},
+                 {.key = "D", .fence = F1 + 2, .fingerprint = 41, .at_ms = T0, .lease_until_ms = T0 + 400},
+                 {.key = "A", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed, .fence = F1,
+                  .outcome = 5, .at_ms = T0 + 1},
+                 {.key = "B", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1,
+                  .at_ms = T0 + 1},
+                 {.key = "C", .from = rs::processing, .to = rs::failed, .cause = tc::fail, .fence = F1,
+                  .outcome = 9, .at_ms = T0 + 1},
+                 {.key = "D", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed, .fence = F1 + 2,
+                  .outcome = 3, .at_ms = T0 + 1},
+                 {.key = "B", .from = rs::released, .fence = F1 + 1, .fingerprint = 22, .at_ms = T0 + 2,
+                  .lease_until_ms = T0 + 200}},
+                1);
+    this->apply({{.key = "D", .from = rs::released, .fence = F1 + 1, .fingerprint = 42, .at_ms = T0 + 5,
+                  .lease_until_ms = T0 + 900},
+                 {.key = "D", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1 + 4,
+                  .at_ms = T0 + 6}},
+                2);
+    const std::vector<idem::stored_record> want = {
+        {"A", "default", rs::succeeded, F1, T0 + 100, 5, 11, T0, T0 + 1},
+        {"B", "default", rs::processing, F1 + 1, T0 + 200, 0, 22, T0, T0 + 2},
+        {"C", "default", rs::processing, F1 + 3, T0 + 300, 0, 31, T0, T0},       // the stale FAILED row: audited only
+        {"D", "default", rs::released, F1 + 4, T0 + 400, 0, 41, T0, T0 + 6},     // the stale claim's lease: never
+    };
+    for (const auto& w : want) {
+        SCOPED_TRACE(w.key);
+        const auto got = this->st().get(w.key);
+        ASSERT_TRUE(got.has_value());
+        EXPECT_EQ(*got, w) << record_diff(w, *got);
+    }
+    EXPECT_EQ(this->st().audit("A").size(), 2u);
+    EXPECT_EQ(this->st().audit("B").size(), 3u);
+    EXPECT_EQ(this->st().audit("C").size(), 2u);
+    EXPECT_EQ(this->st().audit("D").size(), 4u);
+    EXPECT_EQ(this->st().max_fence(), F1 + 4);
     EXPECT_TRUE(this->same_as_reference());
 }
 

@@ -29,7 +29,8 @@
 // more, smaller transactions and lost throughput (CPU, not commit latency, was the limit there);
 // more lanes pay when the commit's latency (a remote server, a synchronous standby) is the limit.
 //
-// Deadlines. libpq blocks in poll() for as long as the server does not answer: a server stopped
+// Deadlines (the connection layer of detail/pg_connection.hpp, shared with global_guard's
+// sessions). libpq blocks in poll() for as long as the server does not answer: a server stopped
 // with SIGSTOP, or a network that drops packets, would block the flusher forever, and neither
 // statement_timeout (enforced by the stopped server) nor TCP keepalives (answered by the server's
 // kernel) help. So every call is bounded by call_deadline through a watchdog thread (one per store):
@@ -112,123 +113,13 @@
 #include <pqxx/pqxx>
 
 #include "idem/detail/pipeline_core.hpp"
+#include "idem/detail/batch_fold.hpp"
+#include "idem/detail/pg_connection.hpp"
 #include "idem/detail/postgres_sql.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
-
-namespace detail {
-
-/// Cuts a connection's socket when a call overruns its deadline.
-///
-/// The store arms the watchdog at the start of each call and disarms it at the end; one thread
-/// sleeps until the armed deadline and, if the call is still running and has made no progress
-/// since the last check, shuts the socket down. All state is under m_, except progress_.
-/// The watchdog holds its own dup() of libpq's socket, so the descriptor number it shuts down can
-/// never be reused by an unrelated file while it is watched; shutdown() acts on the socket itself,
-/// so libpq's descriptor sees it too.
-class socket_watchdog {
-public:
-    socket_watchdog() : thread_([this] { run(); }) {}
-    ~socket_watchdog() {
-        {
-            std::lock_guard lk(m_);
-            stop_ = true;
-        }
-        cv_.notify_one();
-        thread_.join();
-        if (fd_ >= 0) ::close(fd_);
-    }
-    socket_watchdog(const socket_watchdog&) = delete;
-    socket_watchdog& operator=(const socket_watchdog&) = delete;
-
-    /// Watches `sock` (libpq's descriptor; -1 watches nothing) from now on. A call already past its
-    /// deadline (a slow connect, which connect_timeout bounds) gets the new socket cut at once.
-    void watch(int sock) {
-        const int mine = sock >= 0 ? ::fcntl(sock, F_DUPFD_CLOEXEC, 0) : -1;
-        {
-            std::lock_guard lk(m_);
-            if (fd_ >= 0) ::close(fd_);
-            fd_ = mine;
-        }
-        cv_.notify_one();
-    }
-    /// A call starts: it must end, or make progress, within `budget`.
-    void arm(std::chrono::milliseconds budget) {
-        {
-            std::lock_guard lk(m_);
-            budget_ = budget;
-            deadline_ = std::chrono::steady_clock::now() + budget;
-            seen_ = progress_.load(std::memory_order_relaxed);
-            armed_ = true;
-            fired_ = false;
-        }
-        cv_.notify_one();
-    }
-    /// The call ended. Returns whether the watchdog cut the socket during it.
-    bool disarm() {
-        std::lock_guard lk(m_);
-        armed_ = false;
-        return fired_;
-    }
-    /// A streaming call got another row: push the deadline out. Relaxed: the watchdog only
-    /// compares the count for change; a stale read costs at most one more budget of waiting.
-    void progress() noexcept { progress_.fetch_add(1, std::memory_order_relaxed); }
-    /// Cuts the socket now (abandoning a COPY in flight is faster than draining it).
-    void cut() {
-        std::lock_guard lk(m_);
-        if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-    }
-
-private:
-    void run() {
-        std::unique_lock lk(m_);
-        while (!stop_) {
-            if (!armed_ || fired_) {
-                cv_.wait(lk);
-                continue;
-            }
-            const auto now = std::chrono::steady_clock::now();
-            if (now < deadline_) {
-                cv_.wait_until(lk, deadline_);
-                continue;
-            }
-            const auto p = progress_.load(std::memory_order_relaxed);
-            if (p != seen_) {
-                seen_ = p;
-                deadline_ = now + budget_;
-                continue;
-            }
-            if (fd_ < 0) {  // no socket yet (connecting): cut the one watch() installs next
-                cv_.wait(lk);
-                continue;
-            }
-            ::shutdown(fd_, SHUT_RDWR);
-            fired_ = true;
-        }
-    }
-
-    std::mutex m_;
-    std::condition_variable cv_;
-    int fd_ = -1;
-    bool armed_ = false;
-    bool fired_ = false;
-    bool stop_ = false;
-    std::chrono::milliseconds budget_{0};
-    std::chrono::steady_clock::time_point deadline_{};
-    std::uint64_t seen_ = 0;
-    std::atomic<std::uint64_t> progress_{0};
-    std::thread thread_;  // last: starts after every member above is initialised
-};
-
-/// Swallows libpq notices and libpqxx warnings (they would go to stderr); errors arrive as exceptions.
-class quiet_notices final : public pqxx::errorhandler {
-public:
-    explicit quiet_notices(pqxx::connection_base& c) : pqxx::errorhandler(c) {}
-    bool operator()(const char*) noexcept override { return false; }
-};
-
-}  // namespace detail
 
 class postgres_store final : public store, public pipelined_store {
 public:
@@ -249,16 +140,7 @@ public:
                                                     std::to_string(deadline_.count()) + " ms");
         if (lanes == 0) throw error(errc::invalid_argument, "postgres store " + name_ + ": lanes must be at least 1");
         lane_stores_.resize(lanes - 1);
-        conninfo_ = uri_;
-        const auto secs = std::max<std::int64_t>(2, (deadline_.count() + 999) / 1000);
-        detail::pg::add_option(conninfo_, "connect_timeout", std::to_string(secs));
-        detail::pg::add_option(conninfo_, "keepalives", "1");
-        detail::pg::add_option(conninfo_, "keepalives_idle", std::to_string(secs));
-        detail::pg::add_option(conninfo_, "keepalives_interval", "1");
-        detail::pg::add_option(conninfo_, "keepalives_count", "3");
-        detail::pg::add_option(conninfo_, "tcp_user_timeout", std::to_string(deadline_.count()));
-        detail::pg::add_option(conninfo_, "client_encoding", "UTF8");
-        detail::pg::add_option(conninfo_, "application_name", "idem");
+        conninfo_ = detail::pg::session_conninfo(uri_, deadline_, "idem");
         run("open", [&] { create_schema(); });
     }
     ~postgres_store() override {
@@ -365,8 +247,7 @@ public:
                     rec.key = std::move(f[0]);
                     check_key(rec.key);
                     rec.biz_type = std::move(f[1]);
-                    rec.state = checked_state(rec.key, f[2]);
-                    if (rec.state == record_state::absent) throw_corrupt(rec.key, "status 'ABSENT' is for audit rows only");
+                    rec.state = checked_state(rec.key, f[2], true);
                     rec.fence = checked_fence(rec.key, int_field(line, f[3]));
                     rec.lease_until_ms = int_field(line, f[4]);
                     rec.outcome = static_cast<std::uint64_t>(int_field(line, f[5]));
@@ -399,8 +280,7 @@ public:
             stored_record rec;
             rec.key = row[0].c_str();
             rec.biz_type = row[1].c_str();
-            rec.state = checked_state(rec.key, row[2].c_str());
-            if (rec.state == record_state::absent) throw_corrupt(rec.key, "status 'ABSENT' is for audit rows only");
+            rec.state = checked_state(rec.key, row[2].c_str(), true);
             rec.fence = checked_fence(rec.key, row[3].as<std::int64_t>());
             rec.lease_until_ms = row[4].as<std::int64_t>();
             rec.outcome = static_cast<std::uint64_t>(row[5].as<std::int64_t>());
@@ -425,8 +305,8 @@ public:
                 audit_entry a;
                 a.sequence = row[0].as<std::int64_t>();
                 a.key = row[1].c_str();
-                a.from = checked_state(a.key, row[2].c_str(), "from_status");
-                a.to = checked_state(a.key, row[3].c_str(), "to_status");
+                a.from = checked_state(a.key, row[2].c_str(), false, "from_status");
+                a.to = checked_state(a.key, row[3].c_str(), false, "to_status");
                 a.fence = static_cast<std::uint64_t>(row[4].as<std::int64_t>());
                 a.node = row[5].c_str();
                 a.at_ms = row[6].as<std::int64_t>();
@@ -458,8 +338,8 @@ public:
                     if (!sql::split_copy_line(line, f)) bad_copy_line(line);
                     a.sequence = int_field(line, f[0]);
                     a.key = std::move(f[1]);
-                    a.from = checked_state(a.key, f[2], "from_status");
-                    a.to = checked_state(a.key, f[3], "to_status");
+                    a.from = checked_state(a.key, f[2], false, "from_status");
+                    a.to = checked_state(a.key, f[3], false, "to_status");
                     a.fence = static_cast<std::uint64_t>(int_field(line, f[4]));
                     a.node = std::move(f[5]);
                     a.at_ms = int_field(line, f[6]);
@@ -691,19 +571,11 @@ private:
 
     /// The bound parameters of one apply(): array literals, one per column.
     ///
-    /// How a key's rows fold into one record write, matching memory_store (rows applied in order; a
-    /// row applies unless the record's fence is higher). Let S be the stored fence, if any. Without
-    /// S, row i applies iff its fence >= the largest fence of rows 0..i-1 (each row that set that
-    /// maximum applied). Call those rows the chain C; fences along C never decrease. With S, the rows
-    /// that apply are the rows of C with fence >= S: a suffix of C. Hence, with F the fence of C's
-    /// last row and P the last PROCESSING row of C:
-    ///  - status, fence, outcome, updated_time come from C's last row, applied iff F >= S: the
-    ///    upsert's fence guard;
-    ///  - lease_until and request_fingerprint come from P, applied iff P's fence >= S, or on insert;
-    ///    otherwise they keep their stored values (0 on insert without P). postgres_sql.hpp's
-    ///    classes X (P's fence == F) and Y (the rest) put that into SQL;
-    ///  - created_time (on insert) is the first row's time; biz_type is biz_type_of(key), cut back
-    ///    to a UTF-8 boundary.
+    /// How a key's rows fold into one record write: detail/batch_fold.hpp (the fold every store
+    /// writes). The upsert holds its guard against the stored fence S; lease_until and
+    /// request_fingerprint come from P, the chain's last PROCESSING row, written iff P's fence >= S
+    /// or on insert. postgres_sql.hpp's classes X (P's fence == F, the chain's last fence) and Y
+    /// (the rest) put that into SQL. biz_type is biz_type_of(key), cut back to a UTF-8 boundary.
     struct params {
         struct records {
             detail::pg::array_literal key, biz, status, fence, lease, outcome, fp, created, updated;
@@ -714,49 +586,22 @@ private:
 
         template <class Reject>
         void build(std::span<const store_row> rows, Reject&& reject) {
-            struct fold {
-                const store_row* first;
-                const store_row* last;  // last row of the chain C
-                const store_row* proc;  // last PROCESSING row of C, or nullptr
-            };
-            std::vector<fold> folds;
-            std::unordered_map<std::string_view, std::size_t> index;
-            folds.reserve(rows.size());
-            index.reserve(rows.size());
+            const detail::batch_fold fold = detail::fold_batch(rows);
+            for (const detail::key_fold& f : fold.keys)
+                if (!detail::pg::valid_utf8(f.key()))
+                    reject(f.key(), "is not valid UTF-8; PostgreSQL text cannot hold it (postgres_store::accepts_key)");
             a_key.reserve(rows.size() * 40);
             a_detail.reserve(rows.size() * 28);
-            std::string_view prev_key;
-            std::size_t prev = 0;
             for (const store_row& r : rows) {
-                const std::string_view k = r.t.k.view();
-                std::size_t i;
-                if (!folds.empty() && k == prev_key) {  // sorted input: the common case skips the map
-                    i = prev;
-                } else {
-                    auto [it, inserted] = index.try_emplace(k, folds.size());
-                    if (inserted) {
-                        if (!detail::pg::valid_utf8(k))
-                            reject(k, "is not valid UTF-8; PostgreSQL text cannot hold it (postgres_store::accepts_key)");
-                        folds.push_back({&r, &r, r.t.to == record_state::processing ? &r : nullptr});
-                    }
-                    i = it->second;
-                    prev_key = k;
-                    prev = i;
-                }
-                fold& f = folds[i];
-                if (&r != f.first && r.t.fence >= f.last->t.fence) {
-                    f.last = &r;
-                    if (r.t.to == record_state::processing) f.proc = &r;
-                }
-                a_key.add_text(k);
+                a_key.add_text(r.t.k.view());
                 a_from.add_text(status_text(r.t.from));
                 a_to.add_text(status_text(r.t.to));
                 a_fence.add_uint(r.t.fence);
                 a_at.add_int(r.at_ms);
                 a_detail.add_text(audit_detail(r.t));
             }
-            for (const fold& f : folds) {
-                const std::string_view k = f.first->t.k.view();
+            for (const detail::key_fold& f : fold.keys) {
+                const std::string_view k = f.key();
                 if (f.last->t.to == record_state::absent)
                     reject(k, "would leave its record ABSENT; a record is PROCESSING, SUCCESS, FAILED or RELEASED");
                 const bool class_x = f.proc && f.proc->t.fence == f.last->t.fence;
@@ -803,43 +648,41 @@ private:
         if (watchdog_.disarm()) need_reconnect_ = true;  // cut after the work finished: reconnect next time
     }
 
+    /// The failure being handled as this store's exception (pg_connection.hpp classifies; this is
+    /// the store's table): in doubt -> commit_unknown; lost, cancelled -> store_unavailable; a row's
+    /// data -> rejected_row (but a batch id committed twice -> store_error); the rest -> store_error.
     [[noreturn]] void rethrow_translated(const std::string& op, bool fired) {
         const bool in_commit = committing_;
         committing_ = false;
         const bool open = conn_ && conn_->is_open();
         if (fired || !open) need_reconnect_ = true;
         const std::string where = "postgres store " + name_ + ": " + op + ": " + step_ + ": ";
-        const std::string late = "no answer within the call deadline of " + std::to_string(deadline_.count()) +
-                                 " ms; the connection was cut";
-        auto text = [](const std::exception& e) {
-            std::string s = e.what();
-            while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-            return s;
-        };
-        auto unknown = [&](const std::string& why) {
-            return commit_unknown(where + why +
-                                  "; the batch may or may not have committed (resolve with committed(batch_id))");
-        };
         try {
             throw;
         } catch (const error&) {
             throw;  // ours already (corrupt_record, ...)
-        } catch (const pqxx::in_doubt_error& e) {
-            throw unknown(fired ? late : text(e));
-        } catch (const std::exception& e) {
-            const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e);
-            const std::string state = sql ? sql->sqlstate() : std::string();
-            const bool lost = fired || !open || dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr;
-            if (in_commit && lost) throw unknown(fired ? late : text(e));
-            if (lost || state.starts_with("08") || state.starts_with("57P") || state == "57014")
-                throw error(errc::store_unavailable, where + (fired ? late : text(e)));
-            if (state == "23505" && text(e).find("idempotent_batch_pkey") != std::string::npos)
-                throw error(errc::store_error, where + "this batch id already committed; a batch commits once (" +
-                                                   text(e) + ")");
-            // Data exceptions (class 22) and integrity violations (class 23): what a row holds, not
-            // an outage. The flusher isolates the row instead of retrying the batch forever.
-            if (state.starts_with("22") || state.starts_with("23")) throw rejected_row(where + text(e));
-            throw error(errc::store_error, where + text(e));
+        } catch (const std::exception&) {
+            using detail::pg::failure;
+            const detail::pg::classified c = detail::pg::classify(fired, open, in_commit, deadline_);
+            switch (c.kind) {
+                case failure::in_doubt:
+                    throw commit_unknown(where + c.text +
+                                         "; the batch may or may not have committed (resolve with committed(batch_id))");
+                case failure::lost:
+                case failure::cancelled: throw error(errc::store_unavailable, where + c.text);
+                case failure::data:
+                    if (c.sqlstate == "23505" && c.text.find("idempotent_batch_pkey") != std::string::npos)
+                        throw error(errc::store_error, where + "this batch id already committed; a batch commits once (" +
+                                                           c.text + ")");
+                    // What a row holds, not an outage: the flusher isolates the row instead of
+                    // retrying the batch forever.
+                    throw rejected_row(where + c.text);
+                case failure::contention:
+                case failure::client:
+                case failure::refused:
+                case failure::foreign: break;
+            }
+            throw error(errc::store_error, where + c.text);
         }
     }
 
@@ -860,8 +703,7 @@ private:
         std::string fsync;
         {
             pqxx::nontransaction n(*conn_);
-            const auto r = n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
-                                  "; SET client_min_messages = warning; " + detail::pg::pin_durability(keep_remote_apply_));
+            const auto r = n.exec(detail::pg::session_setup(deadline_, keep_remote_apply_));
             keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
             fsync = r[0][1].c_str();
         }
@@ -914,20 +756,17 @@ private:
         throw error(errc::corrupt_record,
                     "postgres store " + name_ + ": corrupt row for key '" + key::printable(k) + "': " + rule);
     }
-    record_state checked_state(const std::string& k, std::string_view text, const char* column = "status") const {
-        const auto s = parse_status(text);
-        if (!s)
-            throw_corrupt(k, std::string(column) + " '" + key::printable(text) +
-                                   "' is not a status (PROCESSING, SUCCESS, FAILED, RELEASED; ABSENT in audit rows)");
+    /// The rules are record_rules.hpp's, shared by every store.
+    record_state checked_state(const std::string& k, std::string_view text, bool of_record,
+                               const char* column = "status") const {
+        std::string why;
+        const auto s = detail::checked_status(text, of_record, &why, column);
+        if (!s) throw_corrupt(k, why);
         return *s;
     }
-    /// Fences are 1 .. 2^52-1: the guard packs them into 52 bits of its slot word
-    /// (detail::state_word::max_fence), so a larger one cannot be loaded back.
     std::uint64_t checked_fence(const std::string& k, std::int64_t fence) const {
-        const auto f = static_cast<std::uint64_t>(fence);
-        if (f == 0 || f >= (std::uint64_t{1} << 52))
-            throw_corrupt(k, "fencing_token is " + std::to_string(fence) + "; expected 1 .. 2^52-1");
-        return f;
+        if (std::string why = detail::fence_fault(fence); !why.empty()) throw_corrupt(k, why);
+        return static_cast<std::uint64_t>(fence);
     }
     [[noreturn]] void bad_copy_line(const std::string& line) const {
         throw error(errc::store_error, "postgres store " + name_ + ": " + step_ + ": unexpected COPY line '" +
@@ -939,8 +778,7 @@ private:
         return v;
     }
     void check_key(const std::string& k) const {
-        std::string why;
-        if (!key::check(k, "idempotent_key", &why)) throw_corrupt(k, why);
+        if (std::string why = detail::key_fault(k); !why.empty()) throw_corrupt(k, why);
     }
 
     /// Sync durability was required and the server now runs with fsync=off: nothing is committed.
@@ -963,7 +801,7 @@ private:
     std::string name_;  // the URI without password
     std::string conninfo_;
     std::chrono::milliseconds deadline_;
-    detail::socket_watchdog watchdog_;
+    detail::pg_watchdog watchdog_;  // wake::on_arm: a call per batch, cut right at its deadline
     std::unique_ptr<pqxx::connection> conn_;
     std::unique_ptr<detail::quiet_notices> notices_;
     std::string step_ = "connect";

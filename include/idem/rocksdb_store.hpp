@@ -13,10 +13,10 @@
 // the two counters, written atomically, in ascending key order (so each memtable insert starts
 // from the previous one). The records it may change are read first with one MultiGet
 // (the flusher is the only writer, so nothing changes between that read and the write), and folded
-// as memory_store does (store.hpp): rows in seq order, a row below the record's fence skipped,
-// lease and fingerprint from PROCESSING rows only, created_time from the first insert, and at the
-// same fence a record that was terminal before the batch is never taken back to PROCESSING or
-// RELEASED.
+// as every store folds (detail/batch_fold.hpp): rows in seq order, a row below the record's fence
+// skipped, lease and fingerprint from PROCESSING rows only, created_time from the first insert, and
+// at the same fence a record that was terminal before the batch is never taken back to PROCESSING
+// or RELEASED.
 //
 // Durability. rocksdb_options::sync: WriteOptions::sync, one fsync of the log per batch (a commit
 // survives power loss); off: the log is written to the OS at each batch but not synced (a commit
@@ -59,15 +59,18 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "idem/detail/batch_fold.hpp"
 #include "idem/detail/rocksdb_codec.hpp"
 #include "idem/store.hpp"
 
@@ -119,17 +122,18 @@ public:
         ensure_open();
         check_dir("before the batch");
         // The records this batch may change, read in one MultiGet (rows are sorted by key, so the
-        // record keys are too).
+        // record keys are too; any other order is told to MultiGet).
+        const detail::batch_fold fold = detail::fold_batch(rows);
         std::vector<std::string> keys;
-        for (std::size_t i = 0; i < rows.size(); ++i)
-            if (i == 0 || rows[i - 1].t.k.view() != rows[i].t.k.view())
-                keys.push_back(codec::record_key(rows[i].t.k.view()));
+        keys.reserve(fold.keys.size());
+        for (const detail::key_fold& f : fold.keys) keys.push_back(codec::record_key(f.key()));
+        const bool sorted = std::is_sorted(keys.begin(), keys.end());
         std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
         std::vector<rocksdb::PinnableSlice> values(keys.size());
         std::vector<rocksdb::Status> found(keys.size());
         if (!keys.empty())
             db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), keys.size(), slices.data(),
-                          values.data(), found.data(), true);
+                          values.data(), found.data(), sorted);
 
         // The batch is built in ascending key order ('a' audit rows, 'b' marker, 'm' counters, 'r'
         // records; each kind sorted by key): the memtable skip list then starts each insert from
@@ -138,39 +142,19 @@ public:
         std::vector<std::pair<std::size_t, std::string>> records;  // (index into keys, value)
         std::uint64_t sequence = next_sequence_;
         std::uint64_t max_fence = max_fence_;
-        std::size_t group = 0;  // index into keys
-        for (std::size_t first = 0; first < rows.size(); ++group) {
-            const std::string_view k = rows[first].t.k.view();
-            std::size_t end = first;
-            while (end < rows.size() && rows[end].t.k.view() == k) ++end;
+        for (const store_row& r : rows) put(batch, codec::audit_key(r.t.k.view(), sequence++), codec::encode_audit(r, node_));
+        for (std::size_t group = 0; group < fold.keys.size(); ++group) {
+            const detail::key_fold& f = fold.keys[group];
             std::optional<stored_record> before;
-            if (found[group].ok()) before = codec::decode_record(where(), k, {values[group].data(), values[group].size()});
-            else if (!found[group].IsNotFound()) fail(found[group], "read the batch's records");
-            std::optional<stored_record> rec = before;
-            for (std::size_t i = first; i < end; ++i) {
-                const store_row& r = rows[i];
-                put(batch, codec::audit_key(k, sequence++), codec::encode_audit(r, node_));
-                if (!rec) {
-                    rec.emplace();
-                    rec->key = std::string(k);
-                    rec->biz_type = biz_type_of(k);
-                    rec->created_ms = r.at_ms;
-                } else if (rec->fence > r.t.fence) {
-                    continue;
-                }
-                rec->state = r.t.to;
-                rec->fence = r.t.fence;
-                if (r.t.to == record_state::processing) {
-                    rec->lease_until_ms = r.lease_until_ms;
-                    rec->fingerprint = r.t.fingerprint;
-                }
-                rec->outcome = r.t.outcome;
-                rec->updated_ms = r.at_ms;
-                max_fence = std::max(max_fence, r.t.fence);
-            }
-            const bool regress = before && rec->fence == before->fence && terminal(before->state) && !terminal(rec->state);
-            if (!regress && rec != before) records.emplace_back(group, codec::encode_record(*rec));
-            first = end;
+            if (found[group].ok())
+                before = codec::decode_record(where(), f.key(), {values[group].data(), values[group].size()});
+            else if (!found[group].IsNotFound())
+                fail(found[group], "read the batch's records");
+            // The fold every store writes (detail/batch_fold.hpp); nullopt: the record stays.
+            const std::optional<stored_record> rec = detail::folded(f, before ? &*before : nullptr);
+            if (!rec || rec == before) continue;
+            max_fence = std::max(max_fence, rec->fence);
+            records.emplace_back(group, codec::encode_record(*rec));
         }
         put(batch, codec::batch_key(batch_id), codec::encode_counter(static_cast<std::uint64_t>(
                                                    rows.empty() ? 0 : std::max<std::int64_t>(rows.back().at_ms, 0))));

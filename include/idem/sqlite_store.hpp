@@ -65,10 +65,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <type_traits>
 #include <string_view>
+#include <vector>
 
+#include "idem/detail/batch_fold.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
 
@@ -79,6 +83,16 @@ enum class sqlite_lock : std::uint8_t {
     on_first_write,  ///< at check_sync_durability() (a sync-mode durable_guard, before recovery) or the first apply()
     at_open,         ///< in the constructor: a second writer is refused before it reads anything
 };
+
+/// Prints the enumerator's name ("on_first_write", "at_open"); a value outside the enum as
+/// "sqlite_lock(N)".
+inline std::ostream& operator<<(std::ostream& os, sqlite_lock l) {
+    switch (l) {
+        case sqlite_lock::on_first_write: return os << "on_first_write";
+        case sqlite_lock::at_open: return os << "at_open";
+    }
+    return os << "sqlite_lock(" << static_cast<unsigned>(l) << ')';
+}
 
 /// How a sqlite_store opens its database.
 struct sqlite_options {
@@ -187,18 +201,15 @@ public:
             sqlite3_bind_int64(b, 1, static_cast<std::int64_t>(batch_id));
             sqlite3_bind_int64(b, 2, rows.empty() ? 0 : rows.back().at_ms);
             step_done(b, "insert batch id");
-            std::size_t first_of_key = 0;        // the key's first row in this batch (created_time)
-            const store_row* claim = nullptr;    // the key's last PROCESSING row (lease, fingerprint)
-            std::int64_t previous = 0;           // the key's latest audit row (the chain audit() follows)
+            // One audit row per row; then one upsert per key with the batch's fold
+            // (detail/batch_fold.hpp), its guard in the statement (the stored record is in the file).
+            const detail::batch_fold fold = detail::fold_batch(rows);
+            std::vector<std::int64_t> previous(fold.keys.size(), -1);  // each key's latest audit row; -1: not read yet
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 const store_row& r = rows[i];
                 const auto k = r.t.k.view();
-                if (i == 0 || rows[i - 1].t.k.view() != k) {
-                    first_of_key = i;
-                    claim = nullptr;
-                    previous = last_audit(k);
-                }
-                if (r.t.to == record_state::processing) claim = &r;
+                std::int64_t& prev = previous[fold.key_of[i]];
+                if (prev < 0) prev = last_audit(k);  // the chain audit() follows
                 sqlite3_stmt* a = audit_stmt_;
                 sqlite3_reset(a);
                 sqlite3_bind_text(a, 1, k.data(), static_cast<int>(k.size()), SQLITE_STATIC);
@@ -212,28 +223,30 @@ public:
                                             static_cast<unsigned long long>(r.t.outcome));
                 sqlite3_bind_text(a, 7, detail, n, SQLITE_TRANSIENT);
                 sqlite3_bind_int64(a, 8, sequence);
-                sqlite3_bind_int64(a, 9, previous);
+                sqlite3_bind_int64(a, 9, prev);
                 step_done(a, "insert audit row");
-                previous = sequence++;
-                const bool last_of_key = i + 1 == rows.size() || rows[i + 1].t.k.view() != k;
-                if (!last_of_key) continue;
-                // One upsert per key with the batch's net effect, as if the rows were applied one by
-                // one: state, fence and outcome from the last row; lease and fingerprint from the
-                // last claim in the batch (else kept); created_time from the first row.
+                prev = sequence++;
+            }
+            for (std::size_t f = 0; f < fold.keys.size(); ++f) {
+                const detail::key_fold& kf = fold.keys[f];
+                const store_row& last = *kf.last;
+                const store_row* claim = kf.proc;
+                const auto k = kf.key();
                 sqlite3_stmt* u = upsert_stmt_;
                 sqlite3_reset(u);
                 const std::string biz = biz_type_of(k);
                 sqlite3_bind_text(u, 1, k.data(), static_cast<int>(k.size()), SQLITE_STATIC);
                 sqlite3_bind_text(u, 2, biz.data(), static_cast<int>(biz.size()), SQLITE_TRANSIENT);
-                sqlite3_bind_text(u, 3, status_text(r.t.to), -1, SQLITE_STATIC);
-                sqlite3_bind_int64(u, 4, static_cast<std::int64_t>(r.t.fence));
+                sqlite3_bind_text(u, 3, status_text(last.t.to), -1, SQLITE_STATIC);
+                sqlite3_bind_int64(u, 4, static_cast<std::int64_t>(last.t.fence));
                 sqlite3_bind_int64(u, 5, claim ? claim->lease_until_ms : 0);
-                sqlite3_bind_int64(u, 6, static_cast<std::int64_t>(r.t.outcome));
+                sqlite3_bind_int64(u, 6, static_cast<std::int64_t>(last.t.outcome));
                 sqlite3_bind_int64(u, 7, static_cast<std::int64_t>(claim ? claim->t.fingerprint : 0));
-                sqlite3_bind_int64(u, 8, r.at_ms);
+                sqlite3_bind_int64(u, 8, last.at_ms);
                 sqlite3_bind_int(u, 9, claim ? 1 : 0);
-                sqlite3_bind_int64(u, 10, rows[first_of_key].at_ms);
-                sqlite3_bind_int64(u, 11, previous);
+                sqlite3_bind_int64(u, 10, kf.first->at_ms);
+                sqlite3_bind_int64(u, 11, previous[f]);
+                sqlite3_bind_int64(u, 12, claim ? static_cast<std::int64_t>(claim->t.fence) : 0);
                 step_done(u, "upsert record");
             }
             sqlite3_reset(sequence_stmt_);
@@ -794,10 +807,13 @@ private:
                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?11) ON CONFLICT (idempotent_key) DO UPDATE SET " +
                 guarded("status", "excluded.status") + ", " + guarded("fencing_token", "excluded.fencing_token") +
                 ", " + guarded("outcome", "excluded.outcome") + ", " +
-                guarded("lease_until", "CASE WHEN ?9 THEN excluded.lease_until ELSE idempotent_record.lease_until END") +
+                // The claim's lease and fingerprint only when the claim's own fence (?12) reaches
+                // the stored one (detail/batch_fold.hpp).
+                guarded("lease_until", "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN excluded.lease_until "
+                                       "ELSE idempotent_record.lease_until END") +
                 ", " +
-                guarded("request_fingerprint",
-                        "CASE WHEN ?9 THEN excluded.request_fingerprint ELSE idempotent_record.request_fingerprint END") +
+                guarded("request_fingerprint", "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN "
+                                               "excluded.request_fingerprint ELSE idempotent_record.request_fingerprint END") +
                 ", " + guarded("updated_time", "excluded.updated_time") + ", last_audit = excluded.last_audit";
             upsert_stmt_ = prepare(upsert.c_str());
             batch_stmt_ = prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
@@ -1097,22 +1113,19 @@ CREATE TABLE IF NOT EXISTS idempotent_audit (
         stored_record r;
         r.key = text(s, 0);
         r.biz_type = text(s, 1);
-        const std::string status = text(s, 2);
-        std::string why;
-        if (!key::check(r.key, "stored key", &why))
+        if (std::string why = detail::key_fault(r.key); !why.empty())
             throw error(errc::corrupt_record, "sqlite:" + path_ + ": " + why);
-        const auto st = parse_status(status);
-        if (!st || *st == record_state::absent)
-            throw error(errc::corrupt_record, "sqlite:" + path_ + ": record '" + key::printable(r.key) +
-                                                  "' has status '" + key::printable(status) +
-                                                  "'; expected PROCESSING, SUCCESS, FAILED or RELEASED");
+        const auto corrupt = [&](const std::string& rule) {
+            return error(errc::corrupt_record, "sqlite:" + path_ + ": record '" + key::printable(r.key) + "': " + rule);
+        };
+        std::string why;
+        const auto st = detail::checked_status(text(s, 2), true, &why);
+        if (!st) throw corrupt(why);
         r.state = *st;
         const auto row = [&r] { return "record '" + key::printable(r.key) + "'"; };
-        r.fence = static_cast<std::uint64_t>(integer(s, 3, row));
-        if (r.fence == 0 || r.fence >= (1ull << 52))
-            throw error(errc::corrupt_record, "sqlite:" + path_ + ": record '" + key::printable(r.key) +
-                                                  "' has fencing_token " + std::to_string(r.fence) +
-                                                  "; expected 1 .. 2^52-1");
+        const std::int64_t fence = integer(s, 3, row);
+        if (std::string bad = detail::fence_fault(fence); !bad.empty()) throw corrupt(bad);
+        r.fence = static_cast<std::uint64_t>(fence);
         r.lease_until_ms = integer(s, 4, row);
         r.outcome = static_cast<std::uint64_t>(integer(s, 5, row));
         r.fingerprint = static_cast<std::uint64_t>(integer(s, 6, row));
@@ -1141,10 +1154,11 @@ CREATE TABLE IF NOT EXISTS idempotent_audit (
                 a.sequence = integer(s, 0, "an audit row of key '" + key::printable(a.key) + "'");
                 const std::string row =
                     "audit row " + std::to_string(a.sequence) + " (key '" + key::printable(a.key) + "')";
-                const auto from = parse_status(text(s, 2));
-                const auto to = parse_status(text(s, 3));
+                std::string why;
+                const auto from = detail::checked_status(text(s, 2), false, &why, "from_status");
+                const auto to = from ? detail::checked_status(text(s, 3), false, &why, "to_status") : from;
                 if (!from || !to)
-                    throw error(errc::corrupt_record, "sqlite:" + path_ + ": " + row + " has an unknown status");
+                    throw error(errc::corrupt_record, "sqlite:" + path_ + ": " + row + " has an unknown status: " + why);
                 a.from = *from;
                 a.to = *to;
                 a.fence = static_cast<std::uint64_t>(integer(s, 4, row));

@@ -1,4 +1,4 @@
-// idem/store.hpp: the durable store interface, its row types, and the schema both SQL stores share.
+// idem/store.hpp: the durable store interface (its row types are in store_rows.hpp).
 //
 // A store does four things: apply a batch of transitions atomically (records and audit rows in one
 // transaction), load records for recovery, read one key, and read audit trails. Implementations:
@@ -24,60 +24,13 @@
 
 #include <unistd.h>
 
+#include "idem/detail/batch_fold.hpp"
+#include "idem/detail/node_identity.hpp"
 #include "idem/error.hpp"
+#include "idem/store_rows.hpp"
 #include "idem/transition.hpp"
 
 namespace idem {
-
-/// One transition as the store writes it: the transition plus wall-clock times (Unix milliseconds,
-/// so records survive restarts) and the writer's node identity. Trivially copyable: it travels
-/// through the lock-free flush queue by value.
-struct store_row {
-    transition t;
-    std::uint64_t seq = 0;             ///< order of offer; rows of one key are applied in seq order
-    std::int64_t at_ms = 0;            ///< when the transition happened (system_clock)
-    std::int64_t lease_until_ms = 0;   ///< lease deadline (system_clock), for PROCESSING rows
-};
-
-/// The `status` column. A retryable failure or a not-executed compensation leaves the row with
-/// status RELEASED: claimable again, but its fence is kept so fences keep increasing. ABSENT appears
-/// only as the from_status of a key's first audit row; a record never has it.
-[[nodiscard]] constexpr const char* status_text(record_state s) noexcept { return to_string(s); }
-
-[[nodiscard]] inline std::optional<record_state> parse_status(std::string_view s) noexcept {
-    if (s == "PROCESSING") return record_state::processing;
-    if (s == "SUCCESS") return record_state::succeeded;
-    if (s == "FAILED") return record_state::failed;
-    if (s == "RELEASED") return record_state::released;
-    if (s == "ABSENT") return record_state::absent;
-    return std::nullopt;
-}
-
-/// A row of idempotent_record.
-struct stored_record {
-    std::string key;
-    std::string biz_type;
-    record_state state = record_state::absent;
-    std::uint64_t fence = 0;
-    std::int64_t lease_until_ms = 0;
-    std::uint64_t outcome = 0;
-    std::uint64_t fingerprint = 0;
-    std::int64_t created_ms = 0;
-    std::int64_t updated_ms = 0;
-    friend bool operator==(const stored_record&, const stored_record&) = default;
-};
-
-/// A row of idempotent_audit.
-struct audit_entry {
-    std::int64_t sequence = 0;
-    std::string key;
-    record_state from = record_state::absent;
-    record_state to = record_state::absent;
-    std::uint64_t fence = 0;
-    std::string node;
-    std::int64_t at_ms = 0;
-    std::string detail;  ///< the cause ("claim", "succeed", ...), then " outcome=N"
-};
 
 /// Thrown by store::apply when the commit's result is unknown (the connection broke during COMMIT).
 /// The flusher then asks store::committed(batch_id) instead of retrying blindly.
@@ -94,21 +47,6 @@ class rejected_row : public error {
 public:
     explicit rejected_row(const std::string& what) : error(errc::store_error, what) {}
 };
-
-/// The biz_type column: the operation part of a composed key (TXID_OPERATION_vN), else "default".
-[[nodiscard]] inline std::string biz_type_of(std::string_view key) {
-    const auto last = key.rfind('_');
-    if (last == std::string_view::npos || last + 2 > key.size() || key[last + 1] != 'v') return "default";
-    const auto first = key.rfind('_', last - 1);
-    if (first == std::string_view::npos || last == 0) return "default";
-    if (last - first == 1) return "default";  // an empty operation part: "A__v1"
-    return std::string(key.substr(first + 1, std::min<std::size_t>(last - first - 1, 32)));
-}
-
-/// The detail column of an audit row.
-[[nodiscard]] inline std::string audit_detail(const transition& t) {
-    return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome);
-}
 
 /// A window that never ends (store_options::window, audit_window; global_options likewise).
 inline constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
@@ -205,19 +143,13 @@ public:
     [[nodiscard]] virtual std::string name() const = 0;
     /// The largest fencing_token in the store (0 when empty): new fences start above it.
     [[nodiscard]] virtual std::uint64_t max_fence() = 0;
-    /// The node identity written into the audit trail's `node` column (default: hostname:pid).
+    /// The node identity written into the audit trail's `node` column (default: HOST:PID:RRRRRR,
+    /// detail/node_identity.hpp).
     void set_node(std::string node) { node_ = std::move(node); }
     [[nodiscard]] const std::string& node() const noexcept { return node_; }
 
 protected:
-    std::string node_ = default_node();
-
-private:
-    static std::string default_node() {
-        char host[64] = {};
-        if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
-        return std::string(host) + ":" + std::to_string(::getpid());
-    }
+    std::string node_ = detail::default_node();
 };
 
 /// Applies a batch to in-memory maps: the reference semantics every store must match.
@@ -228,38 +160,15 @@ public:
             --fail_next_;
             throw error(errc::store_unavailable, "memory store: injected failure");
         }
-        // Within a batch a key's rows apply in order, a row with a lower fence than the record's
-        // skipped (the SQL stores fold a key's rows the same way). Against the record as it was
-        // before the batch the SQL stores' upsert guard then holds: a terminal record (SUCCESS,
-        // FAILED) is never taken back to PROCESSING or RELEASED at its own fence.
-        std::map<std::string, stored_record> before;  // keys that had a record before this batch
-        std::set<std::string> created;
-        for (const store_row& r : rows) {
-            const std::string k(r.t.k.view());
-            audit_.push_back({next_sequence_++, k, r.t.from, r.t.to, r.t.fence, node_, r.at_ms, audit_detail(r.t)});
-            auto [it, inserted] = records_.try_emplace(k);
-            stored_record& rec = it->second;
-            if (inserted) created.insert(k);
-            else if (!created.count(k)) before.try_emplace(k, rec);
-            if (!inserted && rec.fence > r.t.fence) continue;
-            if (inserted) {
-                rec.key = k;
-                rec.biz_type = biz_type_of(k);
-                rec.created_ms = r.at_ms;
-            }
-            rec.state = r.t.to;
-            rec.fence = r.t.fence;
-            if (r.t.to == record_state::processing) {
-                rec.lease_until_ms = r.lease_until_ms;
-                rec.fingerprint = r.t.fingerprint;
-            }
-            rec.outcome = r.t.outcome;
-            rec.updated_ms = r.at_ms;
-        }
-        const auto terminal = [](record_state s) { return s == record_state::succeeded || s == record_state::failed; };
-        for (auto& [k, was] : before) {
-            stored_record& rec = records_[k];
-            if (rec.fence == was.fence && terminal(was.state) && !terminal(rec.state)) rec = was;
+        // The fold every store writes (detail/batch_fold.hpp): the reference semantics.
+        for (const store_row& r : rows)
+            audit_.push_back({next_sequence_++, std::string(r.t.k.view()), r.t.from, r.t.to, r.t.fence, node_,
+                              r.at_ms, audit_detail(r.t)});
+        const detail::batch_fold fold = detail::fold_batch(rows);
+        for (const detail::key_fold& f : fold.keys) {
+            const auto it = records_.find(std::string(f.key()));
+            auto rec = detail::folded(f, it == records_.end() ? nullptr : &it->second);
+            if (rec) records_.insert_or_assign(rec->key, std::move(*rec));
         }
         batches_.push_back(batch_id);
     }

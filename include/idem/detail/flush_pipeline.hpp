@@ -39,45 +39,10 @@
 #include "idem/detail/pipeline_core.hpp"
 #include "idem/options.hpp"
 #include "idem/store.hpp"
+#include "idem/store_options.hpp"
 #include "idem/transition.hpp"
 
-namespace idem {
-
-enum class durability : std::uint8_t {
-    async,  ///< acknowledge at once; a crash loses at most the rows still queued
-    sync,   ///< acknowledge when the batch holding the transition has committed (group commit)
-};
-
-struct store_options {
-    durability mode = durability::async;
-    std::size_t queue_capacity = 1u << 16;             ///< transitions the queue holds
-    /// Rows per store transaction. The default takes everything queued: with keys in random order
-    /// each batch dirties about one page per key in the stores' key-ordered tables, and a batch of
-    /// 65,536 rows shares those pages among ~16 times more rows than one of 4,096 (SQLite, 1M
-    /// random keys: 2.5-3x the rate; docs/durable-benchmarks.md, "Batch size").
-    std::size_t max_batch = 1u << 16;
-    std::chrono::nanoseconds offer_wait{0};            ///< bounded wait on a full queue; 0: fail at once
-    std::chrono::nanoseconds sync_timeout = 10s;       ///< longest wait for a commit in sync mode
-    std::chrono::nanoseconds idle_poll = 200us;        ///< flusher sleep when the queue is empty
-    std::chrono::nanoseconds max_backoff = 1s;         ///< longest pause between retries
-    std::string node;                                  ///< audit node identity; empty: hostname:pid
-    /// The idempotency window: how long a key's decision is remembered at all. Inside it a
-    /// duplicate gets the recorded outcome even after memory evicted the key (options.retention,
-    /// the hot window); past it the key may run again, and the store prunes its record.
-    /// forever: never forgotten, never pruned. Default 7 days (docs/stores.md, "Two windows").
-    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
-    /// How long audit rows are kept; auditors often need years. forever: never pruned.
-    std::chrono::milliseconds audit_window = forever;
-    /// How often the flusher prunes (one bounded call of store::prune between batches, repeated
-    /// while it reports more). Zero: never in the background (`idem prune` does it).
-    std::chrono::nanoseconds prune_interval = std::chrono::minutes(1);
-    /// Longest wait for the store's answer about a key the cold window may hold (a duplicate after
-    /// eviction); past it begin() answers store_unavailable and nothing is decided.
-    std::chrono::nanoseconds recall_timeout = 2s;
-    static constexpr std::chrono::milliseconds forever = idem::forever;
-};
-
-namespace detail {
+namespace idem::detail {
 
 class flush_pipeline final : public transition_sink {
 public:
@@ -472,5 +437,4 @@ private:
     std::condition_variable decided_;
 };
 
-}  // namespace detail
-}  // namespace idem
+}  // namespace idem::detail

@@ -1,12 +1,10 @@
 // idem/detail/global_session.hpp: one PostgreSQL connection of a global guard, every call bounded.
 //
-// The same deadline discipline as postgres_store (see the header comment of postgres_store.hpp): a
-// watchdog shuts the socket down when a call overruns its deadline, statement_timeout and TCP
-// keepalives back it up, and the next call reconnects. The watchdog here (lazy_watchdog) differs from
-// postgres_store's socket_watchdog in one way: arming and disarming it only write two fields under a
-// mutex, they never wake its thread, which instead checks every deadline / 8 (at most 250 ms). A
-// batcher makes a call per batch, hundreds per second, and waking a thread twice per call would add
-// two context switches to each. The price: a hung call is cut up to deadline / 8 late.
+// The connection layer is pg_connection.hpp's, shared with postgres_store: deadlines (a watchdog,
+// statement_timeout, keepalives), connection options, session set-up, failure classification. The
+// watchdog runs in wake::periodic mode: a batcher makes a call per batch, hundreds per second, and
+// waking a thread twice per call would add two context switches to each; the price is that a hung
+// call is cut up to deadline / 8 late.
 //
 // Where postgres_store throws, a session returns what happened, because its callers (the batchers of
 // global_engine.hpp) loop on it:
@@ -48,73 +46,10 @@
 #include <pqxx/pqxx>
 
 #include "idem/detail/global_sql.hpp"
+#include "idem/detail/pg_connection.hpp"
 #include "idem/postgres_store.hpp"
 
 namespace idem::detail {
-
-/// Cuts a connection's socket when a call overruns its deadline; checks periodically (see above).
-/// The thread holds its own dup() of the socket, so the number it shuts down is never reused by an
-/// unrelated file while watched. All state is under m_.
-class lazy_watchdog {
-public:
-    explicit lazy_watchdog(std::chrono::milliseconds budget)
-        : budget_(budget),
-          tick_(std::clamp<std::chrono::milliseconds>(budget / 8, std::chrono::milliseconds(1),
-                                                      std::chrono::milliseconds(250))),
-          thread_([this] { run(); }) {}
-    ~lazy_watchdog() {
-        {
-            std::lock_guard lk(m_);
-            stop_ = true;
-        }
-        cv_.notify_one();
-        thread_.join();
-        if (fd_ >= 0) ::close(fd_);
-    }
-    lazy_watchdog(const lazy_watchdog&) = delete;
-    lazy_watchdog& operator=(const lazy_watchdog&) = delete;
-
-    /// Watches `sock` (libpq's descriptor; -1: nothing). A call already past its deadline gets the new
-    /// socket cut at the next check.
-    void watch(int sock) {
-        const int mine = sock >= 0 ? ::fcntl(sock, F_DUPFD_CLOEXEC, 0) : -1;
-        std::lock_guard lk(m_);
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = mine;
-    }
-    void arm() {
-        std::lock_guard lk(m_);
-        deadline_ = std::chrono::steady_clock::now() + budget_;
-        armed_ = true;
-        fired_ = false;
-    }
-    /// The call ended; whether its socket was cut meanwhile.
-    bool disarm() {
-        std::lock_guard lk(m_);
-        armed_ = false;
-        return fired_;
-    }
-
-private:
-    void run() {
-        std::unique_lock lk(m_);
-        while (!stop_) {
-            cv_.wait_for(lk, tick_);
-            if (armed_ && !fired_ && fd_ >= 0 && std::chrono::steady_clock::now() >= deadline_) {
-                ::shutdown(fd_, SHUT_RDWR);
-                fired_ = true;
-            }
-        }
-    }
-
-    std::mutex m_;
-    std::condition_variable cv_;
-    const std::chrono::milliseconds budget_, tick_;
-    int fd_ = -1;
-    bool armed_ = false, fired_ = false, stop_ = false;
-    std::chrono::steady_clock::time_point deadline_{};
-    std::thread thread_;  // last: starts after every member above is initialised
-};
 
 class global_session {
 public:
@@ -123,18 +58,10 @@ public:
     /// `conninfo` is used as given plus the deadline options it does not set (as postgres_store).
     global_session(const std::string& conninfo, std::string name, std::chrono::milliseconds deadline,
                    std::string application)
-        : name_(std::move(name)), deadline_(deadline), watchdog_(deadline) {
-        conninfo_ = conninfo;
-        const auto secs = std::max<std::int64_t>(2, (deadline_.count() + 999) / 1000);
-        pg::add_option(conninfo_, "connect_timeout", std::to_string(secs));
-        pg::add_option(conninfo_, "keepalives", "1");
-        pg::add_option(conninfo_, "keepalives_idle", std::to_string(secs));
-        pg::add_option(conninfo_, "keepalives_interval", "1");
-        pg::add_option(conninfo_, "keepalives_count", "3");
-        pg::add_option(conninfo_, "tcp_user_timeout", std::to_string(deadline_.count()));
-        pg::add_option(conninfo_, "client_encoding", "UTF8");
-        pg::add_option(conninfo_, "application_name", application);
-    }
+        : name_(std::move(name)),
+          conninfo_(pg::session_conninfo(conninfo, deadline, application)),
+          deadline_(deadline),
+          watchdog_(pg_watchdog::wake::periodic, deadline) {}
     ~global_session() {
         watchdog_.watch(-1);
         notices_.reset();
@@ -164,6 +91,10 @@ public:
     void drop() { need_reconnect_ = true; }
 
 private:
+    /// The failure being handled as a result (pg_connection.hpp classifies; this is the session's
+    /// table): in doubt, or a non-server error while committing -> in_doubt; lost, cancelled,
+    /// contention -> transient; the rest -> fatal. Reconnect after anything but a server's answer
+    /// on a live connection.
     result classify(const char* op, bool fired) {
         const bool in_commit = committing_;
         committing_ = false;
@@ -176,36 +107,22 @@ private:
             need_reconnect_ = true;
             last_error_ = where + e.what();
             return e.kind() == errc::store_unavailable ? result::transient : result::fatal;
-        } catch (const pqxx::in_doubt_error& e) {
-            need_reconnect_ = true;
-            last_error_ = where + e.what();
-            return result::in_doubt;
-        } catch (const std::exception& e) {
-            const auto* sql = dynamic_cast<const pqxx::sql_error*>(&e);
-            const std::string state = sql ? sql->sqlstate() : std::string();
-            const bool lost = fired || !open || dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr;
-            last_error_ = where + (fired ? "no answer within the call deadline of " +
-                                               std::to_string(deadline_.count()) + " ms; connection cut"
-                                         : std::string(e.what()));
-            while (!last_error_.empty() && (last_error_.back() == '\n' || last_error_.back() == ' '))
-                last_error_.pop_back();
-            if (in_commit && (lost || state.empty())) {
-                need_reconnect_ = true;
-                return result::in_doubt;
-            }
-            if (lost || state.starts_with("08") || state.starts_with("57P") || state == "57014" ||
-                state == "40001" || state == "40P01" || state == "55P03" || state == "53300") {
-                if (lost || state.starts_with("08") || state.starts_with("57P")) need_reconnect_ = true;
-                return result::transient;
-            }
-            if (state.empty()) {  // not a server answer (a libpqxx usage or conversion error)
-                need_reconnect_ = true;
-                return result::fatal;
-            }
-            return result::fatal;
         } catch (...) {
-            need_reconnect_ = true;
-            last_error_ = where + "unknown exception";
+            using pg::failure;
+            const pg::classified c = pg::classify(fired, open, in_commit, deadline_);
+            last_error_ = where + c.text;
+            switch (c.kind) {
+                case failure::in_doubt: need_reconnect_ = true; return result::in_doubt;
+                case failure::client:
+                    need_reconnect_ = true;
+                    return in_commit ? result::in_doubt : result::fatal;
+                case failure::lost: need_reconnect_ = true; return result::transient;
+                case failure::cancelled:
+                case failure::contention: return result::transient;
+                case failure::foreign: need_reconnect_ = true; return result::fatal;
+                case failure::data:
+                case failure::refused: return result::fatal;
+            }
             return result::fatal;
         }
     }
@@ -224,10 +141,8 @@ private:
         watchdog_.watch(conn_->sock());
         {
             pqxx::nontransaction n(*conn_);
-            const auto r = n.exec("SET statement_timeout = " + std::to_string(deadline_.count()) +
-                                  "; SET client_min_messages = warning; SET default_transaction_isolation = "
-                                  "'read committed'; " +
-                                  pg::pin_durability(keep_remote_apply_));
+            const auto r = n.exec(pg::session_setup(deadline_, keep_remote_apply_,
+                                                    "SET default_transaction_isolation = 'read committed'; "));
             keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
             if (std::string_view(r[0][1].c_str()) == "off")
                 throw error(errc::store_unavailable,
@@ -255,7 +170,7 @@ private:
     std::string name_;
     std::string conninfo_;
     std::chrono::milliseconds deadline_;
-    lazy_watchdog watchdog_;
+    pg_watchdog watchdog_;
     std::unique_ptr<pqxx::connection> conn_;
     std::unique_ptr<quiet_notices> notices_;
     bool committing_ = false;

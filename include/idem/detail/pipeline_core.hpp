@@ -9,7 +9,7 @@
 //                  one shared word and writes nothing: no sequence number, no lock, no allocation,
 //                  so callers that spin on backpressure cost the flusher almost nothing.
 //   push(row)      uses a reservation: takes the row's sequence number and enqueues it. It cannot
-//                  fail (the reservation guarantees a free node).
+//                  fail (the reservation guarantees a free cell: flush_queue.hpp).
 //   unreserve()    gives back a reservation that will not be used.
 //
 // Flusher (one thread at a time): step(store) makes at most one store call and says what happened.
@@ -53,8 +53,6 @@
 //   (P4) watermark_ load, acquire.
 #pragma once
 
-#include <boost/lockfree/queue.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -68,6 +66,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "idem/detail/flush_queue.hpp"
 #include "idem/error.hpp"
 #include "idem/store.hpp"
 
@@ -108,7 +107,7 @@ enum class row_fate : std::uint8_t {
 
 class pipeline_core {
 public:
-    /// Largest queue (its nodes are allocated up front: about 170 MB at the limit).
+    /// Largest queue (its cells are allocated up front: about 218 MB at the limit, 208 bytes a row).
     static constexpr std::size_t max_queue_capacity = 65535u * 16;
 
     pipeline_core(std::size_t queue_capacity, std::size_t max_batch, std::uint64_t batch_prefix)
@@ -143,9 +142,7 @@ public:
     /// Enqueues a row under a reservation; returns its sequence number (> 0). Progress: lock-free.
     std::uint64_t push(store_row row) noexcept {
         row.seq = next_seq_.fetch_add(1, std::memory_order_relaxed) + 1;  // relaxed: only uniqueness matters
-        // The reservation guarantees a free node; a node the flusher is handing back to the pool
-        // can make a push fail for an instant, never for long.
-        while (!queue_.bounded_push(row)) std::this_thread::yield();
+        queue_.push(row);  // the reservation guarantees its cell (flush_queue.hpp)
         return row.seq;
     }
 
@@ -218,7 +215,10 @@ public:
     }
     /// Sequence numbers taken so far (the last one pushed or being pushed).
     [[nodiscard]] std::uint64_t issued() const noexcept {
-        return next_seq_.load(std::memory_order_acquire);  // pairs with the fetch_add in push
+        // relaxed: there is nothing to pair with (push's fetch_add is relaxed) and nothing to order.
+        // A push that happened before this load is counted by coherence alone; what a caller then
+        // reads of the store is ordered by the watermark's acquire (P4).
+        return next_seq_.load(std::memory_order_relaxed);
     }
     /// What became of `seq`. Progress: wait-free unless a row was ever rejected (then a mutex).
     [[nodiscard]] row_fate fate(std::uint64_t seq) const {
@@ -227,7 +227,10 @@ public:
         std::lock_guard lock(mutex_);
         return rejected_seqs_.count(seq) != 0 ? row_fate::rejected : row_fate::committed;
     }
-    /// True when every row pushed so far is decided.
+    /// True when every row pushed so far is decided: every push that happened before the call has a
+    /// seq <= issued() (coherence of next_seq_), and every seq <= watermark() is decided, the store's
+    /// commit of it visible through (P4) pairs with (P3). The two loads may see different instants;
+    /// both counters only grow, so a race can only answer false.
     [[nodiscard]] bool drained() const noexcept { return watermark() >= issued(); }
     /// Rows pushed and not yet decided (in the queue, in the batch, or awaiting a gap).
     [[nodiscard]] std::uint64_t depth() const noexcept {
@@ -247,7 +250,7 @@ public:
             retry_.clear();  // their keys stay held: nothing of those keys may be written after them
         }
         store_row row;
-        while (queue_.pop(row)) ++n;
+        while (queue_.try_pop(row)) ++n;
         return n;
     }
     /// Rows popped and not yet decided: the batch (one lane), or deferred rows and jobs waiting for
@@ -279,7 +282,7 @@ private:
     void fill() {
         store_row row;
         std::int64_t popped = 0;
-        while (one_.rows.size() < max_batch_ && queue_.pop(row)) {
+        while (one_.rows.size() < max_batch_ && queue_.try_pop(row)) {
             one_.rows.push_back(row);
             ++popped;
         }
@@ -362,7 +365,7 @@ private:
         }
         store_row row;
         std::int64_t popped = 0;
-        while (j->rows.size() < max_batch_ && deferred_.size() < deferred_limit() && queue_.pop(row)) {
+        while (j->rows.size() < max_batch_ && deferred_.size() < deferred_limit() && queue_.try_pop(row)) {
             ++popped;
             if (held(row)) deferred_.push_back(row);
             else j->rows.push_back(row);
@@ -447,7 +450,7 @@ private:
     const std::size_t capacity_;
     const std::size_t max_batch_;
     const std::uint64_t batch_prefix_;
-    boost::lockfree::queue<store_row> queue_;
+    flush_queue<store_row> queue_;
     alignas(64) std::atomic<std::int64_t> room_;
     alignas(64) std::atomic<std::uint64_t> next_seq_{0};
     alignas(64) std::atomic<std::uint64_t> watermark_{0};

@@ -30,6 +30,7 @@
 
 #include "idem/error.hpp"
 #include "idem/key.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/store.hpp"
 
 namespace idem::detail::rocksdb_codec {
@@ -39,7 +40,7 @@ inline constexpr char audit_prefix = 'a';
 inline constexpr char batch_prefix = 'b';
 inline constexpr char meta_prefix = 'm';
 inline constexpr std::uint8_t value_version = 1;
-inline constexpr std::uint64_t fence_limit = std::uint64_t{1} << 52;  // fences are below 2^52 (as in the SQL stores)
+using detail::fence_limit;  // fences are below 2^52, as in every store (record_rules.hpp)
 
 static_assert(key::max_size < 0xff, "an audit key is KEY 0x00 SEQ: keys must stay short and NUL-free");
 
@@ -127,8 +128,8 @@ public:
     }
     std::uint64_t fence(const char* field) {
         const std::uint64_t f = varint(field);
-        if (ok() && (f == 0 || f >= fence_limit))
-            fail(field, ("is " + std::to_string(f) + "; expected 1 .. 2^52-1").c_str());
+        if (ok())
+            if (std::string why = detail::fence_fault(f, field); !why.empty()) fault_ = std::move(why);
         return f;
     }
     void version() {
@@ -209,8 +210,8 @@ private:
 /// The record of key `k` (the key without its prefix) from its value. Throws corrupt_record
 /// "rocksdb:PATH: record 'KEY' ..." naming the field at fault (`where` is "rocksdb:PATH: ").
 [[nodiscard]] inline stored_record decode_record(std::string_view where, std::string_view k, std::string_view value) {
-    std::string why;
-    if (!key::check(k, "stored key", &why)) throw error(errc::corrupt_record, std::string(where) + why);
+    if (std::string why = detail::key_fault(k); !why.empty())
+        throw error(errc::corrupt_record, std::string(where) + why);
     stored_record r;
     r.key = std::string(k);
     reader in(value);
@@ -252,8 +253,8 @@ private:
     audit_entry a;
     a.key = std::string(parts->first);
     const std::string row = "audit row " + std::to_string(parts->second) + " (key '" + key::printable(a.key) + "')";
-    std::string why;
-    if (!key::check(a.key, "stored key", &why)) throw error(errc::corrupt_record, std::string(where) + row + ": " + why);
+    if (std::string why = detail::key_fault(a.key); !why.empty())
+        throw error(errc::corrupt_record, std::string(where) + row + ": " + why);
     if (parts->second == 0 || parts->second > (std::uint64_t{1} << 62))
         throw error(errc::corrupt_record, std::string(where) + row + ": the sequence must be between 1 and 2^62");
     a.sequence = static_cast<std::int64_t>(parts->second);

@@ -1,0 +1,60 @@
+// idem/store_options.hpp: how a durable guard writes to its store (durable.hpp): durability mode,
+// the flush queue's bounds, the flusher's timing, the idempotency window and pruning.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "idem/store.hpp"
+
+namespace idem {
+
+enum class durability : std::uint8_t {
+    async,  ///< acknowledge at once; a crash loses at most the rows still queued
+    sync,   ///< acknowledge when the batch holding the transition has committed (group commit)
+};
+
+/// Prints the enumerator's name ("async", "sync"); a value outside the enum as "durability(N)".
+inline std::ostream& operator<<(std::ostream& os, durability d) {
+    switch (d) {
+        case durability::async: return os << "async";
+        case durability::sync: return os << "sync";
+    }
+    return os << "durability(" << static_cast<unsigned>(d) << ')';
+}
+
+struct store_options {
+    durability mode = durability::async;
+    std::size_t queue_capacity = 1u << 16;  ///< transitions the queue holds
+    /// Rows per store transaction. The default takes everything queued: with keys in random order
+    /// each batch dirties about one page per key in the stores' key-ordered tables, and a batch of
+    /// 65,536 rows shares those pages among ~16 times more rows than one of 4,096 (SQLite, 1M
+    /// random keys: 2.5-3x the rate; docs/durable-benchmarks.md, "Batch size").
+    std::size_t max_batch = 1u << 16;
+    std::chrono::nanoseconds offer_wait{0};                            ///< bounded wait on a full queue; 0: fail at once
+    std::chrono::nanoseconds sync_timeout = std::chrono::seconds(10);  ///< longest wait for a commit in sync mode
+    std::chrono::nanoseconds idle_poll = std::chrono::microseconds(200);  ///< flusher sleep when the queue is empty
+    std::chrono::nanoseconds max_backoff = std::chrono::seconds(1);       ///< longest pause between retries
+    /// Audit node identity; empty: HOST:PID:RRRRRR (detail/node_identity.hpp). (Brace-initialized so that a designated
+    /// initializer leaving it out compiles under -Wextra -Werror: -Wmissing-field-initializers.)
+    std::string node{};
+    /// The idempotency window: how long a key's decision is remembered at all. Inside it a
+    /// duplicate gets the recorded outcome even after memory evicted the key (options.retention,
+    /// the hot window); past it the key may run again, and the store prunes its record.
+    /// forever: never forgotten, never pruned. Default 7 days (docs/stores.md, "Two windows").
+    std::chrono::milliseconds window = std::chrono::hours(24 * 7);
+    /// How long audit rows are kept; auditors often need years. forever: never pruned.
+    std::chrono::milliseconds audit_window = forever;
+    /// How often the flusher prunes (one bounded call of store::prune between batches, repeated
+    /// while it reports more). Zero: never in the background (`idem prune` does it).
+    std::chrono::nanoseconds prune_interval = std::chrono::minutes(1);
+    /// Longest wait for the store's answer about a key the cold window may hold (a duplicate after
+    /// eviction); past it begin() answers store_unavailable and nothing is decided.
+    std::chrono::nanoseconds recall_timeout = std::chrono::seconds(2);
+    static constexpr std::chrono::milliseconds forever = idem::forever;
+};
+
+}  // namespace idem
