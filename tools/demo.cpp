@@ -472,43 +472,43 @@ struct run_summary {
     double ops, elapsed_s;
 };
 
-void add_run_summary(json_object& j, const run_summary& r, const demo_config& c) {
-    j.add("requests", r.requests)
-        .add("unique_keys", r.unique)
-        .add("executions", r.executed)
-        .add("duplicates_injected", r.duplicates)
-        .add("duplicates_concurrent", r.concurrent)
-        .add("duplicates_later", r.later)
-        .add("duplicates_blocked", r.blocked)
-        .add("duplicates_replayed", r.replayed)
-        .add("in_flight_hits", r.in_flight)
-        .add("wait_timeouts", r.wait_timeouts)
-        .add("double_executions", r.double_executions)
-        .add("lost_requests", r.lost)
-        .add("outcome_mismatches", r.mismatches)
-        .add("unexpected_answers", r.unexpected)
-        .add("declined", r.declined)
-        .add("money_conserved", r.conserved)
-        .add("balances_match", r.balances_match)
-        .add("ops_per_sec", r.ops)
-        .add("elapsed_s", r.elapsed_s)
-        .add("dup_rate", c.dup_rate)
-        .add("race_share", c.race_share)
-        .add("work_us", c.work_us)
-        .add("wait_ms", c.wait_ms);
+void add_run_summary(json& j, const run_summary& r, const demo_config& c) {
+    j["requests"] = r.requests;
+    j["unique_keys"] = r.unique;
+    j["executions"] = r.executed;
+    j["duplicates_injected"] = r.duplicates;
+    j["duplicates_concurrent"] = r.concurrent;
+    j["duplicates_later"] = r.later;
+    j["duplicates_blocked"] = r.blocked;
+    j["duplicates_replayed"] = r.replayed;
+    j["in_flight_hits"] = r.in_flight;
+    j["wait_timeouts"] = r.wait_timeouts;
+    j["double_executions"] = r.double_executions;
+    j["lost_requests"] = r.lost;
+    j["outcome_mismatches"] = r.mismatches;
+    j["unexpected_answers"] = r.unexpected;
+    j["declined"] = r.declined;
+    j["money_conserved"] = r.conserved;
+    j["balances_match"] = r.balances_match;
+    j["ops_per_sec"] = r.ops;
+    j["elapsed_s"] = r.elapsed_s;
+    j["dup_rate"] = c.dup_rate;
+    j["race_share"] = c.race_share;
+    j["work_us"] = c.work_us;
+    j["wait_ms"] = c.wait_ms;
 }
 
 /// The store checks of a report, as JSON fields (the first ten violations in full).
-void add_store_checks(json_object& j, const durable_report& dr) {
+void add_store_checks(json& j, const durable_report& dr) {
     std::vector<std::string> first_violations;
     for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i) first_violations.push_back(dr.verify.violations[i]);
-    j.add("store_records_ok", dr.records_ok)
-        .add("store_records_missing", dr.records_missing)
-        .add("store_records_wrong", dr.records_wrong)
-        .add("verify_keys", dr.verify.keys)
-        .add("verify_transitions", dr.verify.transitions)
-        .add("violations", std::uint64_t{dr.verify.violations.size()})
-        .add("violation_list", first_violations);
+    j["store_records_ok"] = dr.records_ok;
+    j["store_records_missing"] = dr.records_missing;
+    j["store_records_wrong"] = dr.records_wrong;
+    j["verify_keys"] = dr.verify.keys;
+    j["verify_transitions"] = dr.verify.transitions;
+    j["violations"] = std::uint64_t{dr.verify.violations.size()};
+    j["violation_list"] = first_violations;
 }
 
 /// Reads the store back after the guard closed: this run's records and the whole store's trails.
@@ -756,24 +756,24 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
     const double ops = elapsed_s > 0 ? static_cast<double>(c.requests) / elapsed_s : 0.0;
 
     if (c.json) {
-        json_object guard_stats;
-        guard_stats.add("answered_locally", static_cast<std::uint64_t>(sum["local"]))
-            .add("claims_sent", static_cast<std::uint64_t>(sum["sent"]))
-            .add("claims_won", static_cast<std::uint64_t>(sum["won"]))
-            .add("claims_lost", static_cast<std::uint64_t>(sum["lost"]))
-            .add("claim_batches", static_cast<std::uint64_t>(sum["batches"]))
-            .add("completion_batches", static_cast<std::uint64_t>(sum["completion_batches"]))
-            .add("store_errors", static_cast<std::uint64_t>(sum["store_errors"]));
-        json_object j;
-        j.add("command", "demo")
-            .add("ok", ok)
-            .add("store", display_name(spec))
-            .add("mode", "idem")
-            .add("scope", "global")
-            .add("processes", c.processes)
-            .add("threads", c.threads)
-            .add("seed", c.seed)
-            .add("run_id", c.run_id);
+        json guard_stats = json::object();
+        guard_stats["answered_locally"] = static_cast<std::uint64_t>(sum["local"]);
+        guard_stats["claims_sent"] = static_cast<std::uint64_t>(sum["sent"]);
+        guard_stats["claims_won"] = static_cast<std::uint64_t>(sum["won"]);
+        guard_stats["claims_lost"] = static_cast<std::uint64_t>(sum["lost"]);
+        guard_stats["claim_batches"] = static_cast<std::uint64_t>(sum["batches"]);
+        guard_stats["completion_batches"] = static_cast<std::uint64_t>(sum["completion_batches"]);
+        guard_stats["store_errors"] = static_cast<std::uint64_t>(sum["store_errors"]);
+        json j = json::object();
+        j["command"] = "demo";
+        j["ok"] = ok;
+        j["store"] = display_name(spec);
+        j["mode"] = "idem";
+        j["scope"] = "global";
+        j["processes"] = c.processes;
+        j["threads"] = c.threads;
+        j["seed"] = c.seed;
+        j["run_id"] = c.run_id;
         add_run_summary(j,
                         {c.requests, unique, executed, duplicates, w.concurrent, w.later, blocked,
                          static_cast<std::uint64_t>(sum["replayed"]), static_cast<std::uint64_t>(sum["in_flight"]),
@@ -781,10 +781,11 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
                          unexpected, static_cast<std::uint64_t>(sum["declined"]), conserved,
                          sum["wrong_balances"] == 0, ops, elapsed_s},
                         c);
-        j.add("wall_s", wall_s);
+        j["wall_s"] = wall_s;
         add_store_checks(j, dr);
-        j.add("guard", guard_stats).add("failures", failures);
-        std::cout << j.str() << std::endl;
+        j["guard"] = guard_stats;
+        j["failures"] = failures;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem demo: payment transfers from " << c.processes << " processes x " << c.threads
                   << " threads sharing store " << display_name(spec) << " (global scope, run id " << c.run_id
@@ -973,51 +974,55 @@ int run_demo(const demo_config& given) {
     const double records_per_ms = dr.recovery_ms > 0 ? static_cast<double>(dr.recovered) / dr.recovery_ms : 0.0;
 
     if (c.json) {
-        json_object guard_stats;
-        guard_stats.add("acquired", gs.acquired)
-            .add("duplicates", gs.duplicates)
-            .add("in_progress_hits", gs.in_progress_hits)
-            .add("succeeded", gs.succeeded)
-            .add("payload_mismatches", gs.payload_mismatches)
-            .add("capacity_exhausted", gs.capacity_exhausted)
-            .add("max_probe", gs.max_probe);
-        if (durable) guard_stats.add("backpressure", gs.backpressure).add("in_doubt", gs.in_doubt);
-        json_object j;
-        j.add("command", "demo")
-            .add("ok", ok)
-            .add("store", display_name(spec))
-            .add("mode", mode_name)
-            .add("threads", c.threads)
-            .add("seed", c.seed);
+        json guard_stats = json::object();
+        guard_stats["acquired"] = gs.acquired;
+        guard_stats["duplicates"] = gs.duplicates;
+        guard_stats["in_progress_hits"] = gs.in_progress_hits;
+        guard_stats["succeeded"] = gs.succeeded;
+        guard_stats["payload_mismatches"] = gs.payload_mismatches;
+        guard_stats["capacity_exhausted"] = gs.capacity_exhausted;
+        guard_stats["max_probe"] = gs.max_probe;
+        if (durable) {
+            guard_stats["backpressure"] = gs.backpressure;
+            guard_stats["in_doubt"] = gs.in_doubt;
+        }
+        json j = json::object();
+        j["command"] = "demo";
+        j["ok"] = ok;
+        j["store"] = display_name(spec);
+        j["mode"] = mode_name;
+        j["threads"] = c.threads;
+        j["seed"] = c.seed;
         add_run_summary(j,
                         {c.requests, unique, executed, duplicates, w.concurrent, w.later, blocked, replayed, in_flight,
                          wait_timeouts, double_executions, lost, mismatches, unexpected, declined, conserved,
                          wrong_balances == 0, ops, elapsed_s},
                         c);
-        j.add("accounts", c.accounts)
-            .add("total_money_cents", total)
-            .add("setup_s", setup_s)
-            .add("peak_rss_mib", peak_rss_mib());
+        j["accounts"] = c.accounts;
+        j["total_money_cents"] = total;
+        j["setup_s"] = setup_s;
+        j["peak_rss_mib"] = peak_rss_mib();
         if (durable) {
-            j.add("durability", c.durability)
-                .add("run_id", c.run_id)
-                .add("recovered_records", std::uint64_t{dr.recovered})
-                .add("recovered_processing", std::uint64_t{dr.recovered_processing})
-                .add("recovery_ms", dr.recovery_ms)
-                .add("recovered_cold", dr.recovered_cold)
-                .add("recovery_records_per_ms", records_per_ms)
-                .add("flush_batches", gs.flush_batches)
-                .add("flushed_transitions", gs.flushed_transitions)
-                .add("store_errors", gs.store_errors)
-                .add("rejected_rows", gs.rejected_rows)
-                .add("backpressure_retries", retries)
-                .add("drained", dr.drained)
-                .add("drain_s", dr.drain_s)
-                .add("verify_s", dr.verify_s);
+            j["durability"] = c.durability;
+            j["run_id"] = c.run_id;
+            j["recovered_records"] = std::uint64_t{dr.recovered};
+            j["recovered_processing"] = std::uint64_t{dr.recovered_processing};
+            j["recovery_ms"] = dr.recovery_ms;
+            j["recovered_cold"] = dr.recovered_cold;
+            j["recovery_records_per_ms"] = records_per_ms;
+            j["flush_batches"] = gs.flush_batches;
+            j["flushed_transitions"] = gs.flushed_transitions;
+            j["store_errors"] = gs.store_errors;
+            j["rejected_rows"] = gs.rejected_rows;
+            j["backpressure_retries"] = retries;
+            j["drained"] = dr.drained;
+            j["drain_s"] = dr.drain_s;
+            j["verify_s"] = dr.verify_s;
             add_store_checks(j, dr);
         }
-        j.add("guard", guard_stats).add("failures", failures);
-        std::cout << j.str() << std::endl;
+        j["guard"] = guard_stats;
+        j["failures"] = failures;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem demo: payment transfers, "
                   << (c.naive ? "NAIVE check-then-set guard (--naive), no idem" : "store " + display_name(spec))

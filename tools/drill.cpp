@@ -775,68 +775,68 @@ int run_drill(const drill_config& c) {
     if (c.json) {
         std::vector<std::string> first_violations;
         for (std::size_t i = 0; i < vr.violations.size() && i < 10; ++i) first_violations.push_back(vr.violations[i]);
-        json_object j;
-        j.add("command", "drill")
-            .add("ok", ok)
-            .add("store", display_name(spec))
-            .add("seed", c.seed)
-            .add("run_id", std::string(run_id))
-            .add("cycles", std::uint64_t{c.cycles})
-            .add("workers", std::uint64_t{c.workers})
-            .add("kills", kills)
-            .add("kills_before_ready", kills_before_ready)
-            .add("clean_exits", clean_exits)
-            .add("keys_issued", std::uint64_t{issued.size()})
-            .add("requests_sent", requests_sent)
-            .add("effects", std::uint64_t{ledger.entries.size()})
-            .add("acknowledged", acknowledged)
-            .add("double_executions", double_executions)
-            .add("lost_acknowledged", lost_acknowledged)
-            .add("unresolved", unresolved)
-            .add("phantom_successes", phantom)
-            .add("outcome_mismatches", outcome_mismatches)
-            .add("in_doubt_resolved", in_doubt_resolved)
-            .add("resolved_succeeded", resolved_succeeded)
-            .add("resolved_not_executed", resolved_not_executed)
-            .add("doubt_marks", doubt_marks)
-            .add("recovery_ms_p50", rec_p50)
-            .add("recovery_ms_max", rec_max)
-            .add("recoveries", std::uint64_t{recovery_ms.size()})
-            .add("violations", std::uint64_t{vr.violations.size()})
-            .add("violation_list", first_violations)
-            .add("verify_keys", vr.keys)
-            .add("verify_transitions", vr.transitions)
-            .add("elapsed_s", elapsed_s)
-            .add("failures", failures);
+        json j = json::object();
+        j["command"] = "drill";
+        j["ok"] = ok;
+        j["store"] = display_name(spec);
+        j["seed"] = c.seed;
+        j["run_id"] = std::string(run_id);
+        j["cycles"] = std::uint64_t{c.cycles};
+        j["workers"] = std::uint64_t{c.workers};
+        j["kills"] = kills;
+        j["kills_before_ready"] = kills_before_ready;
+        j["clean_exits"] = clean_exits;
+        j["keys_issued"] = std::uint64_t{issued.size()};
+        j["requests_sent"] = requests_sent;
+        j["effects"] = std::uint64_t{ledger.entries.size()};
+        j["acknowledged"] = acknowledged;
+        j["double_executions"] = double_executions;
+        j["lost_acknowledged"] = lost_acknowledged;
+        j["unresolved"] = unresolved;
+        j["phantom_successes"] = phantom;
+        j["outcome_mismatches"] = outcome_mismatches;
+        j["in_doubt_resolved"] = in_doubt_resolved;
+        j["resolved_succeeded"] = resolved_succeeded;
+        j["resolved_not_executed"] = resolved_not_executed;
+        j["doubt_marks"] = doubt_marks;
+        j["recovery_ms_p50"] = rec_p50;
+        j["recovery_ms_max"] = rec_max;
+        j["recoveries"] = std::uint64_t{recovery_ms.size()};
+        j["violations"] = std::uint64_t{vr.violations.size()};
+        j["violation_list"] = first_violations;
+        j["verify_keys"] = vr.keys;
+        j["verify_transitions"] = vr.transitions;
+        j["elapsed_s"] = elapsed_s;
+        j["failures"] = failures;
         if (!c.second_writer.empty()) {
-            json_object sw;
-            sw.add("mode", c.second_writer)
-                .add("started", second_started)
-                .add("refused", second_refused)
-                .add("not_refused", second_not_refused)
-                .add("ran_alone", second_alone)
-                .add("refusal", first_refusal.value_or(""));
-            j.add("second_writer", sw);
+            json sw = json::object();
+            sw["mode"] = c.second_writer;
+            sw["started"] = second_started;
+            sw["refused"] = second_refused;
+            sw["not_refused"] = second_not_refused;
+            sw["ran_alone"] = second_alone;
+            sw["refusal"] = first_refusal.value_or("");
+            j["second_writer"] = sw;
         }
         if (del.ran) {
-            json_object dj;
-            dj.add("deleted", del.deleted)
-                .add("path", spec.path)
-                .add("deleted_after_acks", del.trigger)
-                .add("claims_confirmed", del.claims)
-                .add("acks_confirmed", del.acks)
-                .add("claims_after_delete", del.claims_after)
-                .add("acks_after_delete", del.acks_after)
-                .add("worker_error", del.worker_error)
-                .add("worker_status", del.worker_status)
-                .add("left_at_path", del.left_at_path)
-                .add("restart", del.restart)
-                .add("acked_total", del.acked_total)
-                .add("acked_without_record", del.acked_without_record);
-            j.add("delete_file", dj);
+            json dj = json::object();
+            dj["deleted"] = del.deleted;
+            dj["path"] = spec.path;
+            dj["deleted_after_acks"] = del.trigger;
+            dj["claims_confirmed"] = del.claims;
+            dj["acks_confirmed"] = del.acks;
+            dj["claims_after_delete"] = del.claims_after;
+            dj["acks_after_delete"] = del.acks_after;
+            dj["worker_error"] = del.worker_error;
+            dj["worker_status"] = del.worker_status;
+            dj["left_at_path"] = del.left_at_path;
+            dj["restart"] = del.restart;
+            dj["acked_total"] = del.acked_total;
+            dj["acked_without_record"] = del.acked_without_record;
+            j["delete_file"] = dj;
         }
-        if (!ok || c.keep) j.add("drill_dir", dir);
-        std::cout << j.str() << std::endl;
+        if (!ok || c.keep) j["drill_dir"] = dir;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem drill: " << c.cycles << " crash cycles"
                   << (c.workers > 1 ? ", " + std::to_string(c.workers) + " racing workers per cycle (global scope)" : "")
