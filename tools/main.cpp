@@ -1,5 +1,6 @@
 // tools/main.cpp: the `idem` command-line tool. Parses the command line and runs one subcommand.
-// Subcommands live one per file (demo.cpp, ...) and register themselves through command.hpp.
+// Subcommands live one per file (audit.cpp, ...; demo/ and drill/ are folders) and register
+// themselves through command.hpp.
 #include <exception>
 #include <iostream>
 #include <new>
