@@ -24,7 +24,7 @@
 #include "demo/results.hpp"
 #include "demo/run_loop.hpp"
 #include "demo/workload.hpp"
-#include "drill.hpp"
+#include "drill/report_line.hpp"
 #include "ledger.hpp"
 #include "report.hpp"
 #include "store.hpp"

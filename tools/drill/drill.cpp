@@ -1,4 +1,4 @@
-// tools/drill.cpp: `idem drill`, the crash drill (the seed's "regular drills").
+// tools/drill/drill.cpp: `idem drill`, the crash drill (the seed's "regular drills").
 //
 // What it does
 // ------------
@@ -10,7 +10,7 @@
 //   1. writes a request list: --keys new keys, every key issued earlier and not yet acknowledged
 //      (the client's retries after a crash), a few acknowledged keys again (late duplicates), and a
 //      second copy of some new keys (racing duplicates), shuffled;
-//   2. starts `idem drill-worker` (drill_worker.cpp): it recovers the store, resolves the claims the
+//   2. starts `idem drill-worker` (drill/worker.cpp): it recovers the store, resolves the claims the
 //      previous worker left in flight from the ledger, then executes the requests in sync mode,
 //      writing each effect to the ledger before ticket.succeed() and acknowledging after it;
 //   3. kills it with SIGKILL after a random delay (--kill-min-ms .. --kill-max-ms, from a seeded RNG),
@@ -74,7 +74,9 @@
 #include <vector>
 
 #include "command.hpp"
-#include "drill.hpp"
+#include "drill/files.hpp"
+#include "drill/process.hpp"
+#include "drill/report_line.hpp"
 #include "idem/verify.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -102,116 +104,10 @@ struct drill_config {
 };
 
 using clock_type = std::chrono::steady_clock;
+using drill::describe_status;
+using drill::self_exe;
+using drill::worker_process;
 
-std::string self_exe() {
-    std::error_code ec;
-    const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (ec) throw idem::error(idem::errc::invalid_argument, "cannot find the idem executable (/proc/self/exe): " + ec.message());
-    return p.string();
-}
-
-/// A worker process with its stdout on a pipe.
-class worker_process {
-public:
-    /// quiet: the worker's stderr goes to /dev/null (a second writer whose refusal is expected).
-    worker_process(const std::string& exe, const std::vector<std::string>& args, bool quiet = false) {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0)
-            throw idem::error(idem::errc::invalid_argument, std::string("pipe: ") + std::strerror(errno));
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);  // dup2 clears CLOEXEC on stdout
-        if (quiet) posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-        std::vector<std::string> argv_s{exe};
-        argv_s.insert(argv_s.end(), args.begin(), args.end());
-        std::vector<char*> argv;
-        for (std::string& s : argv_s) argv.push_back(s.data());
-        argv.push_back(nullptr);
-        const int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        ::close(fds[1]);
-        fd_ = fds[0];
-        if (rc != 0) {
-            ::close(fd_);
-            throw idem::error(idem::errc::invalid_argument, "cannot start '" + exe + " drill-worker': " + std::strerror(rc));
-        }
-        ::fcntl(fd_, F_SETFL, O_NONBLOCK);
-        started_ = clock_type::now();
-    }
-    ~worker_process() {
-        if (pid_ > 0 && !reaped_) {
-            ::kill(pid_, SIGKILL);
-            wait();
-        }
-        if (fd_ >= 0) ::close(fd_);
-    }
-    worker_process(const worker_process&) = delete;
-    worker_process& operator=(const worker_process&) = delete;
-
-    /// Reads what the worker wrote, waiting up to `timeout` for something; returns complete lines.
-    std::vector<std::string> read_lines(std::chrono::milliseconds timeout) {
-        pollfd p{fd_, POLLIN, 0};
-        if (!eof_) ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
-        char buf[4096];
-        for (;;) {
-            const ssize_t n = ::read(fd_, buf, sizeof buf);
-            if (n > 0) {
-                pending_.append(buf, static_cast<std::size_t>(n));
-                continue;
-            }
-            if (n == 0) eof_ = true;
-            break;  // EAGAIN: nothing more for now
-        }
-        std::vector<std::string> out;
-        std::size_t nl;
-        while ((nl = pending_.find('\n')) != std::string::npos) {
-            out.push_back(pending_.substr(0, nl));
-            pending_.erase(0, nl + 1);
-        }
-        return out;
-    }
-
-    /// True once the process has exited (reaps it).
-    bool exited() {
-        if (reaped_) return true;
-        int status = 0;
-        const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-        if (r == pid_) {
-            reaped_ = true;
-            status_ = status;
-        }
-        return reaped_;
-    }
-    void kill_now() {
-        if (!reaped_) ::kill(pid_, SIGKILL);
-    }
-    void wait() {
-        if (reaped_) return;
-        int status = 0;
-        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-        }
-        reaped_ = true;
-        status_ = status;
-    }
-    [[nodiscard]] bool eof() const noexcept { return eof_; }
-    [[nodiscard]] int status() const noexcept { return status_; }
-    [[nodiscard]] clock_type::time_point started() const noexcept { return started_; }
-
-private:
-    pid_t pid_ = -1;
-    int fd_ = -1;
-    bool reaped_ = false;
-    bool eof_ = false;
-    int status_ = 0;
-    std::string pending_;
-    clock_type::time_point started_;
-};
-
-std::string describe_status(int status) {
-    if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-    if (WIFSIGNALED(status)) return std::string("killed by signal ") + ::strsignal(WTERMSIG(status));
-    return "ended with status " + std::to_string(status);
-}
 
 struct key_info {
     std::uint64_t amount = 0;
