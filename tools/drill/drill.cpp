@@ -48,10 +48,7 @@
 // Exit codes: 0 all checks held (an expected refusal included), 1 a check failed (the drill
 // directory is kept for inspection), 2 bad command line, 3 could not run (worker could not start,
 // store could not be opened).
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,8 +78,6 @@
 #include "progress.hpp"
 #include "report.hpp"
 #include "store.hpp"
-
-extern char** environ;
 
 namespace idem::tool {
 namespace {
