@@ -60,8 +60,10 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         // CLI11 checks require_subcommand before it complains about the word it could not place,
-        // so a mistyped subcommand would only read "A subcommand is required".
-        if (const char* typed = unknown_subcommand(app, argc, argv)) {
+        // so a mistyped subcommand would only read "A subcommand is required". (Exit code 0: --help
+        // or --version, which go on as CLI11 prints them.)
+        const char* typed = e.get_exit_code() != 0 ? unknown_subcommand(app, argc, argv) : nullptr;
+        if (typed != nullptr) {
             std::cerr << "idem: unknown subcommand '" << typed << "'; the subcommands are "
                       << subcommand_names(app) << " (idem --help)\n";
             return exit_usage;
