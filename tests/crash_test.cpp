@@ -3,9 +3,9 @@
 //
 // A child process (this binary, re-executed with IDEM_CRASH_CHILD set, so it starts with no thread
 // inherited from the test process) opens a durable_guard on SQLite and runs payments on a few
-// threads: begin -> append the effect to a ledger file (O_APPEND, one line per effect) -> succeed ->
-// only if succeed returned OK, write "A key" to a pipe to the parent. The parent kills the child
-// with SIGKILL after a random (seeded) delay, then:
+// threads: begin -> append the effect to a ledger file -> succeed -> only if succeed returned OK,
+// write "A key" to its stdout, a pipe to the parent. The parent kills the child with SIGKILL after
+// a random (seeded) delay, then:
 //   1. reads the store as the crash left it: in sync mode every acknowledged key is SUCCESS there,
 //      before any compensation could paper over a lost commit;
 //   2. reopens the store with a resolver that answers from the ledger (effect present: succeeded
@@ -15,6 +15,10 @@
 // Keys are reused across cycles (each cycle draws from a window of 60 keys that slides by 20), so
 // claims released by compensation are retried and completed keys are replayed as duplicates. IDEM_CRASH_CYCLES raises the number of cycles
 // (default 20); IDEM_SEED replays one run.
+//
+// The ledger, and the way the child is started, read and killed, are the drill library's
+// (tools/drill/), the code `idem drill` runs: one ledger line format ("E key outcome", 64 bytes, one
+// write() on an O_APPEND descriptor) and one appender.
 //
 // The async variant measures what a crash loses: transitions acknowledged (claims: "C key", and
 // successes: "A key") but not in the store afterwards. The pipeline holds at most queue_capacity
@@ -31,7 +35,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -41,17 +44,15 @@
 #include <thread>
 #include <vector>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "drill/files.hpp"
+#include "drill/process.hpp"
 #include "support/store_fixtures.hpp"
 #include "support/threads.hpp"
-
-extern char** environ;
 
 namespace {
 
@@ -59,6 +60,7 @@ using namespace std::chrono_literals;
 using idem::begin_status;
 using idem::durability;
 using idem::record_state;
+namespace drill = idem::tool::drill;
 
 /// The outcome a payment records, recomputable by the resolver and the checker from the key.
 std::uint64_t outcome_of(std::string_view key) { return idem::fingerprint_of(key) >> 1; }
@@ -68,7 +70,6 @@ struct child_spec {
     bool sync = true;
     std::uint64_t seed = 0;
     int cycle = 0;
-    int fd = -1;                 // write end of the ack pipe
     std::size_t pool = 60;       // sync: keys drawn from a window of this size (reused across cycles)
     std::size_t max_new = 5000;  // async: fresh keys per cycle
     int threads = 4;
@@ -76,15 +77,15 @@ struct child_spec {
 
     std::string encode() const {
         std::ostringstream o;
-        o << db << ' ' << ledger << ' ' << sync << ' ' << seed << ' ' << cycle << ' ' << fd << ' ' << pool << ' '
-          << max_new << ' ' << threads << ' ' << queue_capacity << ' ' << max_batch;
+        o << db << ' ' << ledger << ' ' << sync << ' ' << seed << ' ' << cycle << ' ' << pool << ' ' << max_new << ' '
+          << threads << ' ' << queue_capacity << ' ' << max_batch;
         return o.str();
     }
     static child_spec decode(const char* text) {
         child_spec s;
         std::istringstream i(text);
-        i >> s.db >> s.ledger >> s.sync >> s.seed >> s.cycle >> s.fd >> s.pool >> s.max_new >> s.threads >>
-            s.queue_capacity >> s.max_batch;
+        i >> s.db >> s.ledger >> s.sync >> s.seed >> s.cycle >> s.pool >> s.max_new >> s.threads >> s.queue_capacity >>
+            s.max_batch;
         return s;
     }
 };
@@ -118,12 +119,12 @@ int child_main(const child_spec& s) {
         so.max_batch = s.max_batch;
         so.offer_wait = 30s;
         idem::durable_guard g(std::make_unique<idem::sqlite_store>(s.db, s.sync), o, so);
-        const int ledger = ::open(s.ledger.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-        if (ledger < 0) {
-            std::perror("crash child: ledger");
-            return 3;
-        }
-        write_all(s.fd, "R\n");
+        // The effect's line is on disk before succeed() in sync mode; in async mode an fdatasync per
+        // payment would throttle the producer below the flusher and hide the loss being measured
+        // (SIGKILL does not lose the page cache anyway).
+        drill::line_appender ledger(s.ledger, /*durable=*/s.sync);
+        const int acks = STDOUT_FILENO;  // the pipe to the parent
+        write_all(acks, "R\n");
         std::atomic<std::size_t> fresh{0};
         std::vector<std::thread> threads;
         for (int t = 0; t < s.threads; ++t) {
@@ -149,13 +150,13 @@ int child_main(const child_spec& s) {
                     const idem::key k(text);
                     auto r = g->begin(k);
                     if (r.status != begin_status::acquired) continue;  // duplicate, in progress, ...
-                    if (!s.sync) write_all(s.fd, "C " + text + "\n");
-                    // The effect: one line, appended atomically; fsync'd in sync mode (in async mode
-                    // an fsync per payment would throttle the producer below the flusher and hide
-                    // the loss being measured; SIGKILL does not lose the page cache anyway).
-                    write_all(ledger, "E " + text + " " + std::to_string(r.fence) + " " + std::to_string(s.cycle) + "\n");
-                    if (s.sync) ::fdatasync(ledger);
-                    if (!r.ticket.succeed(outcome_of(text))) write_all(s.fd, "A " + text + "\n");
+                    if (r.fence == 0) {  // a claim always carries a fence; the parent fails a child that exits
+                        std::fprintf(stderr, "crash child: %s acquired with fence 0\n", text.c_str());
+                        std::_Exit(6);
+                    }
+                    if (!s.sync) write_all(acks, "C " + text + "\n");
+                    ledger.append(drill::make_line('E', text, outcome_of(text)));  // the effect
+                    if (!r.ticket.succeed(outcome_of(text))) write_all(acks, "A " + text + "\n");
                 }
             });
         }
@@ -176,104 +177,27 @@ int child_main(const child_spec& s) {
 
 // ---- the parent ---------------------------------------------------------------------------------
 
-/// A running child; killed and reaped at scope exit in any case.
-class child_process {
-public:
-    explicit child_process(child_spec spec) {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-        read_fd_ = p[0];
-        spec.fd = 100;  // the write end, moved to a fixed number that survives exec
-        std::vector<std::string> env_text;
-        for (char** e = environ; *e; ++e)
-            if (std::strncmp(*e, "IDEM_CRASH_CHILD=", 17) != 0) env_text.emplace_back(*e);
-        env_text.push_back("IDEM_CRASH_CHILD=" + spec.encode());
-        std::vector<char*> envp;
-        for (auto& e : env_text) envp.push_back(e.data());
-        envp.push_back(nullptr);
-        char exe[] = "/proc/self/exe";
-        char filter[] = "--gtest_filter=-*";  // belt and braces: should the hook not run, run no test
-        char* argv[] = {exe, filter, nullptr};
-        pid_ = ::fork();
-        if (pid_ < 0) throw std::runtime_error("fork failed");
-        if (pid_ == 0) {
-            ::dup2(p[1], 100);  // dup2 clears FD_CLOEXEC on the new descriptor
-            ::execve(exe, argv, envp.data());
-            std::_Exit(127);
-        }
-        ::close(p[1]);
-    }
-    ~child_process() {
-        kill();
-        if (read_fd_ >= 0) ::close(read_fd_);
-    }
-    child_process(const child_process&) = delete;
-    child_process& operator=(const child_process&) = delete;
-
-    /// Reads pipe lines until `until` (or EOF); returns false on EOF.
-    bool read_until(std::chrono::steady_clock::time_point until, std::vector<std::string>& lines) {
-        for (;;) {
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-            pollfd pfd{read_fd_, POLLIN, 0};
-            const int n = ::poll(&pfd, 1, static_cast<int>(std::max<std::int64_t>(0, left.count())));
-            if (n == 0) return true;
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                return false;
-            }
-            char buf[65536];
-            const ssize_t got = ::read(read_fd_, buf, sizeof buf);
-            if (got <= 0) return false;
-            partial_.append(buf, static_cast<std::size_t>(got));
-            std::size_t nl;
-            while ((nl = partial_.find('\n')) != std::string::npos) {
-                lines.push_back(partial_.substr(0, nl));
-                partial_.erase(0, nl + 1);
-            }
-        }
-    }
-
-    /// SIGKILL and reap; returns the wait status (or -1 if already reaped).
-    int kill() {
-        if (pid_ <= 0) return -1;
-        ::kill(pid_, SIGKILL);
-        int status = 0;
-        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-        }
-        pid_ = 0;
-        return status;
-    }
-    [[nodiscard]] const std::string& partial() const noexcept { return partial_; }
-
-private:
-    pid_t pid_ = 0;
-    int read_fd_ = -1;
-    std::string partial_;
-};
-
 struct ledger_entry {
     std::size_t count = 0;
-    std::vector<std::string> lines;
+    std::uint64_t outcome = 0;
+    std::vector<std::size_t> lines;  // line numbers in the ledger, from 0
 };
 
-/// key -> its effect lines. A line that is not "E key fence cycle" fails the test.
+/// key -> its effects. A torn or malformed line, or one that is not "E key outcome_of(key)", fails
+/// the test.
 std::map<std::string, ledger_entry> read_ledger(const std::string& path) {
+    const drill::line_file f = drill::read_lines(path);
+    EXPECT_EQ(f.torn, 0u) << "the ledger ends with a torn line";
+    EXPECT_EQ(f.malformed, 0u) << "the ledger has malformed lines";
     std::map<std::string, ledger_entry> out;
-    std::ifstream in(path, std::ios::binary);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(all.empty() || all.back() == '\n') << "the ledger ends with a torn line";
-    std::istringstream lines(all);
-    std::string line;
-    while (std::getline(lines, line)) {
-        std::istringstream f(line);
-        std::string tag, key;
-        std::uint64_t fence = 0;
-        int cycle = -1;
-        f >> tag >> key >> fence >> cycle;
-        EXPECT_TRUE(tag == "E" && !key.empty() && fence > 0 && cycle >= 0) << "bad ledger line '" << line << "'";
-        auto& e = out[key];
-        ++e.count;
-        e.lines.push_back(line);
+    for (std::size_t i = 0; i < f.entries.size(); ++i) {
+        const drill::entry& e = f.entries[i];
+        EXPECT_TRUE(e.tag == 'E' && e.outcome == outcome_of(e.key))
+            << "bad ledger line " << i << ": '" << e.tag << ' ' << e.key << ' ' << e.outcome << "'";
+        auto& le = out[e.key];
+        ++le.count;
+        le.outcome = e.outcome;
+        le.lines.push_back(i);
     }
     return out;
 }
@@ -291,8 +215,9 @@ protected:
     std::size_t resolved_executed_ = 0, resolved_not_executed_ = 0;
 
     /// Runs one child until a SIGKILL `delay` after it is ready; returns its acknowledgements.
-    void run_child(child_spec spec, std::chrono::milliseconds delay, cycle_result& out) {
-        child_process child(std::move(spec));
+    void run_child(const child_spec& spec, std::chrono::milliseconds delay, cycle_result& out) {
+        drill::worker_process child(drill::self_exe(), {"--gtest_filter=-*"},  // should the hook not run: no test
+                                    /*quiet=*/false, {"IDEM_CRASH_CHILD=" + spec.encode()});
         std::vector<std::string> lines;
         const auto ready_deadline = std::chrono::steady_clock::now() + 60s;
         bool ready = false;
@@ -303,7 +228,9 @@ protected:
         }
         ASSERT_TRUE(ready) << "the child never opened its guard (see its stderr above)";
         const bool alive = child.read_until(std::chrono::steady_clock::now() + delay, lines);
-        const int status = child.kill();
+        child.kill_now();
+        child.wait();
+        const int status = child.status();
         ASSERT_TRUE(alive) << "the child's pipe closed before the kill";
         ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
             << "the child ended on its own (status " << status << "); see its stderr";
@@ -336,7 +263,7 @@ protected:
             const auto it = ledger.find(std::string(c.key));
             if (it != ledger.end()) {
                 ++resolved_executed_;
-                return {idem::resolution::succeeded, outcome_of(c.key)};
+                return {idem::resolution::succeeded, it->second.outcome};
             }
             ++resolved_not_executed_;
             return {idem::resolution::not_executed, 0};
@@ -368,8 +295,8 @@ protected:
         for (auto& [k, e] : ledger) {
             if (sync && e.count > 1) {
                 std::string all;
-                for (auto& l : e.lines) all += "\n    " + l;
-                complain(k + ": executed " + std::to_string(e.count) + " times:" + all);
+                for (std::size_t l : e.lines) all += " " + std::to_string(l);
+                complain(k + ": executed " + std::to_string(e.count) + " times (ledger lines" + all + ")");
             }
             if (sync && !after.count(k)) complain(k + ": effect in the ledger but no record");
         }

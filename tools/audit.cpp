@@ -73,45 +73,49 @@ int run_audit(const audit_config& c) {
     const bool processing = rec && rec->state == idem::record_state::processing;
 
     if (c.json) {
-        json_object j;
-        j.add("command", "audit").add("store", display_name(spec)).add("key", c.key).add("found", found);
+        json j = json::object();
+        j["command"] = "audit";
+        j["store"] = display_name(spec);
+        j["key"] = c.key;
+        j["found"] = found;
         if (rec) {
-            json_object r;
-            r.add("status", idem::to_string(rec->state))
-                .add("biz_type", rec->biz_type)
-                .add("fence", rec->fence)
-                .add("outcome", rec->outcome)
-                .add("fingerprint", rec->fingerprint)
-                .add("created_ms", rec->created_ms)
-                .add("created", iso8601_ms(rec->created_ms))
-                .add("updated_ms", rec->updated_ms)
-                .add("updated", iso8601_ms(rec->updated_ms));
-            if (processing)
-                r.add("lease_until_ms", rec->lease_until_ms)
-                    .add("lease_until", iso8601_ms(rec->lease_until_ms))
-                    .add("lease_expired", rec->lease_until_ms <= now);
-            j.add("record", r);
+            json r = json::object();
+            r["status"] = idem::to_string(rec->state);
+            r["biz_type"] = rec->biz_type;
+            r["fence"] = rec->fence;
+            r["outcome"] = rec->outcome;
+            r["fingerprint"] = rec->fingerprint;
+            r["created_ms"] = rec->created_ms;
+            r["created"] = iso8601_ms(rec->created_ms);
+            r["updated_ms"] = rec->updated_ms;
+            r["updated"] = iso8601_ms(rec->updated_ms);
+            if (processing) {
+                r["lease_until_ms"] = rec->lease_until_ms;
+                r["lease_until"] = iso8601_ms(rec->lease_until_ms);
+                r["lease_expired"] = rec->lease_until_ms <= now;
+            }
+            j["record"] = r;
         } else {
-            j.add_null("record");
+            j["record"] = nullptr;
         }
-        std::vector<json_object> rows;
+        std::vector<json> rows;
         for (const idem::audit_entry& a : trail) {
-            json_object r;
-            r.add("sequence", a.sequence)
-                .add("from", idem::to_string(a.from))
-                .add("to", idem::to_string(a.to))
-                .add("fence", a.fence)
-                .add("node", a.node)
-                .add("at_ms", a.at_ms)
-                .add("time", iso8601_ms(a.at_ms))
-                .add("detail", a.detail);
+            json r = json::object();
+            r["sequence"] = a.sequence;
+            r["from"] = idem::to_string(a.from);
+            r["to"] = idem::to_string(a.to);
+            r["fence"] = a.fence;
+            r["node"] = a.node;
+            r["at_ms"] = a.at_ms;
+            r["time"] = iso8601_ms(a.at_ms);
+            r["detail"] = a.detail;
             rows.push_back(std::move(r));
         }
-        j.add("trail", rows)
-            .add("violations", std::uint64_t{violations.size()})
-            .add("violation_list", violations)
-            .add("ok", found && violations.empty());
-        std::cout << j.str() << std::endl;
+        j["trail"] = rows;
+        j["violations"] = std::uint64_t{violations.size()};
+        j["violation_list"] = violations;
+        j["ok"] = found && violations.empty();
+        std::cout << json_line(j) << std::endl;
     } else if (!found) {
         std::cout << "idem audit: key '" << idem::key::printable(c.key) << "' has no record and no audit trail in "
                   << display_name(spec) << '\n';

@@ -34,9 +34,9 @@ struct command {
     std::function<int()> run;  ///< runs it once parsing succeeded; returns an exit_code
 };
 
-command add_demo(CLI::App& root);          // demo.cpp
-command add_drill(CLI::App& root);         // drill.cpp
-command add_drill_worker(CLI::App& root);  // drill_worker.cpp (hidden: the drill starts it)
+command add_demo(CLI::App& root);          // demo/cli.cpp
+command add_drill(CLI::App& root);         // drill/drill.cpp
+command add_drill_worker(CLI::App& root);  // drill/worker.cpp (hidden: the drill starts it)
 command add_audit(CLI::App& root);         // audit.cpp
 command add_verify(CLI::App& root);        // verify.cpp
 command add_stats(CLI::App& root);         // stats.cpp

@@ -62,18 +62,18 @@ int run_prune(const prune_config& c) {
     const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const idem::prune_horizon h = st->horizon();
     if (c.json) {
-        json_object j;
-        j.add("command", "prune")
-            .add("store", display_name(spec))
-            .add("records_before_ms", limits.records_before_ms)
-            .add("records", records)
-            .add("audit_rows", audit_rows)
-            .add("transactions", calls);
-        if (limits.audit_before_ms == idem::prune_limits::keep_all) j.add_null("audit_before_ms");
-        else j.add("audit_before_ms", limits.audit_before_ms);
+        json j = json::object();
+        j["command"] = "prune";
+        j["store"] = display_name(spec);
+        j["records_before_ms"] = limits.records_before_ms;
+        j["records"] = records;
+        j["audit_rows"] = audit_rows;
+        j["transactions"] = calls;
+        if (limits.audit_before_ms == idem::prune_limits::keep_all) j["audit_before_ms"] = nullptr;
+        else j["audit_before_ms"] = limits.audit_before_ms;
         add_horizon(j, h);
-        j.add("elapsed_s", elapsed_s);
-        std::cout << j.str() << std::endl;
+        j["elapsed_s"] = elapsed_s;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem prune: " << display_name(spec) << "\n\n";
         table t;

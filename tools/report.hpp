@@ -1,5 +1,5 @@
 // tools/report.hpp: output helpers shared by the subcommands: a two-column summary table for people
-// and a one-line JSON object for scripts.
+// and a one-line JSON object for scripts (nlohmann-json, Debian nlohmann-json3-dev).
 #pragma once
 
 #include <algorithm>
@@ -7,10 +7,13 @@
 #include <ctime>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "idem/store.hpp"
 
@@ -90,67 +93,35 @@ private:
     std::vector<line> rows_;
 };
 
-/// A JSON object built in insertion order and printed on one line.
-class json_object {
-public:
-    json_object& add(std::string_view name, std::uint64_t v) { return raw(name, std::to_string(v)); }
-    json_object& add(std::string_view name, std::int64_t v) { return raw(name, std::to_string(v)); }
-    json_object& add(std::string_view name, unsigned v) { return raw(name, std::to_string(v)); }
-    json_object& add(std::string_view name, double v) {
-        if (!std::isfinite(v)) return raw(name, "null");
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%.6g", v);
-        return raw(name, buf);
-    }
-    json_object& add(std::string_view name, bool v) { return raw(name, v ? "true" : "false"); }
-    json_object& add(std::string_view name, std::string_view v) { return raw(name, quote(v)); }
-    json_object& add(std::string_view name, const char* v) { return add(name, std::string_view(v)); }
-    json_object& add(std::string_view name, const json_object& v) { return raw(name, v.str()); }
-    json_object& add(std::string_view name, const std::vector<json_object>& v) {
-        std::string a = "[";
-        for (std::size_t i = 0; i < v.size(); ++i) a += (i ? "," : "") + v[i].str();
-        return raw(name, a + "]");
-    }
-    json_object& add_null(std::string_view name) { return raw(name, "null"); }
-    json_object& add(std::string_view name, const std::vector<std::string>& v) {
-        std::string a = "[";
-        for (std::size_t i = 0; i < v.size(); ++i) a += (i ? "," : "") + quote(v[i]);
-        return raw(name, a + "]");
-    }
+/// The tools' JSON: objects keep their keys in insertion order, the order scripts and people expect.
+using json = nlohmann::ordered_json;
 
-    [[nodiscard]] std::string str() const { return "{" + body_ + "}"; }
-
-    static std::string quote(std::string_view s) {
-        std::string out = "\"";
-        for (unsigned char c : s) {
-            switch (c) {
-                case '"': out += "\\\""; break;
-                case '\\': out += "\\\\"; break;
-                case '\n': out += "\\n"; break;
-                case '\t': out += "\\t"; break;
-                default:
-                    if (c < 0x20) {
-                        char buf[8];
-                        std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                        out += buf;
-                    } else {
-                        out += static_cast<char>(c);
-                    }
-            }
+/// Rounds every float in `j` to six significant digits and turns a whole one into an integer, so that
+/// "elapsed_s":2.13457 and "wait_ms":0 read as they always have (C's %.6g), not in nlohmann's
+/// round-trip form (2.1345678912345, 0.0). A non-finite float becomes null.
+inline void round_floats(json& j) {
+    if (j.is_number_float()) {
+        const double v = j.get<double>();
+        if (!std::isfinite(v)) {
+            j = nullptr;
+            return;
         }
-        return out + "\"";
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.6g", v);
+        const double r = std::strtod(buf, nullptr);
+        if (r == std::trunc(r) && std::fabs(r) < 1e15) j = static_cast<std::int64_t>(r);
+        else j = r;
+    } else if (j.is_structured()) {
+        for (json& e : j) round_floats(e);
     }
+}
 
-private:
-    json_object& raw(std::string_view name, std::string_view value) {
-        if (!body_.empty()) body_ += ',';
-        body_ += quote(name);
-        body_ += ':';
-        body_ += value;
-        return *this;
-    }
-    std::string body_;
-};
+/// `j` on one line. Text that is not valid UTF-8 (a store's error message, a key from a damaged
+/// row) is printed with U+FFFD in place of the bad bytes rather than failing the whole report.
+inline std::string json_line(json j) {
+    round_floats(j);
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 /// A prune bound for people: "2024-06-15T12:34:56.789Z (1718454896789)", or "never pruned".
 inline std::string horizon_text(std::int64_t ms) {
@@ -165,10 +136,10 @@ inline void horizon_rows(table& t, const prune_horizon& h) {
 }
 
 /// The horizon as records_horizon_ms / audit_horizon_ms (null: never pruned).
-inline void add_horizon(json_object& j, const prune_horizon& h) {
+inline void add_horizon(json& j, const prune_horizon& h) {
     for (auto [name, v] : {std::pair{"records_horizon_ms", h.records_ms}, std::pair{"audit_horizon_ms", h.audit_ms}}) {
-        if (v == prune_limits::keep_all) j.add_null(name);
-        else j.add(name, v);
+        if (v == prune_limits::keep_all) j[name] = nullptr;
+        else j[name] = v;
     }
 }
 

@@ -21,7 +21,8 @@ Runs, in a fresh temporary directory:
      store's error naming the file, nothing asked for after the deletion is confirmed, exit 0;
   4d. idem drill --cycles 5 on a rocksdb:DIR store (when the tool is built with it), then verify;
   5. the negative control: idem demo --naive must find double executions and exit 1;
-  6. usage and runtime errors give exit codes 2 and 3.
+  6. usage and runtime errors give exit codes 2 and 3; an unknown subcommand is named, with the
+     valid ones.
 With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
 demo, a 3-cycle drill, a 2-process demo and a 3-worker drill (global scope), and verify against
 that database.
@@ -274,6 +275,10 @@ def main():
             check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
 
         print("6. exit codes", flush=True)
+        _, _, _, err = run(idem, "nosuch", expect=2)
+        check("'nosuch'" in err and all(f" {c}" in err for c in ("demo", "drill", "audit", "verify", "stats", "prune"))
+              and "drill-worker" not in err,
+              f"idem nosuch: the error names neither the word nor the subcommands: {err.strip()!r}")
         run(idem, "verify", "--store", "memory", expect=2)
         run(idem, "demo", "--store", "redis://x", expect=2)
         run(idem, "demo", "--durability", "eventually", expect=2)

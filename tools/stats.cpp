@@ -129,33 +129,38 @@ int run_stats(const stats_config& c) {
         e.gauge("idem_store_records_by_window", "", "window=\"past\"", v.past_window);
         std::cout << e.str();
     } else if (c.json) {
-        json_object status, biz, causes;
-        for (const auto& [s, n] : v.by_status) status.add(s, n);
+        json status = json::object(), biz = json::object(), causes = json::object();
+        for (const auto& [s, n] : v.by_status) status[s] = n;
         for (const auto& [b, counts] : v.by_biz) {
-            json_object o;
-            for (const auto& [s, n] : counts) o.add(s, n);
-            biz.add(b, o);
+            json o = json::object();
+            for (const auto& [s, n] : counts) o[s] = n;
+            biz[b] = o;
         }
-        for (const auto& [cause, n] : v.audit_by_cause) causes.add(cause, n);
-        json_object j;
-        j.add("command", "stats")
-            .add("store", display_name(spec))
-            .add("records", v.records)
-            .add("by_status", status)
-            .add("by_biz_type", biz)
-            .add("processing_expired", v.expired);
+        for (const auto& [cause, n] : v.audit_by_cause) causes[cause] = n;
+        json j = json::object();
+        j["command"] = "stats";
+        j["store"] = display_name(spec);
+        j["records"] = v.records;
+        j["by_status"] = status;
+        j["by_biz_type"] = biz;
+        j["processing_expired"] = v.expired;
         if (v.oldest_processing_ms)
-            j.add("oldest_processing", iso8601_ms(v.oldest_processing_ms));
+            j["oldest_processing"] = iso8601_ms(v.oldest_processing_ms);
         else
-            j.add_null("oldest_processing");
-        j.add("audit_rows", v.audit_rows).add("audit_by_cause", causes).add("max_fence", v.max_fence);
-        json_object windows;
-        windows.add("retention", c.retention).add("window", c.window).add("hot", v.hot).add("cold", v.cold).add(
-            "past_window", v.past_window);
-        j.add("at_restart", windows);
+            j["oldest_processing"] = nullptr;
+        j["audit_rows"] = v.audit_rows;
+        j["audit_by_cause"] = causes;
+        j["max_fence"] = v.max_fence;
+        json windows = json::object();
+        windows["retention"] = c.retention;
+        windows["window"] = c.window;
+        windows["hot"] = v.hot;
+        windows["cold"] = v.cold;
+        windows["past_window"] = v.past_window;
+        j["at_restart"] = windows;
         add_horizon(j, v.horizon);
-        j.add("elapsed_s", elapsed_s);
-        std::cout << j.str() << std::endl;
+        j["elapsed_s"] = elapsed_s;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem stats: " << display_name(spec) << "\n\n";
         table t;

@@ -36,22 +36,22 @@ int run_verify(const verify_config& c) {
     const std::vector<std::string> listed(r.violations.begin(), r.violations.begin() + static_cast<std::ptrdiff_t>(shown));
     const bool ok = r.violations.empty();
     if (c.json) {
-        json_object j;
-        j.add("command", "verify")
-            .add("store", display_name(spec))
-            .add("ok", ok)
-            .add("keys", r.keys)
-            .add("transitions", r.transitions)
-            .add("reopened", r.reopened)
-            .add("truncated_trails", r.truncated_trails)
-            .add("records_without_trail", r.records_without_trail)
-            .add("trails_without_record", r.trails_without_record)
-            .add("violations", std::uint64_t{r.violations.size()})
-            .add("violation_list", listed)
-            .add("violation_list_truncated", shown < r.violations.size());
+        json j = json::object();
+        j["command"] = "verify";
+        j["store"] = display_name(spec);
+        j["ok"] = ok;
+        j["keys"] = r.keys;
+        j["transitions"] = r.transitions;
+        j["reopened"] = r.reopened;
+        j["truncated_trails"] = r.truncated_trails;
+        j["records_without_trail"] = r.records_without_trail;
+        j["trails_without_record"] = r.trails_without_record;
+        j["violations"] = std::uint64_t{r.violations.size()};
+        j["violation_list"] = listed;
+        j["violation_list_truncated"] = shown < r.violations.size();
         add_horizon(j, r.horizon);
-        j.add("elapsed_s", elapsed_s);
-        std::cout << j.str() << std::endl;
+        j["elapsed_s"] = elapsed_s;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem verify: " << display_name(spec) << "\n\n";
         table t;

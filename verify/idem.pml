@@ -76,7 +76,7 @@
    slot word plus what its winner does while it holds the transient state that only it may leave
    (offer the row, write the fields, release-store the new state). Other threads that meet a
    transient state answer in_progress or busy and retry, which the model covers by letting them act
-   before or after the step. (Relacy checks the transient states themselves: tests/relacy_test.cpp.) */
+   before or after the step. (Relacy checks the transient states themselves: verify/relacy_test.cpp.) */
 #define VACANT     0
 #define PROCESSING 2
 #define SUCCEEDED  4

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# fuzz/run_fuzz.sh: builds the libFuzzer targets with clang (ASan + UBSan) and runs each one for a
-# bounded time, starting from a copy of its seed corpus in fuzz/corpus/<target>/.
+# verify/fuzz/run_fuzz.sh: builds the libFuzzer targets with clang (ASan + UBSan) and runs each one for a
+# bounded time, starting from a copy of its seed corpus in verify/fuzz/corpus/<target>/.
 #
-#   fuzz/run_fuzz.sh [--build DIR] [--seconds N] [--jobs N] [--findings] [target ...]
+#   verify/fuzz/run_fuzz.sh [--build DIR] [--seconds N] [--jobs N] [--findings] [target ...]
 #
 #   --build DIR   build directory for the separate clang configuration (default: build/fuzz)
 #   --seconds N   -max_total_time of each target (default 20; IDEM_FUZZ_SECONDS)
 #   --jobs N      build parallelism (default 2)
-#   --findings    instead of fuzzing, replay fuzz/findings/ (reproducers of open findings, when
+#   --findings    instead of fuzzing, replay verify/fuzz/findings/ (reproducers of open findings, when
 #                 there are any); exits non-zero while a finding still reproduces. A fixed finding's
-#                 input moves to the corpus (fuzz/corpus/<target>/regress-*), replayed by every run
+#                 input moves to the corpus (verify/fuzz/corpus/<target>/regress-*), replayed by every run
 #   target        fuzz_key, fuzz_recovery, fuzz_ops (default: all three)
 #
 # New corpus entries stay in the build directory (DIR/corpus/<target>); the repository's corpus is
@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ -n "$build" ] || build=$src/../build/fuzz
+[ -n "$build" ] || build=$src/../../build/fuzz
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_key fuzz_recovery fuzz_ops)
 export CC=${CC:-clang-14} CXX=${CXX:-clang++-14}
 command -v "$CXX" >/dev/null || { echo "run_fuzz: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }

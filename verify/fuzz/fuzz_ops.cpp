@@ -1,4 +1,4 @@
-// fuzz/fuzz_ops.cpp: operation sequences against a single-threaded reference model.
+// verify/fuzz/fuzz_ops.cpp: operation sequences against a single-threaded reference model.
 //
 // A guard on a manual clock (no background thread) runs a fuzzed sequence of begin / succeed /
 // fail / extend / drop / advance clock / set the resolver's answer / compensate / collect on eight

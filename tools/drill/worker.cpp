@@ -1,4 +1,4 @@
-// tools/drill_worker.cpp: `idem drill-worker`, the process `idem drill` starts and kills (hidden).
+// tools/drill/worker.cpp: `idem drill-worker`, the process `idem drill` starts and kills (hidden).
 //
 // One run of a payment service over a durable store in SYNC mode:
 //
@@ -58,7 +58,7 @@
 #include <unistd.h>
 
 #include "command.hpp"
-#include "drill.hpp"
+#include "drill/files.hpp"
 #include "idem/idem.hpp"
 #include "store.hpp"
 #ifdef IDEM_HAVE_POSTGRES
@@ -208,8 +208,8 @@ int run_worker(const worker_config& c) {
     auto app = std::make_shared<application_state>();
     for (const drill::entry& e : drill::read_lines(c.ledger).entries)
         if (e.tag == 'E') app->effect_recorded(e.key, e.outcome);
-    drill::durable_appender ledger(c.ledger);
-    drill::durable_appender acks(c.acks);
+    drill::line_appender ledger(c.ledger);
+    drill::line_appender acks(c.acks);
 
     idem::options opts;
     opts.capacity = reqs.size() + 64;  // make_guard adds the records the store already holds
@@ -365,8 +365,8 @@ int run_worker_global(const worker_config& c) {
 
     auto app = std::make_shared<application_state>();  // in-flight keys of this process
     auto follower = std::make_shared<ledger_follower>(c.ledger);
-    drill::durable_appender ledger(c.ledger);
-    drill::durable_appender acks(c.acks);
+    drill::line_appender ledger(c.ledger);
+    drill::line_appender acks(c.acks);
 
     idem::options opts;
     opts.capacity = reqs.size() * 2 + 64;

@@ -1,4 +1,4 @@
-// fuzz/fuzz_recovery.cpp: rows read back from the store during recovery.
+// verify/fuzz/fuzz_recovery.cpp: rows read back from the store during recovery.
 //
 // The input describes a SQLite database: a schema version and rows for idempotent_record and
 // idempotent_audit whose every column takes a fuzzed SQLite type and value (integer, real, text,

@@ -1,8 +1,9 @@
-// tools/drill.hpp: what `idem drill` and its worker (`idem drill-worker`) share: the file formats of
-// the independent ledger, the acknowledgement file and the request list, and the worker's report.
+// tools/drill/files.hpp: the files of a crash drill, shared by `idem drill`, its worker
+// (`idem drill-worker`) and tests/crash_test.cpp: the independent ledger, the acknowledgement file,
+// and the request list.
 //
-// Ledger and acknowledgement files hold fixed-size 64-byte lines, appended with one write() on an
-// O_APPEND descriptor and made durable with fdatasync() before the caller goes on:
+// Ledger and acknowledgement files hold fixed-size 64-byte lines, each appended with one write() on
+// an O_APPEND descriptor (line_appender):
 //
 //   "E <key, space-padded to 40> <outcome, 20 digits>\n"   ledger: one line per executed effect
 //   "A <key, space-padded to 40> <outcome, 20 digits>\n"   acks: success recorded and committed
@@ -13,18 +14,6 @@
 //
 // The request list is text, one "KEY AMOUNT" per line. The outcome of a request is its amount (0 is
 // a legal amount, so falsy outcomes are replayed and resolved too).
-//
-// The worker reports on its stdout, one line each:
-//   "ready recovery_ns=N records=N processing=N compensated_at_open=N compensated_after_wait=N
-//    waited_ms=N pending=N"                      after recovery and compensation, before any request
-//   "done requests=N executed=N acked=N replayed=N busy=N in_doubt=N unavailable=N unacked=N
-//    unexpected=N replay_mismatches=N"           after the last request (a run that was not killed)
-//   "refused <message>"                          the store would not open (another writer holds the
-//                                                file, ...): the worker exits 3
-// and with --stop-on-unavailable (`idem drill --delete-file`):
-//   "claim_ok t=N", "ack_ok t=N"                 a confirmed claim or acknowledgement; N is the
-//                                                steady clock (ns) when its call was made
-//   "error <message>"                            after "done": the store's last error
 #pragma once
 
 #include <fcntl.h>
@@ -36,7 +25,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -96,32 +84,36 @@ inline line_file read_lines(const std::string& path) {
     return out;
 }
 
-/// An append-only file whose every line is durable when append() returns.
-class durable_appender {
+/// An append-only file of whole lines: each append() is one write() on an O_APPEND descriptor, so
+/// lines from several threads or processes never interleave. With `durable` the line is also on disk
+/// (fdatasync) when append() returns; without, it is in the page cache, which a SIGKILL of the
+/// writer does not lose (crash_test's async run: an fdatasync per payment would throttle the
+/// producers below the flusher and hide the loss it measures).
+/// Thread-safe: the kernel serialises appends on the descriptor.
+class line_appender {
 public:
-    explicit durable_appender(std::string path) : path_(std::move(path)) {
+    explicit line_appender(std::string path, bool durable = true) : path_(std::move(path)), durable_(durable) {
         fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd_ < 0) throw idem::error(idem::errc::store_error, "cannot open '" + path_ + "': " + std::strerror(errno));
     }
-    ~durable_appender() {
+    ~line_appender() {
         if (fd_ >= 0) ::close(fd_);
     }
-    durable_appender(const durable_appender&) = delete;
-    durable_appender& operator=(const durable_appender&) = delete;
+    line_appender(const line_appender&) = delete;
+    line_appender& operator=(const line_appender&) = delete;
 
-    /// One write() of the whole line (O_APPEND: atomic against other appenders), then fdatasync.
-    /// Thread-safe: the kernel serialises appends on the descriptor.
     void append(const std::string& line) {
         const ssize_t n = ::write(fd_, line.data(), line.size());
         if (n != static_cast<ssize_t>(line.size()))
             throw idem::error(idem::errc::store_error, "write to '" + path_ + "' failed: " +
                                                            (n < 0 ? std::strerror(errno) : "short write"));
-        if (::fdatasync(fd_) != 0)
+        if (durable_ && ::fdatasync(fd_) != 0)
             throw idem::error(idem::errc::store_error, "fdatasync of '" + path_ + "' failed: " + std::strerror(errno));
     }
 
 private:
     std::string path_;
+    bool durable_;
     int fd_ = -1;
 };
 
@@ -144,37 +136,6 @@ inline std::vector<request> read_requests(const std::string& path) {
     request r;
     while (in >> r.key >> r.amount) out.push_back(r);
     return out;
-}
-
-/// Parses "word k1=v1 k2=v2 ..." into the word and its numeric fields.
-struct report_line {
-    std::string word;
-    std::map<std::string, std::int64_t> fields;
-    [[nodiscard]] std::int64_t get(const std::string& k) const {
-        const auto it = fields.find(k);
-        return it == fields.end() ? 0 : it->second;
-    }
-};
-
-inline report_line parse_report(std::string_view line) {
-    report_line r;
-    std::size_t pos = 0;
-    bool first = true;
-    while (pos < line.size()) {
-        const std::size_t end = std::min(line.find(' ', pos), line.size());
-        const std::string_view tok = line.substr(pos, end - pos);
-        if (first) {
-            r.word = std::string(tok);
-            first = false;
-        } else if (const auto eq = tok.find('='); eq != std::string_view::npos) {
-            std::int64_t v = 0;
-            const std::string_view num = tok.substr(eq + 1);
-            std::from_chars(num.data(), num.data() + num.size(), v);
-            r.fields[std::string(tok.substr(0, eq))] = v;
-        }
-        pos = end + 1;
-    }
-    return r;
 }
 
 }  // namespace idem::tool::drill

@@ -1,4 +1,4 @@
-// fuzz/fuzz_key.cpp: the key parser and composer (include/idem/key.hpp), and the helpers that read
+// verify/fuzz/fuzz_key.cpp: the key parser and composer (include/idem/key.hpp), and the helpers that read
 // keys back (key::printable, biz_type_of).
 //
 // Input: one mode byte, then the rest.

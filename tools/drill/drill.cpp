@@ -1,4 +1,4 @@
-// tools/drill.cpp: `idem drill`, the crash drill (the seed's "regular drills").
+// tools/drill/drill.cpp: `idem drill`, the crash drill (the seed's "regular drills").
 //
 // What it does
 // ------------
@@ -10,7 +10,7 @@
 //   1. writes a request list: --keys new keys, every key issued earlier and not yet acknowledged
 //      (the client's retries after a crash), a few acknowledged keys again (late duplicates), and a
 //      second copy of some new keys (racing duplicates), shuffled;
-//   2. starts `idem drill-worker` (drill_worker.cpp): it recovers the store, resolves the claims the
+//   2. starts `idem drill-worker` (drill/worker.cpp): it recovers the store, resolves the claims the
 //      previous worker left in flight from the ledger, then executes the requests in sync mode,
 //      writing each effect to the ledger before ticket.succeed() and acknowledging after it;
 //   3. kills it with SIGKILL after a random delay (--kill-min-ms .. --kill-max-ms, from a seeded RNG),
@@ -48,10 +48,7 @@
 // Exit codes: 0 all checks held (an expected refusal included), 1 a check failed (the drill
 // directory is kept for inspection), 2 bad command line, 3 could not run (worker could not start,
 // store could not be opened).
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,13 +71,13 @@
 #include <vector>
 
 #include "command.hpp"
-#include "drill.hpp"
+#include "drill/files.hpp"
+#include "drill/process.hpp"
+#include "drill/report_line.hpp"
 #include "idem/verify.hpp"
 #include "progress.hpp"
 #include "report.hpp"
 #include "store.hpp"
-
-extern char** environ;
 
 namespace idem::tool {
 namespace {
@@ -102,116 +99,10 @@ struct drill_config {
 };
 
 using clock_type = std::chrono::steady_clock;
+using drill::describe_status;
+using drill::self_exe;
+using drill::worker_process;
 
-std::string self_exe() {
-    std::error_code ec;
-    const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (ec) throw idem::error(idem::errc::invalid_argument, "cannot find the idem executable (/proc/self/exe): " + ec.message());
-    return p.string();
-}
-
-/// A worker process with its stdout on a pipe.
-class worker_process {
-public:
-    /// quiet: the worker's stderr goes to /dev/null (a second writer whose refusal is expected).
-    worker_process(const std::string& exe, const std::vector<std::string>& args, bool quiet = false) {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0)
-            throw idem::error(idem::errc::invalid_argument, std::string("pipe: ") + std::strerror(errno));
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);  // dup2 clears CLOEXEC on stdout
-        if (quiet) posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-        std::vector<std::string> argv_s{exe};
-        argv_s.insert(argv_s.end(), args.begin(), args.end());
-        std::vector<char*> argv;
-        for (std::string& s : argv_s) argv.push_back(s.data());
-        argv.push_back(nullptr);
-        const int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        ::close(fds[1]);
-        fd_ = fds[0];
-        if (rc != 0) {
-            ::close(fd_);
-            throw idem::error(idem::errc::invalid_argument, "cannot start '" + exe + " drill-worker': " + std::strerror(rc));
-        }
-        ::fcntl(fd_, F_SETFL, O_NONBLOCK);
-        started_ = clock_type::now();
-    }
-    ~worker_process() {
-        if (pid_ > 0 && !reaped_) {
-            ::kill(pid_, SIGKILL);
-            wait();
-        }
-        if (fd_ >= 0) ::close(fd_);
-    }
-    worker_process(const worker_process&) = delete;
-    worker_process& operator=(const worker_process&) = delete;
-
-    /// Reads what the worker wrote, waiting up to `timeout` for something; returns complete lines.
-    std::vector<std::string> read_lines(std::chrono::milliseconds timeout) {
-        pollfd p{fd_, POLLIN, 0};
-        if (!eof_) ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, timeout.count())));
-        char buf[4096];
-        for (;;) {
-            const ssize_t n = ::read(fd_, buf, sizeof buf);
-            if (n > 0) {
-                pending_.append(buf, static_cast<std::size_t>(n));
-                continue;
-            }
-            if (n == 0) eof_ = true;
-            break;  // EAGAIN: nothing more for now
-        }
-        std::vector<std::string> out;
-        std::size_t nl;
-        while ((nl = pending_.find('\n')) != std::string::npos) {
-            out.push_back(pending_.substr(0, nl));
-            pending_.erase(0, nl + 1);
-        }
-        return out;
-    }
-
-    /// True once the process has exited (reaps it).
-    bool exited() {
-        if (reaped_) return true;
-        int status = 0;
-        const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-        if (r == pid_) {
-            reaped_ = true;
-            status_ = status;
-        }
-        return reaped_;
-    }
-    void kill_now() {
-        if (!reaped_) ::kill(pid_, SIGKILL);
-    }
-    void wait() {
-        if (reaped_) return;
-        int status = 0;
-        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-        }
-        reaped_ = true;
-        status_ = status;
-    }
-    [[nodiscard]] bool eof() const noexcept { return eof_; }
-    [[nodiscard]] int status() const noexcept { return status_; }
-    [[nodiscard]] clock_type::time_point started() const noexcept { return started_; }
-
-private:
-    pid_t pid_ = -1;
-    int fd_ = -1;
-    bool reaped_ = false;
-    bool eof_ = false;
-    int status_ = 0;
-    std::string pending_;
-    clock_type::time_point started_;
-};
-
-std::string describe_status(int status) {
-    if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-    if (WIFSIGNALED(status)) return std::string("killed by signal ") + ::strsignal(WTERMSIG(status));
-    return "ended with status " + std::to_string(status);
-}
 
 struct key_info {
     std::uint64_t amount = 0;
@@ -775,68 +666,68 @@ int run_drill(const drill_config& c) {
     if (c.json) {
         std::vector<std::string> first_violations;
         for (std::size_t i = 0; i < vr.violations.size() && i < 10; ++i) first_violations.push_back(vr.violations[i]);
-        json_object j;
-        j.add("command", "drill")
-            .add("ok", ok)
-            .add("store", display_name(spec))
-            .add("seed", c.seed)
-            .add("run_id", std::string(run_id))
-            .add("cycles", std::uint64_t{c.cycles})
-            .add("workers", std::uint64_t{c.workers})
-            .add("kills", kills)
-            .add("kills_before_ready", kills_before_ready)
-            .add("clean_exits", clean_exits)
-            .add("keys_issued", std::uint64_t{issued.size()})
-            .add("requests_sent", requests_sent)
-            .add("effects", std::uint64_t{ledger.entries.size()})
-            .add("acknowledged", acknowledged)
-            .add("double_executions", double_executions)
-            .add("lost_acknowledged", lost_acknowledged)
-            .add("unresolved", unresolved)
-            .add("phantom_successes", phantom)
-            .add("outcome_mismatches", outcome_mismatches)
-            .add("in_doubt_resolved", in_doubt_resolved)
-            .add("resolved_succeeded", resolved_succeeded)
-            .add("resolved_not_executed", resolved_not_executed)
-            .add("doubt_marks", doubt_marks)
-            .add("recovery_ms_p50", rec_p50)
-            .add("recovery_ms_max", rec_max)
-            .add("recoveries", std::uint64_t{recovery_ms.size()})
-            .add("violations", std::uint64_t{vr.violations.size()})
-            .add("violation_list", first_violations)
-            .add("verify_keys", vr.keys)
-            .add("verify_transitions", vr.transitions)
-            .add("elapsed_s", elapsed_s)
-            .add("failures", failures);
+        json j = json::object();
+        j["command"] = "drill";
+        j["ok"] = ok;
+        j["store"] = display_name(spec);
+        j["seed"] = c.seed;
+        j["run_id"] = std::string(run_id);
+        j["cycles"] = std::uint64_t{c.cycles};
+        j["workers"] = std::uint64_t{c.workers};
+        j["kills"] = kills;
+        j["kills_before_ready"] = kills_before_ready;
+        j["clean_exits"] = clean_exits;
+        j["keys_issued"] = std::uint64_t{issued.size()};
+        j["requests_sent"] = requests_sent;
+        j["effects"] = std::uint64_t{ledger.entries.size()};
+        j["acknowledged"] = acknowledged;
+        j["double_executions"] = double_executions;
+        j["lost_acknowledged"] = lost_acknowledged;
+        j["unresolved"] = unresolved;
+        j["phantom_successes"] = phantom;
+        j["outcome_mismatches"] = outcome_mismatches;
+        j["in_doubt_resolved"] = in_doubt_resolved;
+        j["resolved_succeeded"] = resolved_succeeded;
+        j["resolved_not_executed"] = resolved_not_executed;
+        j["doubt_marks"] = doubt_marks;
+        j["recovery_ms_p50"] = rec_p50;
+        j["recovery_ms_max"] = rec_max;
+        j["recoveries"] = std::uint64_t{recovery_ms.size()};
+        j["violations"] = std::uint64_t{vr.violations.size()};
+        j["violation_list"] = first_violations;
+        j["verify_keys"] = vr.keys;
+        j["verify_transitions"] = vr.transitions;
+        j["elapsed_s"] = elapsed_s;
+        j["failures"] = failures;
         if (!c.second_writer.empty()) {
-            json_object sw;
-            sw.add("mode", c.second_writer)
-                .add("started", second_started)
-                .add("refused", second_refused)
-                .add("not_refused", second_not_refused)
-                .add("ran_alone", second_alone)
-                .add("refusal", first_refusal.value_or(""));
-            j.add("second_writer", sw);
+            json sw = json::object();
+            sw["mode"] = c.second_writer;
+            sw["started"] = second_started;
+            sw["refused"] = second_refused;
+            sw["not_refused"] = second_not_refused;
+            sw["ran_alone"] = second_alone;
+            sw["refusal"] = first_refusal.value_or("");
+            j["second_writer"] = sw;
         }
         if (del.ran) {
-            json_object dj;
-            dj.add("deleted", del.deleted)
-                .add("path", spec.path)
-                .add("deleted_after_acks", del.trigger)
-                .add("claims_confirmed", del.claims)
-                .add("acks_confirmed", del.acks)
-                .add("claims_after_delete", del.claims_after)
-                .add("acks_after_delete", del.acks_after)
-                .add("worker_error", del.worker_error)
-                .add("worker_status", del.worker_status)
-                .add("left_at_path", del.left_at_path)
-                .add("restart", del.restart)
-                .add("acked_total", del.acked_total)
-                .add("acked_without_record", del.acked_without_record);
-            j.add("delete_file", dj);
+            json dj = json::object();
+            dj["deleted"] = del.deleted;
+            dj["path"] = spec.path;
+            dj["deleted_after_acks"] = del.trigger;
+            dj["claims_confirmed"] = del.claims;
+            dj["acks_confirmed"] = del.acks;
+            dj["claims_after_delete"] = del.claims_after;
+            dj["acks_after_delete"] = del.acks_after;
+            dj["worker_error"] = del.worker_error;
+            dj["worker_status"] = del.worker_status;
+            dj["left_at_path"] = del.left_at_path;
+            dj["restart"] = del.restart;
+            dj["acked_total"] = del.acked_total;
+            dj["acked_without_record"] = del.acked_without_record;
+            j["delete_file"] = dj;
         }
-        if (!ok || c.keep) j.add("drill_dir", dir);
-        std::cout << j.str() << std::endl;
+        if (!ok || c.keep) j["drill_dir"] = dir;
+        std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem drill: " << c.cycles << " crash cycles"
                   << (c.workers > 1 ? ", " + std::to_string(c.workers) + " racing workers per cycle (global scope)" : "")
