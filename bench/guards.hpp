@@ -209,7 +209,7 @@ public:
 
     explicit basic_idem_window_guard(std::size_t capacity) : g_(make_options(capacity), {}, &sink_) {
         if constexpr (Cold) {
-            g_.enable_cold_window(window);
+            idem::detail::guard_access::enable_cold_window(g_, window);
             // Recovery's cold keys: last updated between the window's start and the hot window's edge.
             const auto now = g_.now();
             const auto oldest = now - window + std::chrono::minutes(10);
@@ -221,9 +221,9 @@ public:
                 const auto at = oldest + std::chrono::nanoseconds(static_cast<std::int64_t>(
                                              static_cast<double>((newest - oldest).count()) * static_cast<double>(i) /
                                              static_cast<double>(cold_window_keys)));
-                cold.push_back(g_.cold_entry(idem::key(format_uuid(draw_uuid(rng))), at));
+                cold.push_back(idem::detail::guard_access::cold_entry(g_, idem::key(format_uuid(draw_uuid(rng))), at));
             }
-            if (!g_.remember_cold(cold)) throw std::runtime_error("no memory for the cold window");
+            if (!idem::detail::guard_access::remember_cold(g_, cold)) throw std::runtime_error("no memory for the cold window");
         }
     }
 

@@ -232,9 +232,9 @@ fresh_figures fresh_run(const args& a, const std::vector<idem::key>& keys, std::
             const auto at = oldest + std::chrono::nanoseconds(static_cast<std::int64_t>(
                                          static_cast<double>((newest - oldest).count()) * static_cast<double>(i) /
                                          static_cast<double>(cold)));
-            entries.push_back(g->cold_entry(idem::key(format_uuid(draw_uuid(rng))), at));
+            entries.push_back(idem::detail::guard_access::cold_entry(g.guard(), idem::key(format_uuid(draw_uuid(rng))), at));
         }
-        if (!g->remember_cold(entries)) throw std::runtime_error("no memory for the cold window");
+        if (!idem::detail::guard_access::remember_cold(g.guard(), entries)) throw std::runtime_error("no memory for the cold window");
     }
     fresh_figures f;
     const auto t0 = clk::now();

@@ -936,7 +936,9 @@ TYPED_TEST(StoreConformance, MaxRowsBoundsEachPruneAndMoreSaysWhenRowsRemain) {
         EXPECT_LE(r.records, 4u);
         EXPECT_LE(r.audit_rows, 4u);
         // Until the last call a bound had rows past it: a full call of 4 of each kind.
-        if (r.more) EXPECT_EQ(r.audit_rows, 4u) << "call " << calls;
+        if (r.more) {
+            EXPECT_EQ(r.audit_rows, 4u) << "call " << calls;
+        }
         records += r.records;
         audit += r.audit_rows;
     }

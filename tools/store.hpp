@@ -33,6 +33,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "idem/detail/postgres_sql.hpp"  // pg::redact, no libpqxx needed
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
 #include "idem/options.hpp"
@@ -143,12 +144,7 @@ inline CLI::Validator store_check(bool durable_only = false) {
 /// A user-facing name of the store (a PostgreSQL URI without its password).
 inline std::string display_name(const store_spec& spec) {
     if (spec.type != store_spec::kind::postgres) return spec.uri;
-    const auto at = spec.uri.find('@');
-    const auto scheme = spec.uri.find("://");
-    if (at == std::string::npos || scheme == std::string::npos || at < scheme) return spec.uri;
-    const auto colon = spec.uri.find(':', scheme + 3);
-    if (colon == std::string::npos || colon > at) return spec.uri;
-    return spec.uri.substr(0, colon) + ":***" + spec.uri.substr(at);
+    return idem::detail::pg::redact(spec.uri);  // the store's own: user:secret@, ?password=, key=value
 }
 
 enum class open_mode {

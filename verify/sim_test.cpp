@@ -958,7 +958,7 @@ private:
             pipe_->on_problem = [this](const std::string& p) { problem(p); };
             pipe_->before_prune = [this](const idem::prune_limits& l) { note_before_prune(l); };
             g_.emplace(guard_options(), clock_, pipe_.get(), /*defer_maintenance=*/true);
-            g_->enable_cold_window(po_.window == idem::forever ? std::chrono::nanoseconds::max()
+            idem::detail::guard_access::enable_cold_window(*g_, po_.window == idem::forever ? std::chrono::nanoseconds::max()
                                                                : std::chrono::nanoseconds(po_.window));
             try {
                 // durable_guard::recover: claims in flight first, then released records and terminal ones
@@ -985,14 +985,14 @@ private:
                         return;
                     }
                     if (!claim && (rec.updated_ms < hot_since_ms || decided.size() >= decided_limit)) {
-                        cold.push_back(g_->cold_entry(*k, updated));
+                        cold.push_back(idem::detail::guard_access::cold_entry(*g_, *k, updated));
                         return;
                     }
                     if (!claim) {
                         decided.push_back(rec);
                         return;
                     }
-                    const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
+                    const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
                                                 std::chrono::milliseconds(rec.lease_until_ms), updated);
                     if (st != begin_status::acquired)
                         problem("restore refused " + rec.key + " (" + idem::to_string(st) +
@@ -1003,20 +1003,20 @@ private:
                 for (const auto& rec : decided) {
                     const auto k = idem::key::parse(rec.key);
                     const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
-                    const auto st = g_->restore(*k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
+                    const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
                                                 std::chrono::milliseconds(rec.lease_until_ms), updated);
-                    if (st == begin_status::capacity_exhausted) cold.push_back(g_->cold_entry(*k, updated));
+                    if (st == begin_status::capacity_exhausted) cold.push_back(idem::detail::guard_access::cold_entry(*g_, *k, updated));
                     else if (st != begin_status::acquired)
                         problem("restore refused " + rec.key + " (" + idem::to_string(st) + ")");
                     else
                         ++hot;
                 }
                 cold_n = cold.size();
-                if (g_mutation != mutation::cold_dropped && !g_->remember_cold(cold))
+                if (g_mutation != mutation::cold_dropped && !idem::detail::guard_access::remember_cold(*g_, cold))
                     problem("the cold window could not take " + std::to_string(cold.size()) + " keys");
                 // The floor counts the fences of pruned records too (store::max_fence()).
                 if (g_mutation != mutation::loaded_fence_floor) max_fence = std::max(max_fence, store_->max_fence());
-                g_->set_fence_floor(max_fence);
+                idem::detail::guard_access::set_fence_floor(*g_, max_fence);
                 out_.cold_at_start += cold_n;
                 out_.expired_at_start += expired;
                 out_.hot_at_start += hot;
@@ -1034,7 +1034,7 @@ private:
                 if (attempt > 50) store_->set_healthy(true);
             }
         }
-        g_->set_all_flushed([this] { return pipe_->drained(); });
+        idem::detail::guard_access::set_all_flushed(*g_, [this] { return pipe_->drained(); });
         // The simulation's view of every key restarts from the store, as the new table does.
         for (auto& [k, kl] : ledger_) {
             const auto rec = disk_.get(key(k).view());

@@ -29,8 +29,10 @@
 #include <vector>
 
 #include "idem/detail/flush_pipeline.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/guard.hpp"
 #include "idem/store.hpp"
+#include "idem/store_options.hpp"
 
 namespace idem {
 
@@ -176,11 +178,8 @@ private:
     /// more than 100 years from now (either way) is a damaged row, and would overflow the
     /// nanosecond arithmetic, so it is refused as corrupt_record naming the key and the column.
     [[nodiscard]] std::chrono::nanoseconds from_wall_ms(std::int64_t ms, std::string_view k, const char* column) const {
-        constexpr std::int64_t century_ms = 100LL * 366 * 24 * 3600 * 1000;
-        if (ms < wall_base_ms_ - century_ms || ms > wall_base_ms_ + century_ms)
-            throw error(errc::corrupt_record, store_->name() + ": record '" + key::printable(k) + "' has " + column +
-                                                  " = " + std::to_string(ms) +
-                                                  " ms, more than 100 years from now: a damaged row");
+        if (std::string why = detail::wall_time_fault(ms, wall_base_ms_, column); !why.empty())
+            throw error(errc::corrupt_record, store_->name() + ": record '" + key::printable(k) + "' has " + why);
         return clock_base_ + std::chrono::milliseconds(ms - wall_base_ms_);
     }
 

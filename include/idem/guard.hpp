@@ -109,30 +109,6 @@ public:
     [[nodiscard]] const options& opts() const noexcept { return engine_.opts(); }
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return engine_.now(); }
 
-    // Transitional: recovery plumbing reached the old way. Code outside the library that recovers a
-    // guard by hand (the simulation test, the window benchmark) moves to detail::guard_access; these
-    // forwarders go when it has.
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::restore")]]
-    begin_status restore(const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
-                         std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                         std::chrono::nanoseconds updated) noexcept {
-        return restore_record(k, st, fence, outcome, fingerprint, lease_until, updated);
-    }
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::set_fence_floor")]]
-    void set_fence_floor(std::uint64_t max_seen) noexcept { engine_.set_fence_floor(max_seen); }
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::set_all_flushed")]]
-    void set_all_flushed(std::function<bool()> f) { all_flushed_ = std::move(f); }
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::enable_cold_window")]]
-    void enable_cold_window(std::chrono::nanoseconds window) { engine_.enable_cold_window(window); }
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::cold_entry")]]
-    [[nodiscard]] detail::window_filter::entry cold_entry(const key& k, std::chrono::nanoseconds updated) const noexcept {
-        return engine_.cold_entry(k, updated);
-    }
-    [[deprecated("recovery plumbing: use idem::detail::guard_access::remember_cold")]]
-    [[nodiscard]] bool remember_cold(std::span<const detail::window_filter::entry> keys) {
-        return engine_.remember_cold(keys);
-    }
-
 private:
     friend class detail::guard_contract<basic_guard>;
     friend struct detail::guard_access;

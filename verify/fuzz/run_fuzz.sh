@@ -16,7 +16,7 @@
 # only read. A crash, leak, timeout or sanitizer report fails the run and leaves the input in
 # DIR/artifacts/. Prints one line per target: executions, corpus size, coverage.
 # Needs clang-14 and libclang-rt-14-dev (CC/CXX override the compilers), cmake, and the headers the
-# library needs (libboost-dev, libxxhash-dev, libsqlite3-dev).
+# library needs (libxxhash-dev, libsqlite3-dev).
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")" && pwd)

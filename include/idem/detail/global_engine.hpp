@@ -149,7 +149,7 @@ public:
         // (fsync=off, synchronous_commit=off). Sessions pin synchronous_commit and re-check fsync on
         // every reconnect (global_session.hpp).
         store_.require_durability("");
-        node_ = go_.node.empty() ? default_node() : go_.node;
+        node_ = go_.node.empty() ? detail::default_node() : go_.node;
         node_ = std::string(pg::utf8_truncate(node_, 64));
         store_.set_node(node_);
         create_index();
@@ -466,14 +466,6 @@ private:
         // are none, by the line above): the engine's maintenance thread runs only its recycling.
         o.maintenance_interval = std::chrono::nanoseconds::zero();
         return o;
-    }
-
-    static std::string default_node() {
-        char host[64] = {};
-        if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
-        char tail[16];
-        std::snprintf(tail, sizeof tail, "%06x", static_cast<unsigned>(std::random_device{}() & 0xffffff));
-        return std::string(host).substr(0, 40) + ":" + std::to_string(::getpid()) + ":" + tail;
     }
 
     void create_index() {
