@@ -1,7 +1,7 @@
 // idem/detail/pipeline_core.hpp: the flush pipeline's logic, with no thread and no clock.
 //
 // The core is what flush_pipeline.hpp drives from its flusher thread and what the deterministic
-// simulation (tests/sim_test.cpp) drives by hand: the same code, so a seed exercises the pipeline
+// simulation (verify/sim_test.cpp) drives by hand: the same code, so a seed exercises the pipeline
 // users run. It has two sides.
 //
 // Hot path (any thread, lock-free, no allocation, no system call):
