@@ -6,7 +6,7 @@
 # Included from tests/CMakeLists.txt when the idem::postgres target exists.
 add_executable(global_test ${CMAKE_CURRENT_LIST_DIR}/global_test.cpp)
 target_link_libraries(global_test PRIVATE idem::idem idem::postgres GTest::gtest)
-target_include_directories(global_test PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_include_directories(global_test PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${PROJECT_SOURCE_DIR}/tools)  # tools/drill/
 target_compile_options(global_test PRIVATE -Wall -Wextra -Werror=return-type)
 target_compile_definitions(global_test PRIVATE IDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_test(NAME global_test COMMAND global_test)

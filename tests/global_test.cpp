@@ -69,6 +69,7 @@
 #include "idem/global_guard.hpp"
 #include "idem/verify.hpp"
 
+#include "drill/files.hpp"  // tools/drill: the one ledger appender
 #include "support/private_pg.hpp"
 
 extern char** environ;
@@ -121,21 +122,6 @@ std::string env(const char* name) {
 }
 
 /// Appends whole lines with one write() each (O_APPEND: atomic against the other writers).
-class appender {
-public:
-    explicit appender(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) {}
-    ~appender() {
-        if (fd_ >= 0) ::close(fd_);
-    }
-    bool ok() const { return fd_ >= 0; }
-    void line(const std::string& s) {
-        const std::string l = s + "\n";
-        if (::write(fd_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::abort();
-    }
-
-private:
-    int fd_;
-};
 
 std::vector<std::vector<std::string>> read_fields(const std::string& path) {
     std::vector<std::vector<std::string>> out;
@@ -268,7 +254,7 @@ int child_race(std::map<std::string, std::string> a) {
     go.call_deadline = 3s;
     go.wait_timeout = std::chrono::milliseconds(std::stoll(a["wait_ms"]));
     idem::global_guard g(a["uri"], o, go);
-    appender ledger(a["ledger"]), acks(a["acks"]);
+    idem::tool::drill::line_appender ledger(a["ledger"], false), acks(a["acks"], false);
     std::printf("ready\n");
     std::fflush(stdout);
     std::string go_line;
@@ -294,11 +280,11 @@ int child_race(std::map<std::string, std::string> a) {
                 switch (r.status) {
                     case idem::begin_status::acquired: {
                         const std::uint64_t outcome = node << 32 | i;
-                        ledger.line("E " + std::to_string(i) + " " + std::to_string(node));
+                        ledger.append("E " + std::to_string(i) + " " + std::to_string(node) + "\n");
                         ++executed;
                         const std::error_code ec = r.ticket.succeed(outcome);
                         if (!ec) {
-                            acks.line("A " + std::to_string(i) + " " + std::to_string(outcome));
+                            acks.append("A " + std::to_string(i) + " " + std::to_string(outcome) + "\n");
                             ++acked;
                             seen[t][i] = outcome;
                         } else {
@@ -380,7 +366,7 @@ int child_holder(std::map<std::string, std::string> a) {
     idem::global_options go;
     go.node = "node-a";
     idem::global_guard g(a["uri"], o, go);
-    appender ledger(a["ledger"]);
+    idem::tool::drill::line_appender ledger(a["ledger"], false);
     std::vector<idem::global_ticket> held;
     for (int i = 0; i < n; ++i) {
         const std::string k = "HK" + std::to_string(i) + "_PAY_v1";
@@ -390,7 +376,7 @@ int child_holder(std::map<std::string, std::string> a) {
             std::fflush(stdout);
             return 1;
         }
-        if (i % 2 == 0) ledger.line("E " + k + " " + std::to_string(1000 + i) + " node-a");
+        if (i % 2 == 0) ledger.append("E " + k + " " + std::to_string(1000 + i) + " node-a" + "\n");
         held.push_back(std::move(r.ticket));
     }
     std::printf("holding fence0=%llu\n", (unsigned long long)held[0].fence());
@@ -1147,7 +1133,7 @@ TEST_F(Global, NodeDeath) {
     // executed (once) on node b, which still holds those claims when the paused node comes back.
     std::vector<idem::global_ticket> taken;
     {
-        appender ledger(ledger_path);
+        idem::tool::drill::line_appender ledger(ledger_path, false);
         for (int i = 0; i < n; ++i) {
             const std::string k = "HK" + std::to_string(i) + "_PAY_v1";
             auto r = b.begin(idem::key(k), 0);
@@ -1157,7 +1143,7 @@ TEST_F(Global, NodeDeath) {
             } else {
                 ASSERT_EQ(r.status, idem::begin_status::acquired) << k;
                 EXPECT_EQ(r.ticket.fence(), 2u);
-                ledger.line("E " + k + " " + std::to_string(2000 + i) + " node-b");
+                ledger.append("E " + k + " " + std::to_string(2000 + i) + " node-b" + "\n");
                 taken.push_back(std::move(r.ticket));
             }
         }

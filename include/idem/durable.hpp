@@ -1,5 +1,6 @@
 // idem/durable.hpp: a guard whose every transition is flushed to a durable store, recovered at start.
 //
+//   #include <idem/sqlite_store.hpp>
 //   idem::store_options so;
 //   so.mode = idem::durability::sync;                // begin() and succeed() return after the commit
 //   idem::durable_guard g(std::make_unique<idem::sqlite_store>("idem.db"), idem::options{}, so);
