@@ -81,8 +81,15 @@ TEST(Stats, PrometheusTextIsWellFormed) {
     idem::stats s;
     s.acquired = 12345678901234ull;
     s.evicted = 2;
+    s.flush_lag_ns = 1'500'000'042;   // durations are exported in seconds, Prometheus's base unit
+    s.flusher_cpu_ns = 7;
     const std::string text = idem::to_prometheus(s);
     EXPECT_NE(text.find("\nidem_acquired_total 12345678901234\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("# TYPE idem_flush_lag_seconds gauge\nidem_flush_lag_seconds 1.500000042\n"),
+              std::string::npos) << text;
+    EXPECT_NE(text.find("# TYPE idem_flusher_cpu_seconds_total counter\nidem_flusher_cpu_seconds_total 0.000000007\n"),
+              std::string::npos) << text;
+    EXPECT_EQ(text.find("x1e9"), std::string::npos) << "a metric named in seconds must hold seconds";
     EXPECT_NE(text.find("\nidem_evicted_total 2\n"), std::string::npos) << text;
     ASSERT_FALSE(text.empty());
     EXPECT_EQ(text.back(), '\n');
@@ -107,7 +114,11 @@ TEST(Stats, PrometheusTextIsWellFormed) {
         EXPECT_EQ(name, last_type) << line;
         EXPECT_EQ(name.rfind("idem_", 0), 0u) << line;
         const std::string value = line.substr(line.find(' ') + 1);
-        EXPECT_EQ(value.find_first_not_of("0123456789"), std::string::npos) << line;
+        // An integer, or seconds with nine decimals: digits, at most one '.', digits on both sides.
+        const auto dot = value.find('.');
+        EXPECT_EQ(value.find_first_not_of("0123456789."), std::string::npos) << line;
+        EXPECT_EQ(value.find('.', dot == std::string::npos ? value.size() : dot + 1), std::string::npos) << line;
+        EXPECT_TRUE(dot != 0 && (dot == std::string::npos || dot + 10 == value.size())) << line;
     }
     EXPECT_EQ(samples, names.size());
     EXPECT_GE(samples, 20u);

@@ -57,6 +57,22 @@ inline std::string to_prometheus(const stats& s) {
         out += std::to_string(v);
         out += '\n';
     };
+    // Durations in Prometheus's base unit, seconds, with nanosecond resolution (1.500000000).
+    auto put_seconds = [&](const char* name, const char* type, std::uint64_t ns) {
+        out += "# TYPE idem_";
+        out += name;
+        out += ' ';
+        out += type;
+        out += "\nidem_";
+        out += name;
+        out += ' ';
+        out += std::to_string(ns / 1000000000u);
+        std::string frac = std::to_string(ns % 1000000000u);
+        out += '.';
+        out.append(9 - frac.size(), '0');
+        out += frac;
+        out += '\n';
+    };
     put("acquired_total", "counter", s.acquired);
     put("duplicates_total", "counter", s.duplicates);
     put("in_progress_hits_total", "counter", s.in_progress_hits);
@@ -84,10 +100,10 @@ inline std::string to_prometheus(const stats& s) {
     put("flush_batches_total", "counter", s.flush_batches);
     put("flushed_transitions_total", "counter", s.flushed_transitions);
     put("queue_depth", "gauge", s.queue_depth);
-    put("flush_lag_seconds_x1e9", "gauge", s.flush_lag_ns);
+    put_seconds("flush_lag_seconds", "gauge", s.flush_lag_ns);
     put("store_errors_total", "counter", s.store_errors);
     put("rejected_rows_total", "counter", s.rejected_rows);
-    put("flusher_cpu_seconds_x1e9_total", "counter", s.flusher_cpu_ns);
+    put_seconds("flusher_cpu_seconds_total", "counter", s.flusher_cpu_ns);
     return out;
 }
 
