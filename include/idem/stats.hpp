@@ -46,7 +46,7 @@ struct stats {
 /// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
 inline std::string to_prometheus(const stats& s) {
     std::string out;
-    auto put = [&](const char* name, const char* type, std::uint64_t v) {
+    auto sample = [&](const char* name, const char* type, const std::string& value) {
         out += "# TYPE idem_";
         out += name;
         out += ' ';
@@ -54,24 +54,14 @@ inline std::string to_prometheus(const stats& s) {
         out += "\nidem_";
         out += name;
         out += ' ';
-        out += std::to_string(v);
+        out += value;
         out += '\n';
     };
+    auto put = [&](const char* name, const char* type, std::uint64_t v) { sample(name, type, std::to_string(v)); };
     // Durations in Prometheus's base unit, seconds, with nanosecond resolution (1.500000000).
     auto put_seconds = [&](const char* name, const char* type, std::uint64_t ns) {
-        out += "# TYPE idem_";
-        out += name;
-        out += ' ';
-        out += type;
-        out += "\nidem_";
-        out += name;
-        out += ' ';
-        out += std::to_string(ns / 1000000000u);
-        std::string frac = std::to_string(ns % 1000000000u);
-        out += '.';
-        out.append(9 - frac.size(), '0');
-        out += frac;
-        out += '\n';
+        const std::string frac = std::to_string(ns % 1000000000u);
+        sample(name, type, std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac);
     };
     put("acquired_total", "counter", s.acquired);
     put("duplicates_total", "counter", s.duplicates);
