@@ -41,16 +41,24 @@ void expect_same(const idem::begin_result& many, const idem::begin_result& one, 
 
 // ---- (1) the same answers as single begins ----------------------------------------------------------
 
-TEST(BeginMany, RandomBatchesEqualSingleBegins) {
+/// Random batches against single begins on a twin guard. Both guards share one manual clock, which
+/// moves between batches past the lease now and then; with `reclaim` an expired claim is taken over,
+/// and the old ticket's completion is refused as stale in both guards alike.
+void random_batches(bool reclaim) {
+    using idem_test::manual_guard;
+    using idem_test::manual_ticket;
     const std::uint64_t seed = idem_test::test_seed();
     std::mt19937_64 rng(seed);
     idem::options o = test_options(4096);
     o.on_failure = idem::failure_policy::retryable;  // a dropped ticket releases: the key is claimed again
-    idem::guard many(o);
-    idem::guard one(o);
+    o.lease = std::chrono::milliseconds(10);
+    o.reclaim_expired = reclaim;
+    idem::manual_clock clock;  // copies share one time
+    manual_guard many(o, clock);
+    manual_guard one(o, clock);
     const std::size_t universe = 300;  // small enough that batches repeat keys within and across
     // Tickets still open, in both guards, completed later in the same order.
-    std::vector<idem::ticket> open_many, open_one;
+    std::vector<manual_ticket> open_many, open_one;
     std::vector<idem::key> keys;
     std::vector<std::uint64_t> fps;
     for (int round = 0; round < 200; ++round) {
@@ -64,7 +72,7 @@ TEST(BeginMany, RandomBatchesEqualSingleBegins) {
             const std::uint64_t r = rng() % 16;
             fps.push_back(r == 0 ? 0 : r == 1 ? 7777 : 100 + k);
         }
-        std::vector<idem::begin_result> out(n);
+        std::vector<manual_guard::result_type> out(n);
         // A batch without fingerprints now and then: the empty span means none.
         const bool with_fps = rng() % 4 != 0;
         ASSERT_EQ(many.begin_many(keys, out, with_fps ? std::span<const std::uint64_t>(fps)
@@ -72,43 +80,63 @@ TEST(BeginMany, RandomBatchesEqualSingleBegins) {
                   n);
         for (std::size_t i = 0; i < n; ++i) {
             auto r = one.begin(keys[i], with_fps ? fps[i] : 0);
-            expect_same(out[i], r, "round " + std::to_string(round) + " item " + std::to_string(i) + " key " +
-                                       std::string(keys[i].view()));
+            const std::string where =
+                "round " + std::to_string(round) + " item " + std::to_string(i) + " key " + std::string(keys[i].view());
+            EXPECT_EQ(out[i].status, r.status) << where;
+            EXPECT_EQ(out[i].outcome, r.outcome) << where;
+            EXPECT_EQ(out[i].fence, r.fence) << where;
             if (out[i].ticket && r.ticket) {
                 open_many.push_back(std::move(out[i].ticket));
                 open_one.push_back(std::move(r.ticket));
+            } else {
+                EXPECT_EQ(static_cast<bool>(out[i].ticket), static_cast<bool>(r.ticket)) << where;
             }
         }
-        if (HasFailure()) return;
+        if (::testing::Test::HasFailure()) return;
         // Complete some open tickets identically in both guards: succeed, fail terminally, release.
         std::size_t j = 0;
         for (std::size_t i = 0; i < open_many.size(); ++i) {
             const std::uint64_t what = rng() % 5;
             const std::uint64_t outcome = rng() % 1000;
+            std::error_code a, b;
             if (what == 0) {
-                EXPECT_FALSE(open_many[i].succeed(outcome));
-                EXPECT_FALSE(open_one[i].succeed(outcome));
+                a = open_many[i].succeed(outcome);
+                b = open_one[i].succeed(outcome);
             } else if (what == 1) {
-                EXPECT_FALSE(open_many[i].fail(outcome, idem::failure_policy::terminal));
-                EXPECT_FALSE(open_one[i].fail(outcome, idem::failure_policy::terminal));
+                a = open_many[i].fail(outcome, idem::failure_policy::terminal);
+                b = open_one[i].fail(outcome, idem::failure_policy::terminal);
             } else if (what == 2) {
-                EXPECT_FALSE(open_many[i].fail(outcome, idem::failure_policy::retryable));
-                EXPECT_FALSE(open_one[i].fail(outcome, idem::failure_policy::retryable));
+                a = open_many[i].fail(outcome, idem::failure_policy::retryable);
+                b = open_one[i].fail(outcome, idem::failure_policy::retryable);
             } else {  // still running
                 open_many[j] = std::move(open_many[i]);
                 open_one[j] = std::move(open_one[i]);
                 ++j;
+                continue;
             }
+            EXPECT_EQ(a, b) << "completion in round " << round;
         }
         open_many.resize(j);
         open_one.resize(j);
+        if (rng() % 3 == 0) clock.advance(std::chrono::milliseconds(11));  // past every open lease
     }
     const auto sm = many.snapshot();
     const auto so = one.snapshot();
     EXPECT_EQ(sm.acquired, so.acquired);
     EXPECT_EQ(sm.succeeded, so.succeeded);
+    EXPECT_EQ(sm.reclaimed, so.reclaimed);
+    EXPECT_EQ(sm.stale_tickets, so.stale_tickets);
+    // The input reached every kind of answer it is meant to compare.
     EXPECT_GT(sm.acquired, 0u);
+    EXPECT_GT(sm.duplicates, 0u);
+    EXPECT_GT(sm.in_progress_hits, 0u);
+    EXPECT_GT(sm.payload_mismatches, 0u);
+    EXPECT_GT(sm.released, 0u);
+    if (reclaim) EXPECT_GT(sm.reclaimed, 0u);
 }
+
+TEST(BeginMany, RandomBatchesEqualSingleBegins) { random_batches(false); }
+TEST(BeginMany, RandomBatchesEqualSingleBeginsWithReclaim) { random_batches(true); }
 
 TEST(BeginMany, RepeatInsideBatchSeesFirstClaim) {
     idem::guard g(test_options());
