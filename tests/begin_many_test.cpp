@@ -132,7 +132,9 @@ void random_batches(bool reclaim) {
     EXPECT_GT(sm.in_progress_hits, 0u);
     EXPECT_GT(sm.payload_mismatches, 0u);
     EXPECT_GT(sm.released, 0u);
-    if (reclaim) EXPECT_GT(sm.reclaimed, 0u);
+    if (reclaim) {
+        EXPECT_GT(sm.reclaimed, 0u);
+    }
 }
 
 TEST(BeginMany, RandomBatchesEqualSingleBegins) { random_batches(false); }
