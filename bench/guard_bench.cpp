@@ -15,6 +15,9 @@
 //                        (the filter's false positives, each a store read in a durable guard),
 //                        cold_keys, cold_bytes_per_key, cold_slices.
 //
+//   batch_begin          begin + succeed on fresh keys in batches of 8, 32 and 128 (one thread):
+//                        guard::begin_many against a loop of begin() (see register_batch).
+//
 // Keys and fingerprints are generated before timing. items_per_second counts begin() calls (one
 // item per iteration). Google Benchmark's real time is the mean of the threads' own run times; the
 // counter wall_items_per_second divides all items by the elapsed time from the first thread's first
@@ -34,6 +37,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -605,6 +609,51 @@ void register_overhead() {
     }
 }
 
+// ---- batched claims: begin_many against a loop of begin ---------------------------------------------
+// batch_begin/loop/B and batch_begin/many/B: begin + succeed on the 2^20 fresh keys, one thread, a
+// fresh idem::guard (default options, capacity 2^20) built before every run; one iteration is one
+// batch of B keys, claimed by B calls of begin() (loop) or one call of begin_many() (many), then
+// each ticket succeeds. items_per_second counts keys. `unexpected` counts answers other than acquired.
+
+template <bool Many>
+void batch_begin(benchmark::State& state) {
+    const auto& ks = keys<idem::key>();
+    const auto& fps = fingerprints();
+    const std::size_t b = static_cast<std::size_t>(state.range(0));
+    idem::options o;
+    o.capacity = key_count;
+    o.maintenance_interval = {};
+    auto g = std::make_unique<idem::guard>(o);
+    std::vector<idem::begin_result> out(b);
+    std::size_t i = 0;
+    std::uint64_t unexpected = 0;
+    for (auto _ : state) {
+        if (i + b > key_count) [[unlikely]] i = 0;  // only if run with more iterations than keys
+        const std::span<const idem::key> batch(ks.data() + i, b);
+        const std::span<const std::uint64_t> batch_fps(fps.data() + i, b);
+        if constexpr (Many) {
+            g->begin_many(batch, out, batch_fps);
+        } else {
+            for (std::size_t j = 0; j < b; ++j) out[j] = g->begin(batch[j], batch_fps[j]);
+        }
+        for (std::size_t j = 0; j < b; ++j) {
+            if (out[j].status != idem::begin_status::acquired || out[j].ticket.succeed(i + j)) ++unexpected;
+        }
+        i += b;
+    }
+    state.SetItemsProcessed(state.iterations() * static_cast<benchmark::IterationCount>(b));
+    state.counters["unexpected"] = static_cast<double>(unexpected);
+    g.reset();  // after the loop: not timed
+}
+
+void register_batch() {
+    for (int b : {8, 32, 128}) {
+        const auto iterations = static_cast<benchmark::IterationCount>(key_count / static_cast<std::size_t>(b));
+        benchmark::RegisterBenchmark("batch_begin/loop", batch_begin<false>)->Arg(b)->Iterations(iterations)->UseRealTime();
+        benchmark::RegisterBenchmark("batch_begin/many", batch_begin<true>)->Arg(b)->Iterations(iterations)->UseRealTime();
+    }
+}
+
 std::size_t env_keys(const char* var, std::size_t fallback) {
     const char* v = std::getenv(var);
     if (v == nullptr || *v == 0) return fallback;
@@ -628,6 +677,7 @@ int main(int argc, char** argv) {
         cold_window_keys = static_cast<std::size_t>(std::strtoull(c, nullptr, 10));
     register_guard<idem_guard>();
     register_guard<idem_prefault_guard>();
+    register_batch();
     register_guard<mutex_guard>();
     register_guard<tbb_guard>();
 #if IDEM_BENCH_HAVE_LIBCUCKOO

@@ -30,6 +30,7 @@ SCENARIOS = {
     "overhead_10us": "a 10 us operation, unguarded and guarded",
     "cold_window_fresh": "begin + succeed on fresh UUID keys, with and without a 10M-key cold window",
 }
+BATCH_SIZES = (8, 32, 128)
 PEER_ORDER = ["idem", "idem_prefault", "idem_durable_sqlite", "idem_durable_sqlite_sequential", "idem_durable_rocksdb", "unguarded", "mutex_map", "tbb_chm", "libcuckoo",
               "redis", "postgres"]
 
@@ -50,6 +51,8 @@ def load_guards(path):
         name = b["run_name"] if "run_name" in b else b["name"]
         parts = name.split("/")
         scenario, guard = parts[0], parts[1]
+        if scenario == "batch_begin":  # batch_begin/{loop,many}/<batch size>: one row per size
+            guard = f"{parts[1]}/{parts[2]}"
         m = re.search(r"threads:(\d+)", name)
         threads = int(m.group(1)) if m else 1
         if b.get("error_occurred"):
@@ -227,6 +230,13 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     target("fresh keys, 1 thread: idem / redis (one client)", ratio("fresh_begin_succeed", 1, "redis"), 1000, "x")
     target("fresh keys, 1 thread: idem / postgres (per request)", ratio("fresh_begin_succeed", 1, "postgres"), 10000, "x")
     target("fresh keys: idem 100 threads / 2 threads", scaling.get("fresh_begin_succeed", {}).get("idem"), 0.5, "x")
+    def batch_ratio(b):
+        gs = scenarios.get("batch_begin", {}).get("1", {}).get("ops_per_sec", {})
+        many, loop = gs.get(f"many/{b}"), gs.get(f"loop/{b}")
+        return many / loop if many and loop else None
+
+    for b in BATCH_SIZES:
+        target(f"fresh keys, 1 thread, batches of {b}: begin_many / loop of begin", batch_ratio(b), 1.5, "x")
     target("flusher async, SQLite (random keys)", flush_rate("sqlite", "async", "transitions_per_sec"), 200000, "transitions/s")
     target("flusher async, PostgreSQL (random keys)", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
     target("sync acknowledgements, PostgreSQL", flush_rate("postgresql", "sync", "acks_per_sec"), 20000, "acks/s")
@@ -363,6 +373,17 @@ def table_targets(results):
         goal = f"{t['direction']} {t['target']:,} {t['unit']}"
         met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
         lines.append(f"| {t['measure']} | {shown} | {goal} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_batch(results):
+    gs = results["scenarios"].get("batch_begin", {}).get("1", {}).get("ops_per_sec", {})
+    if not gs:
+        return "_not measured in this run_\n"
+    lines = ["| batch | loop of begin, keys/s | begin_many, keys/s | begin_many / loop |", "|---|---|---|---|"]
+    for b in BATCH_SIZES:
+        loop, many = gs.get(f"loop/{b}"), gs.get(f"many/{b}")
+        lines.append(f"| {b} | {fmt_rate(loop)} | {fmt_rate(many)} | {fmt_ratio(many / loop if many and loop else None)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -559,6 +580,7 @@ def main():
             "META": "\n".join(f"* {k.replace('_', ' ')}: `{v}`" for k, v in meta.items() if v not in ("", None)) + "\n",
             "TARGETS": table_targets(results),
             "SCALING": table_scaling(results),
+            "BATCH": table_batch(results),
             "MEMORY": table_memory(results),
             "FLUSH": table_flush(results),
             "STORM": table_storm(results),

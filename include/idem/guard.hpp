@@ -21,6 +21,8 @@
 // for the background thread (options.maintenance_interval).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <functional>
 #include <span>
@@ -70,10 +72,38 @@ public:
 
     /// Claims `k`, or says what its record is. One call, one answer. Progress: lock-free.
     result_type begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        auto a = engine_.begin(k, fingerprint);
-        if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
-        return {a.status, ticket_type(), a.outcome, a.fence};
+        return answer(engine_.begin(k, fingerprint), k);
     }
+
+    /// Claims a batch: out[i] = begin(keys[i], fingerprints[i]) for every i, in order, with the
+    /// same answers as those calls one after another (a key repeated in the batch is claimed by its
+    /// first occurrence; the later ones see that claim, as begin() would: in_progress). What it
+    /// saves is memory latency: each run of up to batch_prefetch keys is hashed and its index lines
+    /// asked for before the first of them is claimed, so their cache misses overlap. fingerprints
+    /// may be empty (no payload check) or shorter than keys (0 for the rest). Answers
+    /// min(keys.size(), out.size()) keys and returns that count; out's elements are assigned, so
+    /// pass results without a ticket (a valid ticket there is dropped: failed per on_failure).
+    /// Progress: lock-free, as begin(); a durable guard in sync mode still waits for each claim's
+    /// commit in turn (it batches the lookups, not the commits).
+    std::size_t begin_many(std::span<const key> keys, std::span<result_type> out,
+                           std::span<const std::uint64_t> fingerprints = {}) noexcept {
+        const std::size_t n = std::min(keys.size(), out.size());
+        std::array<detail::hash128, batch_prefetch> h;
+        for (std::size_t base = 0; base < n; base += batch_prefetch) {
+            const std::size_t m = std::min(batch_prefetch, n - base);
+            for (std::size_t j = 0; j < m; ++j) h[j] = engine_.prepare(keys[base + j]);
+            for (std::size_t j = 0; j < m; ++j) {
+                const std::size_t i = base + j;
+                const std::uint64_t fp = i < fingerprints.size() ? fingerprints[i] : 0;
+                out[i] = answer(engine_.claim(keys[i], h[j], fp), keys[i]);
+            }
+        }
+        return n;
+    }
+
+    /// How many keys begin_many() hashes and prefetches ahead of their claims: a 1 KiB array of
+    /// hashes on the stack, and about as many index lines as L1 holds in flight several times over.
+    static constexpr std::size_t batch_prefetch = 32;
 
     // begin_wait(key, fingerprint, timeout) and run(key, fn, run_options) come from
     // detail::guard_contract (guard_contract.hpp): the same in every scope. begin_wait stops at
@@ -112,6 +142,12 @@ public:
 private:
     friend class detail::guard_contract<basic_guard>;
     friend struct detail::guard_access;
+
+    /// The engine's answer as the public result: a ticket for an acquired claim.
+    result_type answer(typename detail::engine<Atomic, Clock>::begin_answer a, const key& k) noexcept {
+        if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
+        return {a.status, ticket_type(), a.outcome, a.fence};
+    }
 
     /// run()'s words for the answers only this scope gives its reasons for.
     [[nodiscard]] std::string refusal_message(begin_status st, const key& k) const {

@@ -1,12 +1,13 @@
 // verify/fuzz/fuzz_ops.cpp: operation sequences against a single-threaded reference model.
 //
-// A guard on a manual clock (no background thread) runs a fuzzed sequence of begin / succeed /
-// fail / extend / drop / advance clock / set the resolver's answer / compensate / collect on eight
+// A guard on a manual clock (no background thread) runs a fuzzed sequence of begin / begin_many /
+// succeed / fail / extend / drop / advance clock / set the resolver's answer / compensate / collect on eight
 // keys, and a plain model (std::map per generation, written from the state machine of
 // docs/design.md, not from the engine) predicts every answer: the begin status, outcome and fence
 // (fences are exact: (epoch << 32) | 1 for a key's first claim in a generation, +1 after a release
 // or a reclaim), every ticket result, compensation's count and the resolver's arguments, whether
-// collect() rotates, query() of every key after every step, and the counters of snapshot().
+// collect() rotates, query() of every key after every step, and the counters of snapshot(). A
+// begin_many batch is predicted as the same begin() calls in order.
 //
 // The first byte picks the failure policy and whether reclaim_expired is on. The table holds
 // capacity 4 (8 slots per generation, probe bound 64), so eight keys never exhaust it and the model
@@ -128,7 +129,7 @@ public:
             }
             case 7: compensate(); break;
             case 8: collect(); break;
-            default: break;  // query only
+            default: begin_many(r); break;
         }
         check_all();
     }
@@ -167,9 +168,41 @@ private:
     }
 
     // ---- operations ---------------------------------------------------------------------------
+    static std::uint64_t fingerprint_of(std::uint8_t b) { return b % 3 == 0 ? 0 : 1000 + b % 3; }
+
     void begin(std::size_t k, std::uint8_t b) {
-        const std::uint64_t fp = b % 3 == 0 ? 0 : 1000 + b % 3;
+        const std::uint64_t fp = fingerprint_of(b);
         auto r = g_->begin(names_[k], fp);
+        check_begin(r, k, predict(k, fp));
+    }
+
+    /// begin_many() of 1 to 6 keys (repeats are likely among eight): the model predicts the batch
+    /// as that many begin() calls in order, with nothing between them.
+    void begin_many(reader& rd) {
+        const std::size_t n = 1 + rd.byte() % 6;
+        std::vector<idem::key> batch;
+        std::vector<std::size_t> ks;
+        std::vector<std::uint64_t> fps;
+        for (std::size_t i = 0; i < n; ++i) {
+            ks.push_back(rd.byte() % keys);
+            fps.push_back(fingerprint_of(rd.byte()));
+            batch.push_back(names_[ks.back()]);
+        }
+        std::vector<guard_t::result_type> out(n);
+        EXPECT(g_->begin_many(batch, out, fps) == n, "begin_many answers every key");
+        std::vector<predicted> want;
+        for (std::size_t i = 0; i < n; ++i) want.push_back(predict(ks[i], fps[i]));
+        for (std::size_t i = 0; i < n; ++i) check_begin(out[i], ks[i], want[i]);
+    }
+
+    struct predicted {
+        begin_status want;
+        std::uint64_t outcome, fence;
+        unsigned where;  // the generation whose slot holds the claim
+    };
+
+    /// What the model says begin(k, fp) answers now, and its effect on the model.
+    predicted predict(std::size_t k, std::uint64_t fp) {
         begin_status want;
         std::uint64_t outcome = 0, fence = 0;
         unsigned where = epoch_ & 1;
@@ -211,18 +244,23 @@ private:
                 where = (epoch_ + 1) & 1;
             }
         }
-        EXPECT(r.status == want, "begin status: guard " + std::string(idem::to_string(r.status)) + ", model " +
-                                     idem::to_string(want) + " for key " + std::to_string(k));
-        EXPECT(r.fence == fence, "begin fence");
-        if (want == begin_status::acquired) {
-            EXPECT(r.ticket.valid() && r.ticket.fence() == fence, "ticket of an acquired begin");
-            EXPECT(fence > max_fence_[k], "fences strictly increase per key");
-            max_fence_[k] = fence;
+        return {want, outcome, fence, where};
+    }
+
+    /// Compares the guard's answer r for key k with the model's; keeps an acquired claim's ticket.
+    void check_begin(guard_t::result_type& r, std::size_t k, const predicted& p) {
+        EXPECT(r.status == p.want, "begin status: guard " + std::string(idem::to_string(r.status)) + ", model " +
+                                       idem::to_string(p.want) + " for key " + std::to_string(k));
+        EXPECT(r.fence == p.fence, "begin fence");
+        if (p.want == begin_status::acquired) {
+            EXPECT(r.ticket.valid() && r.ticket.fence() == p.fence, "ticket of an acquired begin");
+            EXPECT(p.fence > max_fence_[k], "fences strictly increase per key");
+            max_fence_[k] = p.fence;
             if (tickets_.size() == 4) drop(0);
-            tickets_.push_back(mticket{std::move(r.ticket), k, fence, where});
+            tickets_.push_back(mticket{std::move(r.ticket), k, p.fence, p.where});
         } else {
             EXPECT(!r.ticket.valid(), "a ticket without a claim");
-            EXPECT(r.outcome == outcome, "replayed outcome");
+            EXPECT(r.outcome == p.outcome, "replayed outcome");
         }
     }
 

@@ -40,6 +40,9 @@
 //                         provided the epoch re-read after it is unchanged (otherwise the claim is
 //                         withdrawn and begin() retries)
 //   begin() duplicate     the acquire load of a terminal word that a later validation load confirms
+//   begin_many (guard)    each key where its begin() would: begin() is claim(k, hash(k)), and a
+//                         batch runs prepare() (hash and prefetch: decides nothing) for up to
+//                         guard::batch_prefetch keys, then claim() for each of them in order
 //   succeed()/fail()      the CAS processing(fence) -> completing(fence)
 //   compensation          the CAS processing(fence) -> completing(fence) after the resolver answered
 //   recycle               the CAS terminal -> recycling of each slot, then the epoch increment
@@ -75,7 +78,8 @@
 // bumps the incarnation, so an unchanged word proves the identity and fields belong together.
 // Relaxed accesses are field reads and writes bracketed by (3)/(5)/(8)/(9) (seqlock::field_load and
 // field_store: relaxed except under ThreadSanitizer), counters and arena cursors
-// (plain load + store on a stripe the thread owns: see stripe_owner).
+// (plain load + store on a stripe the thread owns: see stripe_owner), and prepare()'s epoch load,
+// which only picks the index line to prefetch.
 #pragma once
 
 #define XXH_INLINE_ALL
@@ -269,9 +273,30 @@ public:
     };
 
     /// Progress: lock-free (a retry happens only when another thread's CAS or a rotation succeeded).
+    /// begin() is claim() of the key's hash: claim() prefetches the index line itself, so a single
+    /// key needs no prepare() (the batch's first step).
     begin_answer begin(const key& k, std::uint64_t fingerprint) noexcept {
         if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
+        return claim(k, hash(k), fingerprint);
+    }
+
+    /// The first step of a batched claim (guard::begin_many): hashes k and asks for its index line
+    /// in the current generation (and its cold window blocks), so that the misses of a batch's keys
+    /// overlap before any of them is claimed. Changes nothing; claim(k, h, fp) decides as begin().
+    /// The empty key has no hash worth taking: its claim answers invalid_key.
+    [[nodiscard]] hash128 prepare(const key& k) const noexcept {
+        if (k.empty()) return {};
         const hash128 h = hash(k);
+        // relaxed: a hint only. A stale epoch prefetches the other generation's line, which costs a
+        // miss but decides nothing; claim() loads the epoch again with (6).
+        gens_[epoch_.load(std::memory_order_relaxed) & 1]->prefetch(h);
+        if (cold_ != nullptr) cold_->prefetch(h.lo, h.hi);
+        return h;
+    }
+
+    /// The second step: begin() for a key hashed by prepare() (h == hash(k)). Progress: lock-free.
+    begin_answer claim(const key& k, hash128 h, std::uint64_t fingerprint) noexcept {
+        if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
         admission room(sink_);
         bool checked = false;
         // Before any claim: the store must be able to hold the key, and the queue must have room for
