@@ -87,7 +87,7 @@ fixgw::order_answer on_order(idem::durable_guard& g, order_ids& ids, const fixgw
             return a;
         }
         case idem::begin_status::succeeded: {
-            if (!o.poss_dup && !o.poss_resend)  // a fresh order reusing a live ClOrdID (FIX 4.4 Vol 1, ClOrdID uniqueness)
+            if (!o.poss_dup && !o.poss_resend)  // a new order reusing a ClOrdID (FIX 4.4 Vol 6, ClOrdID (11): unique per day)
                 return reject(6, "Duplicate ClOrdID " + o.clordid + ": already accepted as OrderID " +
                                      std::to_string(r.outcome));
             fixgw::order_answer a;
