@@ -5,7 +5,7 @@
 //   fix_gateway_test GATEWAY_BINARY WORK_DIR [ORDERS=10000] [SEED=18]
 //
 // The run, with ORDERS = N (the phases' bounds scale with N):
-//   1. orders [0, 0.4N), pipelined (at most 2000 unanswered);
+//   1. orders [0, 0.4N), pipelined (at most 100 unanswered);
 //   2. the session is dropped (Logout) and orders [0.4N, 0.5N) are sent while it is down: QuickFIX
 //      stores them, and after the Logon the gateway's ResendRequest makes the engine resend them
 //      with PossDupFlag=Y;
@@ -224,9 +224,13 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
     };
     auto send = [&](const order_spec& o, bool poss_resend, bool pipelined) {
-        if (pipelined) {  // at most 2000 unanswered while the session is up
+        if (pipelined) {
+            // At most 100 unanswered while the session is up: QuickFIX's sendToTarget holds the
+            // session's lock while it writes to the socket, and the thread reading the reports
+            // needs that lock, so the orders and reports in flight must fit in the sockets'
+            // buffers (100 of each is about 45 KB), or both peers block writing.
             std::unique_lock<std::mutex> l(app.mu);
-            app.cv.wait_for(l, std::chrono::seconds(30), [&] { return !app.logged_on || app.expected - app.answers < 2000; });
+            app.cv.wait_for(l, std::chrono::seconds(30), [&] { return !app.logged_on || app.expected - app.answers < 100; });
         }
         FIX::Message m;
         m.getHeader().setField(FIX::FIELD::MsgType, "D");
