@@ -47,6 +47,14 @@ private:
     std::atomic<std::int64_t> free_;
 };
 
+// Producer p pushes its rows 0..per-1, each under a reservation.
+void produce(idem::detail::flush_queue<row>& q, room& r, std::uint32_t p, std::uint32_t per) {
+    for (std::uint32_t n = 0; n < per; ++n) {
+        r.reserve();
+        q.push({p, n, check_of(p, n)});
+    }
+}
+
 TEST(FlushQueue, EmptyRingAnswersNothingAndOneThreadGetsItsRowsInOrderThroughWrapArounds) {
     idem::detail::flush_queue<row> q(4);
     row out;
@@ -73,14 +81,7 @@ TEST(FlushQueue, RacingProducersOneConsumerKeepEachProducersOrder) {
     std::vector<std::uint32_t> next(producers, 0);
     std::size_t popped = 0, out_of_order = 0, torn = 0;
     idem_test::run_on_latch(producers + 1, [&](std::size_t t) {
-        if (t < producers) {
-            const auto p = static_cast<std::uint32_t>(t);
-            for (std::uint32_t n = 0; n < per; ++n) {
-                r.reserve();
-                q.push({p, n, check_of(p, n)});
-            }
-            return;
-        }
+        if (t < producers) return produce(q, r, static_cast<std::uint32_t>(t), per);
         row out;
         while (popped < producers * per) {
             if (!q.try_pop(out)) {
@@ -114,14 +115,7 @@ TEST(FlushQueue, RacingProducersAndTwoConsumersDeliverEveryRowExactlyOnce) {
     std::vector<std::atomic<std::uint32_t>> seen(producers * per);
     std::atomic<std::size_t> popped{0}, torn{0};
     idem_test::run_on_latch(producers + 2, [&](std::size_t t) {
-        if (t < producers) {
-            const auto p = static_cast<std::uint32_t>(t);
-            for (std::uint32_t n = 0; n < per; ++n) {
-                r.reserve();
-                q.push({p, n, check_of(p, n)});
-            }
-            return;
-        }
+        if (t < producers) return produce(q, r, static_cast<std::uint32_t>(t), per);
         row out;
         while (popped.load(std::memory_order_relaxed) < producers * per) {
             if (!q.try_pop(out)) {
