@@ -34,6 +34,7 @@ const char* expected(begin_status v) {
         case begin_status::backpressure: return "backpressure";
         case begin_status::store_unavailable: return "store_unavailable";
         case begin_status::invalid_key: return "invalid_key";
+        case begin_status::superseded: return "superseded";
     }
     return nullptr;
 }
@@ -104,7 +105,7 @@ int check_every_value(const std::string& type) {
 }
 
 TEST(EnumPrint, BeginStatusPrintsEveryEnumeratorByName) {
-    EXPECT_EQ(check_every_value<begin_status>("begin_status"), 10);
+    EXPECT_EQ(check_every_value<begin_status>("begin_status"), 11);
     EXPECT_EQ(printed(static_cast<begin_status>(42)), "begin_status(42)");
 }
 

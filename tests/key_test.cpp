@@ -189,6 +189,13 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
         EXPECT_EQ(text.substr(0, first), txid);
         EXPECT_EQ(text.substr(first + 1, last - first - 1), op);
         EXPECT_EQ(text.substr(last + 1), "v" + std::to_string(version));
+        // key::split() recovers it too.
+        const idem::key k(text);
+        const auto parts = k.split();
+        ASSERT_TRUE(parts.has_value()) << text;
+        EXPECT_EQ(parts->txid, txid);
+        EXPECT_EQ(parts->operation, op);
+        EXPECT_EQ(parts->version, version);
     }
     std::cout << "[ idem    ] composed " << composed << " keys (" << seen.size() << " distinct), rejected "
               << rejected << '\n';
@@ -196,12 +203,28 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
     EXPECT_GT(rejected, rounds / 10);
 }
 
+// split() answers only for keys compose() could have made: anything else has no parts, so ordered
+// versions and per-operation leases leave it alone.
+TEST(KeySplit, RefusesWhatComposeCannotMake) {
+    for (const char* text : {"plain", "a_b", "a_b_c_v1", "_b_v1", "a__v1", "a_b_v", "a_b_1", "a_b_V1", "a_b_v01",
+                             "a_b_v-1", "a_b_v+1", "a_b_v1x", "a_b_v4294967296", "a_b_v 1"})
+        EXPECT_FALSE(idem::key(text).split().has_value()) << text;
+    const auto zero = idem::key("a_b_v0").split();
+    ASSERT_TRUE(zero.has_value());
+    EXPECT_EQ(zero->version, 0u);
+    const auto max = idem::key("TX9_PAY_v4294967295").split();
+    ASSERT_TRUE(max.has_value());
+    EXPECT_EQ(max->txid, "TX9");
+    EXPECT_EQ(max->operation, "PAY");
+    EXPECT_EQ(max->version, 4294967295u);
+}
+
 TEST(ErrorCategory, NameAndMessages) {
     EXPECT_STREQ(idem::error_category().name(), "idem");
     EXPECT_EQ(&idem::error_category(), &idem::make_error_code(errc::stale_ticket).category());
 
     std::set<std::string> messages;
-    for (int v = static_cast<int>(errc::invalid_key); v <= static_cast<int>(errc::already_failed); ++v) {
+    for (int v = static_cast<int>(errc::invalid_key); v <= static_cast<int>(errc::superseded); ++v) {
         const std::string m = idem::error_category().message(v);
         EXPECT_FALSE(m.empty()) << v;
         EXPECT_NE(m, "unknown idem error") << "errc " << v << " has no message";

@@ -382,6 +382,7 @@ TEST(Print, EveryPublicEnumeratorPrintsItsName) {
         {errc::corrupt_record, "corrupt_record"},
         {errc::busy, "busy"},
         {errc::already_failed, "already_failed"},
+        {errc::superseded, "superseded"},
     };
     // The table above is complete: one past the last enumerator has no name.
     EXPECT_EQ(static_cast<int>(codes.back().first) - static_cast<int>(codes.front().first) + 1,

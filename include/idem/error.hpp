@@ -31,6 +31,7 @@ enum class errc {
     corrupt_record,      ///< a row read back from the store breaks the schema's rules
     busy,                ///< compensation or a reclaim holds the record for a moment; retry
     already_failed,      ///< run() of a key whose operation failed terminally: it is not run again
+    superseded,          ///< run() of a key whose (txid, operation) has a newer version claimed
 };
 
 namespace detail {
@@ -53,6 +54,7 @@ namespace detail {
         case errc::corrupt_record: return "corrupt_record";
         case errc::busy: return "busy";
         case errc::already_failed: return "already_failed";
+        case errc::superseded: return "superseded";
     }
     return nullptr;
 }
@@ -83,6 +85,7 @@ public:
             case errc::corrupt_record: return "corrupt record read from the store";
             case errc::busy: return "record briefly held by compensation or a reclaim; retry";
             case errc::already_failed: return "the key already failed terminally; the operation is not run again";
+            case errc::superseded: return "a newer version of this transaction's operation was claimed; not run";
         }
         return "unknown idem error";
     }

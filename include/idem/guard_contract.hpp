@@ -46,7 +46,8 @@ struct [[nodiscard]] begin_result_of {
     using ticket_type = Ticket;
     begin_status status;
     Ticket ticket;               ///< valid only when status == acquired
-    std::uint64_t outcome = 0;   ///< the recorded outcome (succeeded) or failure code (failed)
+    std::uint64_t outcome = 0;   ///< the recorded outcome (succeeded), failure code (failed), or the
+                                 ///< newest version claimed of the key's (txid, operation) (superseded)
     std::uint64_t fence = 0;     ///< the record's fence; 0 when the scope answered without knowing it
     explicit operator bool() const noexcept { return status == begin_status::acquired; }
 };
@@ -145,6 +146,9 @@ public:
             case begin_status::store_unavailable:
                 throw error(errc::store_unavailable, g.refusal_message(r.status, k));
             case begin_status::invalid_key: throw error(errc::invalid_key, g.refusal_message(r.status, k));
+            case begin_status::superseded:
+                throw error(errc::superseded, name() + " is superseded: version " + std::to_string(r.outcome) +
+                                                  " of its transaction's operation was claimed; not executed");
         }
         std::uint64_t outcome = 0;
         if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {

@@ -22,6 +22,13 @@
 
 namespace idem {
 
+/// The parts of a composed key "TXID_OPERATION_vN" (key::split). The views point into the key.
+struct key_parts {
+    std::string_view txid;
+    std::string_view operation;
+    std::uint32_t version = 0;
+};
+
 class key {
 public:
     static constexpr std::size_t max_size = 128;
@@ -58,6 +65,26 @@ public:
             throw error(errc::invalid_key, "composed key '" + printable(text) + "' is " + std::to_string(text.size()) +
                                                " bytes; the limit is 128");
         return key(text);
+    }
+
+    /// The (txid, operation, version) of a key compose() made, or nullopt for any other key: one
+    /// that does not have exactly two '_', empty parts, or a version that is not 'v' and canonical
+    /// decimal (no sign, no leading zero, at most 2^32 - 1). The views point into *this.
+    [[nodiscard]] std::optional<key_parts> split() const noexcept {
+        const std::string_view text = view();
+        const std::size_t a = text.find(separator);
+        if (a == std::string_view::npos) return std::nullopt;
+        const std::size_t b = text.find(separator, a + 1);
+        if (b == std::string_view::npos || text.find(separator, b + 1) != std::string_view::npos) return std::nullopt;
+        const std::string_view txid = text.substr(0, a), operation = text.substr(a + 1, b - a - 1),
+                               v = text.substr(b + 1);
+        if (txid.empty() || operation.empty() || v.size() < 2 || v[0] != 'v') return std::nullopt;
+        const std::string_view digits = v.substr(1);
+        if (digits.size() > 1 && digits[0] == '0') return std::nullopt;
+        std::uint32_t version = 0;
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
+        if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
+        return key_parts{txid, operation, version};
     }
 
     [[nodiscard]] std::string_view view() const noexcept { return {bytes_.data(), size_}; }

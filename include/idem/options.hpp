@@ -127,6 +127,10 @@ struct options {
     /// Opt-in: an expired, unresolved claim may be taken over by a new caller with a new fence.
     /// Dangerous: the old owner may already have executed. Off by default.
     bool reclaim_expired = false;
+    /// Opt-in: keys made by key::compose ("TXID_OPERATION_vN") are ordered by version. Once version
+    /// N of a (txid, operation) was claimed, a claim of a lower version answers
+    /// begin_status::superseded with N, and is not run. Other keys are not affected.
+    bool ordered_versions = false;
     /// Asked about each expired claim by compensate(). Without one, expired claims stay in doubt.
     resolver resolve;
     /// How often a background thread runs maintain() (compensation, then generation recycling).

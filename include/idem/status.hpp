@@ -23,6 +23,8 @@ enum class begin_status : std::uint8_t {
     store_unavailable,   ///< sync mode: the claim could not be made durable; do not execute
     invalid_key,         ///< the key is empty (key{}), or the store declared it cannot hold it
                          ///< (PostgreSQL: not valid UTF-8); nothing changed, retrying cannot help
+    superseded,          ///< ordered versions (options.ordered_versions): a newer version of the key's
+                         ///< (txid, operation) was claimed; `outcome` is that newest version. Not run.
 };
 
 namespace detail {
@@ -39,6 +41,7 @@ namespace detail {
         case begin_status::backpressure: return "backpressure";
         case begin_status::store_unavailable: return "store_unavailable";
         case begin_status::invalid_key: return "invalid_key";
+        case begin_status::superseded: return "superseded";
     }
     return nullptr;
 }
