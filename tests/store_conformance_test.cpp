@@ -404,7 +404,7 @@ TYPED_TEST(StoreConformance, ApplyGetAuditRoundTrip) {
     const std::string k = "TX20230615123456_TRANSFER_v2";
     this->apply({{.key = k, .fence = F1, .fingerprint = 0xfeedull, .at_ms = T0, .lease_until_ms = T0 + 30'000}}, 11);
 
-    const idem::stored_record want{k, "TRANSFER", record_state::processing, F1, T0 + 30'000, 0, 0xfeed, T0, T0};
+    const idem::stored_record want{k, "TRANSFER", record_state::processing, F1, T0 + 30'000, 0, 0xfeed, T0, T0, {}};
     const auto got = this->st().get(k);
     ASSERT_TRUE(got.has_value());
     EXPECT_EQ(*got, want) << record_diff(want, *got);
@@ -470,7 +470,7 @@ TYPED_TEST(StoreConformance, CompletionInTheClaimsBatchKeepsLeaseFingerprintAndC
                   .at_ms = T0 + 4}},
                 1);
     const idem::stored_record want{"TX9_PAY_v1", "PAY", record_state::succeeded, F1, T0 + 30'000, 5, 0xabcdef, T0,
-                                   T0 + 4};
+                                   T0 + 4, {}};
     const auto got = this->st().get("TX9_PAY_v1");
     ASSERT_TRUE(got.has_value());
     EXPECT_EQ(*got, want) << record_diff(want, *got);
@@ -526,10 +526,10 @@ TYPED_TEST(StoreConformance, TheBatchFoldIsExactForAnyRowsOfAKey) {
                   .at_ms = T0 + 6}},
                 2);
     const std::vector<idem::stored_record> want = {
-        {"A", "default", rs::succeeded, F1, T0 + 100, 5, 11, T0, T0 + 1},
-        {"B", "default", rs::processing, F1 + 1, T0 + 200, 0, 22, T0, T0 + 2},
-        {"C", "default", rs::processing, F1 + 3, T0 + 300, 0, 31, T0, T0},       // the stale FAILED row: audited only
-        {"D", "default", rs::released, F1 + 4, T0 + 400, 0, 41, T0, T0 + 6},     // the stale claim's lease: never
+        {"A", "default", rs::succeeded, F1, T0 + 100, 5, 11, T0, T0 + 1, {}},
+        {"B", "default", rs::processing, F1 + 1, T0 + 200, 0, 22, T0, T0 + 2, {}},
+        {"C", "default", rs::processing, F1 + 3, T0 + 300, 0, 31, T0, T0, {}},       // the stale FAILED row: audited only
+        {"D", "default", rs::released, F1 + 4, T0 + 400, 0, 41, T0, T0 + 6, {}},     // the stale claim's lease: never
     };
     for (const auto& w : want) {
         SCOPED_TRACE(w.key);

@@ -47,6 +47,7 @@ struct stored_record {
     std::uint64_t fingerprint = 0;
     std::int64_t created_ms = 0;
     std::int64_t updated_ms = 0;
+    std::string payload;  ///< the response bytes recorded with the outcome (BLOB / BYTEA; empty: none)
     friend bool operator==(const stored_record&, const stored_record&) = default;
 };
 

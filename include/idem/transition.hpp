@@ -102,6 +102,10 @@ struct transition {
     std::uint64_t fingerprint = 0;
     std::chrono::nanoseconds lease_until{0};  ///< on the guard's clock
     std::chrono::nanoseconds at{0};           ///< on the guard's clock
+    /// The response bytes a completion recorded with its outcome (empty: none; claims carry none).
+    /// The bytes live in the guard's payload arena of the record's generation, which is not
+    /// recycled before the sink has flushed everything offered: a sink reads them until then.
+    std::string_view payload{};
 };
 
 /// How a sync wait for one transition ended.
@@ -144,6 +148,7 @@ struct recalled {
     std::uint64_t fingerprint = 0;
     std::chrono::nanoseconds lease_until{0};
     std::chrono::nanoseconds updated{0};
+    std::string payload;  ///< the response bytes recorded with the outcome (empty: none)
 };
 
 namespace detail {
