@@ -14,3 +14,11 @@ add_test(NAME global_test COMMAND global_test)
 # callers and connections, the local table under 100 racing threads, the watchdogs; the child
 # processes are the same instrumented binary). About 50 s there, 50 s here.
 set_tests_properties(global_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 900 RESOURCE_LOCK private_pg)
+
+# Ordered versions (options.ordered_versions) in scope::global: two guards as two nodes, one batch,
+# a latch race across both, a restart. Uses IDEM_TEST_PG_URI only (fresh database per test).
+add_executable(global_version_test ${CMAKE_CURRENT_LIST_DIR}/global_version_test.cpp)
+target_link_libraries(global_version_test PRIVATE idem::idem idem::postgres GTest::gtest GTest::gtest_main)
+target_compile_options(global_version_test PRIVATE -Wall -Wextra -Werror=return-type)
+add_test(NAME global_version_test COMMAND global_version_test)
+set_tests_properties(global_version_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 300)

@@ -62,6 +62,7 @@ struct global_stats {
     std::uint64_t claims_sent = 0;       ///< claims sent to the store (including retries)
     std::uint64_t claims_won = 0;
     std::uint64_t claims_lost = 0;  ///< the key had a row in another state: the winner's state was returned
+    std::uint64_t superseded = 0;   ///< options.ordered_versions: claims refused, a newer version of their pair was claimed
     std::uint64_t claim_batches = 0;
     std::uint64_t completions = 0;      ///< completions (and releases) the store took
     std::uint64_t stale_completions = 0;

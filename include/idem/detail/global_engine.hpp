@@ -95,7 +95,7 @@ namespace detail {
 /// read by the caller after it saw st == done under the batcher's mutex.
 struct global_claim {
     enum class phase : std::uint8_t { queued, sent, done, abandoned };
-    enum class verdict : std::uint8_t { won, lost, error };
+    enum class verdict : std::uint8_t { won, lost, superseded, error };
     key k;
     std::uint64_t fp = 0;
     phase st = phase::queued;
@@ -103,7 +103,7 @@ struct global_claim {
     int retries = 0;
     std::uint64_t fence = 0;  ///< won: the claim's fence; lost: the row's fence
     record_state row_state = record_state::absent;
-    std::uint64_t outcome = 0;
+    std::uint64_t outcome = 0;  ///< lost: the row's outcome; superseded: the pair's newest version
     std::uint64_t row_fp = 0;
     bool expired = false;
 };
@@ -157,7 +157,8 @@ public:
         if (go_.claim_connections == 0 || go_.completion_connections == 0)
             throw error(errc::invalid_argument, "global_options: claim_connections and completion_connections must be at least 1");
         for (std::size_t i = 0; i < go_.claim_connections; ++i)
-            claim_dbs_.push_back(std::make_unique<global_session>(uri, name_, go_.call_deadline, "idem-global-claims"));
+            claim_dbs_.push_back(std::make_unique<global_session>(uri, name_, go_.call_deadline, "idem-global-claims",
+                                                                  opts_.ordered_versions));
         for (std::size_t i = 0; i < go_.completion_connections; ++i)
             completion_dbs_.push_back(std::make_unique<global_session>(uri, name_, go_.call_deadline, "idem-global-completions"));
         for (auto& db : claim_dbs_) claim_threads_.emplace_back([this, d = db.get()] { claim_loop(*d); });
@@ -238,6 +239,10 @@ public:
         }
         switch (c->v) {
             case global_claim::verdict::won: return {begin_status::acquired, std::move(lr.ticket), c->fence, 0};
+            case global_claim::verdict::superseded:  // nothing claimed; the next begin asks the store again
+                count(n_superseded_);
+                (void)lr.ticket.fail(0, failure_policy::retryable);
+                return {begin_status::superseded, {}, c->fence, c->outcome};
             case global_claim::verdict::error:
                 (void)lr.ticket.fail(0, failure_policy::retryable);
                 return {begin_status::store_unavailable, {}, 0, 0};
@@ -427,6 +432,7 @@ public:
         s.timeouts = ld(n_timeouts_);
         s.pruned_records = ld(n_pruned_records_);
         s.pruned_audit_rows = ld(n_pruned_audit_);
+        s.superseded = ld(n_superseded_);
         return s;
     }
     [[nodiscard]] std::string last_error() const {
@@ -462,6 +468,10 @@ private:
         o.lease = std::chrono::hours(24 * 365 * 50);
         o.resolve = nullptr;
         o.reclaim_expired = false;
+        // Nor does it order versions: a local claim is only a question to the store, which may refuse
+        // it (a higher version claimed on another node) or never answer; the store's version table
+        // decides (run_claims).
+        o.ordered_versions = false;
         // Its own maintenance would scan the whole table for expired claims every interval (there
         // are none, by the line above): the engine's maintenance thread runs only its recycling.
         o.maintenance_interval = std::chrono::nanoseconds::zero();
@@ -473,6 +483,7 @@ private:
             auto r = compensation_db_.run("create index", [&](pqxx::connection& c) {
                 pqxx::nontransaction n(c);
                 n.exec(std::string(gsql::processing_index));
+                if (opts_.ordered_versions) n.exec(std::string(gsql::version_table));
             });
             if (r == global_session::result::ok) return;
             if (attempt == 3)
@@ -578,10 +589,22 @@ private:
         bool expired;
     };
 
+    /// "TXID_OPERATION" of a key that splits (the ordered-versions pair), with its version.
+    static std::optional<std::pair<std::string, std::uint32_t>> pair_of(const key& k) {
+        const auto s = k.split();
+        if (!s) return std::nullopt;
+        std::string p;
+        p.reserve(s->txid.size() + 1 + s->operation.size());
+        p.append(s->txid).append(1, key::separator).append(s->operation);
+        return std::pair{std::move(p), s->version};
+    }
+
     void run_claims(std::vector<std::shared_ptr<global_claim>>& batch, global_session& db) {
         std::chrono::milliseconds pause{1};
         std::unordered_map<std::string, std::pair<std::uint64_t, record_state>> won;
         std::unordered_map<std::string, row_read> rows;
+        std::unordered_map<std::string, std::uint64_t> newest;  // ordered: each loser's pair's version
+        const bool ordered = opts_.ordered_versions;
         // Step 1: the claim statement, autocommit (one round trip; the batch id makes an unanswered
         // commit resolvable).
         for (;;) {
@@ -590,8 +613,23 @@ private:
                 std::erase_if(batch, [](const auto& c) { return c->st == global_claim::phase::abandoned; });
             }
             if (batch.empty()) return;
-            pg::array_literal keys, biz, fps;
+            pg::array_literal keys, biz, fps, pairs, versions;
+            // Ordered: one key per pair goes to the store, the batch's highest version (claim_ordered
+            // says why); the lower ones are losers, answered after it by the read of step 2.
+            std::unordered_map<std::string, std::pair<std::uint32_t, const global_claim*>> top;
+            if (ordered)
+                for (const auto& c : batch)
+                    if (auto pv = pair_of(c->k)) {
+                        auto [it, fresh] = top.try_emplace(std::move(pv->first), pv->second, c.get());
+                        if (!fresh && pv->second > it->second.first) it->second = {pv->second, c.get()};
+                    }
             for (const auto& c : batch) {
+                if (ordered) {
+                    auto pv = pair_of(c->k);
+                    if (pv && top.at(pv->first).second != c.get()) continue;
+                    pairs.add_text(pv ? std::string_view(pv->first) : std::string_view());
+                    versions.add_uint(pv ? pv->second : 0);
+                }
                 keys.add_text(c->k.view());
                 biz.add_text(pg::utf8_prefix(biz_type_of(c->k.view())));
                 fps.add_uint(c->fp);
@@ -604,8 +642,11 @@ private:
                 won.clear();
                 pqxx::nontransaction n(conn);
                 db.committing(true);  // autocommit: the statement is its own COMMIT
-                const auto res = n.exec_prepared(std::string(gsql::claim_name), batch_id, keys.str(), biz.str(), fps.str(),
-                                                 lease_ms, node_);
+                const auto res =
+                    ordered ? n.exec_prepared(std::string(gsql::claim_ordered_name), batch_id, keys.str(), biz.str(),
+                                              fps.str(), lease_ms, node_, pairs.str(), versions.str())
+                            : n.exec_prepared(std::string(gsql::claim_name), batch_id, keys.str(), biz.str(), fps.str(),
+                                              lease_ms, node_);
                 db.committing(false);
                 for (const auto& row : res)
                     won[row[0].c_str()] = {static_cast<std::uint64_t>(row[1].as<std::int64_t>()),
@@ -617,14 +658,14 @@ private:
                 note_error(db.last_error());
                 const auto committed = resolve_batch(db, batch_id, &claims_);
                 if (!committed) {  // stopping, or the store refuses: nobody learns; the leases decide
-                    finish_claims(batch, nullptr, nullptr);
+                    finish_claims(batch, nullptr, nullptr, nullptr);
                     return;
                 }
                 if (*committed) {
                     // The results were lost with the connection; the batch id proves the claims are
                     // ours, the rows (their fences) are read below.
                     if (!claimed_by_us(batch, batch_id, won, db)) {
-                        finish_claims(batch, nullptr, nullptr);
+                        finish_claims(batch, nullptr, nullptr, nullptr);
                         return;
                     }
                     r = global_session::result::ok;
@@ -636,15 +677,18 @@ private:
             }
             if (r == global_session::result::ok) break;
             if (r == global_session::result::fatal || !claims_.backoff(pause, go_.max_backoff)) {
-                finish_claims(batch, nullptr, nullptr);
+                finish_claims(batch, nullptr, nullptr, nullptr);
                 return;
             }
         }
         count(n_claim_batches_);
         // Step 2: the losers' rows (a fresh snapshot: the winner that made our insert conflict has
         // committed). A read: retried alone on a transient failure, never the claims again.
-        if (won.size() < batch.size() && !read_rows(batch, won, rows, db)) rows.clear();
-        finish_claims(batch, &won, &rows);
+        if (won.size() < batch.size() && !read_rows(batch, won, rows, ordered ? &newest : nullptr, db)) {
+            rows.clear();
+            newest.clear();
+        }
+        finish_claims(batch, &won, &rows, ordered ? &newest : nullptr);
     }
 
     /// Which keys of the batch this node holds now (the claim batch committed, its answer was lost).
@@ -671,19 +715,34 @@ private:
 
     /// Reads the rows of the batch's keys not in `skip`. False when the store stayed unreachable
     /// until the batcher stopped.
+    /// `newest` (ordered versions): also the newest version of each loser's pair, 0 for none (one
+    /// statement, one snapshot with the rows).
     bool read_rows(const std::vector<std::shared_ptr<global_claim>>& batch,
                    const std::unordered_map<std::string, std::pair<std::uint64_t, record_state>>& skip,
-                   std::unordered_map<std::string, row_read>& rows, global_session& db) {
-        pg::array_literal losers;
+                   std::unordered_map<std::string, row_read>& rows, std::unordered_map<std::string, std::uint64_t>* newest,
+                   global_session& db) {
+        pg::array_literal losers, pairs;
         for (const auto& c : batch)
-            if (!skip.contains(std::string(c->k.view()))) losers.add_text(c->k.view());
+            if (!skip.contains(std::string(c->k.view()))) {
+                losers.add_text(c->k.view());
+                if (newest) {
+                    const auto pv = pair_of(c->k);
+                    pairs.add_text(pv ? std::string_view(pv->first) : std::string_view());
+                }
+            }
         std::chrono::milliseconds pause{1};
         for (;;) {
             auto r = db.run("read claimed rows", [&](pqxx::connection& conn) {
                 rows.clear();
                 pqxx::nontransaction n(conn);
-                const auto lr = n.exec_prepared(std::string(gsql::read_rows_name), losers.str());
+                const auto lr = newest ? n.exec_prepared(std::string(gsql::read_rows_ordered_name), losers.str(), pairs.str())
+                                       : n.exec_prepared(std::string(gsql::read_rows_name), losers.str());
+                if (newest) newest->clear();
                 for (const auto& row : lr) {
+                    if (newest) {
+                        (*newest)[row[0].c_str()] = static_cast<std::uint64_t>(row[6].as<std::int64_t>());
+                        if (row[1].is_null()) continue;  // no record
+                    }
                     const auto st = parse_status(row[1].c_str());
                     rows[row[0].c_str()] = {st.value_or(record_state::processing),
                                             static_cast<std::uint64_t>(row[2].as<std::int64_t>()),
@@ -699,9 +758,12 @@ private:
 
     /// Hands each claim its verdict (null maps: error), withdraws won claims nobody waits for, and
     /// sends losers that found a RELEASED (or no) row round once more (three times at most).
+    /// `newest` (ordered versions only): the pair's newest version per loser, read with `rows`; a
+    /// loser whose record is absent or RELEASED while its pair is at a higher version is superseded.
     void finish_claims(std::vector<std::shared_ptr<global_claim>>& batch,
                        const std::unordered_map<std::string, std::pair<std::uint64_t, record_state>>* won,
-                       const std::unordered_map<std::string, row_read>* rows) {
+                       const std::unordered_map<std::string, row_read>* rows,
+                       const std::unordered_map<std::string, std::uint64_t>* newest) {
         std::vector<std::shared_ptr<global_completion>> withdraw;
         std::vector<std::shared_ptr<global_claim>> again;
         {
@@ -722,6 +784,10 @@ private:
                     c->row_fp = rr->second.fp;
                     c->expired = rr->second.expired;
                     count(n_lost_);
+                } else if (const std::uint64_t n = superseding(c->k, newest); n != 0) {
+                    c->v = global_claim::verdict::superseded;
+                    c->outcome = n;
+                    c->fence = rr != rows->end() ? rr->second.fence : 0;
                 } else if (c->st != global_claim::phase::abandoned && c->retries < 3 && !claims_.stopping) {
                     // The row was released between our UPDATE and our read (or deleted by an operator):
                     // it is claimable again; try once more rather than report a state that is gone.
@@ -752,6 +818,15 @@ private:
         }
         claims_.done.notify_all();
         for (auto& w : withdraw) (void)completions_.submit(w);
+    }
+
+    /// The newest version of k's pair when it is above k's own (k is superseded), else 0.
+    static std::uint64_t superseding(const key& k, const std::unordered_map<std::string, std::uint64_t>* newest) {
+        if (newest == nullptr) return 0;
+        const auto it = newest->find(std::string(k.view()));
+        if (it == newest->end()) return 0;
+        const auto s = k.split();
+        return s && it->second > s->version ? it->second : 0;
     }
 
     // ---- the completion batcher -----------------------------------------------------------------
@@ -974,7 +1049,7 @@ private:
     std::string last_error_;
     std::atomic<std::uint64_t> n_sent_{0}, n_won_{0}, n_lost_{0}, n_claim_batches_{0}, n_completions_{0},
         n_stale_{0}, n_completion_batches_{0}, n_compensated_{0}, n_doubt_{0}, n_withdrawn_{0}, n_in_doubt_{0},
-        n_errors_{0}, n_timeouts_{0}, n_pruned_records_{0}, n_pruned_audit_{0};
+        n_errors_{0}, n_timeouts_{0}, n_pruned_records_{0}, n_pruned_audit_{0}, n_superseded_{0};
     std::chrono::steady_clock::time_point next_prune_{};  // the maintenance thread only
     std::vector<std::thread> claim_threads_, completion_threads_;
     std::thread maintenance_thread_;

@@ -56,9 +56,11 @@ public:
     enum class result { ok, transient, in_doubt, fatal };
 
     /// `conninfo` is used as given plus the deadline options it does not set (as postgres_store).
+    /// `ordered`: also prepare the ordered-versions claim statements (their table must exist).
     global_session(const std::string& conninfo, std::string name, std::chrono::milliseconds deadline,
-                   std::string application)
-        : name_(std::move(name)),
+                   std::string application, bool ordered = false)
+        : ordered_(ordered),
+          name_(std::move(name)),
           conninfo_(pg::session_conninfo(conninfo, deadline, application)),
           deadline_(deadline),
           watchdog_(pg_watchdog::wake::periodic, deadline) {}
@@ -164,9 +166,14 @@ private:
         conn_->prepare(std::string(gsql::extend_name), gsql::extend);
         conn_->prepare(std::string(gsql::expired_name), gsql::expired);
         conn_->prepare(std::string(gsql::batch_committed_name), std::string(gsql::batch_committed));
+        if (ordered_) {
+            conn_->prepare(std::string(gsql::claim_ordered_name), gsql::claim_ordered);
+            conn_->prepare(std::string(gsql::read_rows_ordered_name), gsql::read_rows_ordered);
+        }
         need_reconnect_ = false;
     }
 
+    bool ordered_;
     std::string name_;
     std::string conninfo_;
     std::chrono::milliseconds deadline_;

@@ -82,6 +82,95 @@ WITH b AS (
 SELECT k, f, fr FROM won
 )sql";
 
+// Ordered versions (options.ordered_versions; none of this SQL runs, and the table is not created,
+// when the option is off). The newest version claimed of each (txid, operation) of a key
+// "TXID_OPERATION_vN" (key::split) is one row of idempotent_version, keyed by "TXID_OPERATION" (the
+// parts hold no '_', so the text names the pair). Created when a global guard with the option opens.
+// Never pruned: a record past the window is new again, but its version still orders the pair's
+// later claims (one small row per pair ever claimed; an operator may delete rows of pairs that are
+// finished for good).
+inline constexpr std::string_view version_table =
+    "CREATE TABLE IF NOT EXISTS idempotent_version (txid_op TEXT PRIMARY KEY, version BIGINT NOT NULL, "
+    "updated_time BIGINT NOT NULL)";
+
+// Claim batch, statement 1, ordered. The parameters of `claim` plus $7 the keys' "TXID_OPERATION"
+// ('' for a key that does not split: claimed as by `claim`) and $8 their versions (0 for those). The
+// caller sends at most one key per pair in a batch: the highest version (ON CONFLICT cannot update a
+// row twice in one statement); a lower one of the same batch is answered after it, as the sequential
+// order "highest first" would (superseded by it, or its usual answer when its record exists).
+//
+// How a claim is refused. `vc` keeps the ordered keys whose record is absent or RELEASED in the
+// statement's snapshot (the claims that would be granted: a duplicate of a live or decided record
+// keeps its usual answer and takes no version lock). `ver` is a conditional upsert of their pairs,
+// in pair order: it locks the pair's row (a new one: the primary key's insertion wait) and raises it
+// to the key's version only when that is not lower. Only the keys it returned, and the keys that do
+// not split, reach `ins` / `re`: a refused key claims nothing, a granted one raised its pair with its
+// claim, in one transaction. `g` aggregates `ver`, so every version row is locked before any record
+// row is touched (no lock cycle with another batch, or a completion, which lock record rows in key
+// order). `vc` reaches the keys through `b` like `u` (the header's probe rule).
+//
+// Why a lower version never runs after a higher one was claimed: each granted claim of a pair holds
+// the pair's version row locked from its check until its commit, and leaves it at its version. A
+// claim of v < N, checked after N's claim committed, reads N (READ COMMITTED re-reads the row it
+// waited for) and is refused; one checked before holds the row lock, so N's claim waits for it: the
+// lower one committed first. The version row only rises, and is never deleted by idem (prune keeps
+// it), so this holds across restarts of any node. A version raised by a claim whose record then
+// conflicted (another node inserted the same key meanwhile, under the same version lock, so with the
+// same version) or that was withdrawn (its caller gave up; released again) was claimed all the same.
+inline constexpr std::string_view claim_ordered_name = "idem_g_claim_ordered";
+inline const std::string claim_ordered = R"sql(
+WITH b AS (
+  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
+), u AS (
+  SELECT u.* FROM b, unnest($2::text[], $3::text[], $4::bigint[], $7::text[], $8::bigint[]) WITH ORDINALITY AS u(k, biz, fp, p, v, n)
+), vc AS (
+  SELECT u.p, u.v FROM u
+   WHERE u.p <> '' AND NOT EXISTS (SELECT 1 FROM idempotent_record AS r
+                                    WHERE r.idempotent_key = u.k AND r.status <> 'RELEASED')
+), ver AS (
+  INSERT INTO idempotent_version AS iv (txid_op, version, updated_time)
+  SELECT vc.p, vc.v, )sql" IDEM_GSQL_NOW R"sql( FROM vc ORDER BY vc.p
+  ON CONFLICT (txid_op) DO UPDATE SET version = EXCLUDED.version, updated_time = EXCLUDED.updated_time
+   WHERE iv.version <= EXCLUDED.version
+  RETURNING iv.txid_op AS p
+), g AS MATERIALIZED (
+  SELECT COALESCE(array_agg(ver.p), ARRAY[]::text[]) AS granted FROM ver
+), ok AS MATERIALIZED (
+  SELECT u.k, u.biz, u.fp, u.n FROM u CROSS JOIN g WHERE u.p = '' OR u.p = ANY(g.granted)
+), ins AS (
+  INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
+                                      request_fingerprint, created_time, updated_time)
+  SELECT ok.k, ok.biz, 'PROCESSING', pf.f + 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, ok.fp, )sql" IDEM_GSQL_NOW R"sql(, )sql" IDEM_GSQL_NOW R"sql(
+  FROM ok, (SELECT COALESCE(max(pruned_fence), 0) AS f FROM idem_schema) AS pf ORDER BY ok.n
+  ON CONFLICT (idempotent_key) DO NOTHING
+  RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'ABSENT'::text AS fr
+), re AS (
+  UPDATE idempotent_record AS r
+     SET status = 'PROCESSING', fencing_token = r.fencing_token + 1, lease_until = )sql" IDEM_GSQL_NOW R"sql( + $5,
+         outcome = 0, request_fingerprint = ok.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+    FROM ok
+   WHERE r.idempotent_key = ok.k AND r.status = 'RELEASED'
+  RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'RELEASED'::text AS fr
+), won AS (
+  SELECT k, f, fr FROM ins UNION ALL SELECT k, f, fr FROM re
+), aud AS (
+  INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
+  SELECT won.k, won.fr, 'PROCESSING', won.f, $6, )sql" IDEM_GSQL_NOW R"sql(, 'claim outcome=0 batch=' || $1::text
+  FROM won ORDER BY won.k
+)
+SELECT k, f, fr FROM won
+)sql";
+
+// Claim batch, statement 2, ordered: read_rows's columns for every key of $1 (status NULL: no
+// record), plus the newest version of its pair $2 (0: none, or the key does not split). One
+// snapshot: a key whose record is absent or RELEASED while its pair is at a higher version is
+// superseded at that instant.
+inline constexpr std::string_view read_rows_ordered_name = "idem_g_read_ordered";
+inline const std::string read_rows_ordered =
+    "SELECT u.k, r.status, r.fencing_token, r.outcome, r.request_fingerprint, r.lease_until < " IDEM_GSQL_NOW
+    ", COALESCE(v.version, 0) FROM unnest($1::text[], $2::text[]) AS u(k, p) "
+    "LEFT JOIN idempotent_record AS r ON r.idempotent_key = u.k LEFT JOIN idempotent_version AS v ON v.txid_op = u.p";
+
 // Claim batch, statement 2 (only when some key lost): the winners' rows as committed now. A fresh
 // READ COMMITTED snapshot, so a row whose insert made ours conflict is visible.
 inline constexpr std::string_view read_rows_name = "idem_g_read";
