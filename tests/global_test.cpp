@@ -784,6 +784,33 @@ TEST_F(Global, InDoubtProbeWaitsForABlockedBatch) {
     EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_batch WHERE batch_id = 4242"), 1);
 }
 
+/// The ordered-versions claim batch blocks on a pair's version row another transaction holds locked:
+/// its version upsert must reach the keys through the batch row too (the probe rule of
+/// global_sql.hpp), or the statement blocks there before its batch row exists.
+TEST_F(Global, InDoubtProbeWaitsForABlockedOrderedBatch) {
+    {
+        idem::options o = opts();
+        o.ordered_versions = true;
+        idem::global_guard schema(uri_, o, gopts("schema"));  // creates the tables, idempotent_version too
+    }
+    namespace gsql = idem::detail::gsql;
+    sql_exec("INSERT INTO idempotent_version VALUES ('PK1_PAY', 1, 0)");
+    pqxx::connection holder(uri_);
+    pqxx::work hold(holder);
+    hold.exec("SELECT 1 FROM idempotent_version WHERE txid_op = 'PK1_PAY' FOR UPDATE");
+    const auto claim = [](auto& n, const std::string& name) {
+        return n.exec_prepared(name, std::int64_t{4444}, std::string("{PK0_PAY_v1,PK1_PAY_v2}"), std::string("{PAY,PAY}"),
+                               std::string("{0,0}"), std::int64_t{60000}, std::string("probe"),
+                               std::string("{PK0_PAY,PK1_PAY}"), std::string("{1,2}"));
+    };
+    const auto p = probe_blocked_batch(hold, gsql::claim_ordered_name, gsql::claim_ordered, 4444, claim);
+    EXPECT_TRUE(p.batch_blocked) << "the claim batch never blocked on the held version row";
+    EXPECT_EQ(p.probe, "waited, then committed") << "the probe must wait for a batch that is still running";
+    EXPECT_EQ(p.batch_error, "");
+    EXPECT_EQ(p.rows, (std::vector<std::string>{"PK0_PAY_v1", "PK1_PAY_v2"}));
+    EXPECT_EQ(sql_int("SELECT version FROM idempotent_version WHERE txid_op = 'PK1_PAY'"), 2);
+}
+
 /// A completion batch blocks on a row another transaction holds locked (SELECT ... FOR UPDATE): its
 /// key-order lock CTE must reach the keys through the batch row too, or the statement blocks there
 /// before its batch row exists.

@@ -19,6 +19,9 @@
 // the claims of other threads (group commit). Completion and compensation are fenced UPDATEs whose
 // row count decides; every transition is one audit row carrying this process's node identity.
 // docs/scaling.md says what each scope guarantees and costs, and how to outgrow one PostgreSQL.
+// options.ordered_versions orders the versions of composed keys across every process sharing the
+// store (superseded; docs/api.md, "Ordered versions in global scope"): the store's version table
+// decides, so it holds across restarts; every process sharing a store must use the same setting.
 //
 // Thread-safety: every member of global_guard may be called from any thread concurrently; a ticket is
 // used by one thread at a time and must not outlive its guard. Progress: begin() of a key this

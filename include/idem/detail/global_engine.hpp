@@ -38,6 +38,12 @@
 //     the resolver, then one fenced UPDATE batch that also re-checks the lease under the row lock.
 //     Two nodes compensating the same claim: the second one's UPDATE waits for the first's row lock,
 //     then finds status != PROCESSING and returns no row. Exactly one resolution, one audit row.
+//   * Ordered versions (options.ordered_versions): the claim batch is gsql::claim_ordered, which
+//     checks and raises each pair's row of idempotent_version under its row lock in the claim's own
+//     statement (global_sql.hpp has the argument). run_claims sends one key per pair, the batch's
+//     highest version; the others and the refused keys are losers, and the loser read (with each
+//     pair's version, one snapshot) answers superseded for a loser without a live or decided record
+//     whose pair is higher. The local table does not order versions: the store decides each claim.
 //
 // Unknown commits. Every batch statement inserts a random 64-bit batch id. When its commit goes
 // unanswered the batcher asks the store whether that id committed (a speculative insert that waits

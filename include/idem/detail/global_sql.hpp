@@ -4,7 +4,8 @@
 // What a statement may use. The claim path must run unchanged on PostgreSQL-compatible distributed
 // databases (CockroachDB, YugabyteDB, Citus), so it uses only: INSERT ... ON CONFLICT DO NOTHING
 // RETURNING, UPDATE ... FROM unnest(...) RETURNING, data-modifying CTEs, = ANY(array), and
-// statement_timestamp(). No advisory lock, no LISTEN/NOTIFY, no SELECT ... FOR UPDATE SKIP LOCKED,
+// statement_timestamp(); with ordered versions also INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// RETURNING and array_agg. No advisory lock, no LISTEN/NOTIFY, no SELECT ... FOR UPDATE SKIP LOCKED,
 // no sequence other than the audit table's BIGSERIAL, no temporary table.
 //
 // Every batch is one autocommit statement (one round trip, its own transaction) that also inserts a
