@@ -155,7 +155,9 @@ public:
     global_guard& operator=(const global_guard&) = delete;
 
     /// Claims `k` across every process sharing the store, or says what its record is. invalid_key
-    /// for key{} and for a key that is not valid UTF-8, at once, touching nothing.
+    /// for key{} and for a key that is not valid UTF-8, at once, touching nothing. With
+    /// options.ordered_versions, superseded (outcome: the newest version) when a higher version of
+    /// k's (txid, operation) was claimed on any node and k has no record (or a RELEASED one).
     global_begin_result begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
         // A key the store can never hold is refused before anything is touched (global_engine::accepts).
         if (!detail::global_engine::accepts(k)) [[unlikely]]
