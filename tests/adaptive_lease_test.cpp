@@ -139,7 +139,9 @@ TEST(OperationLeases, ConcurrentFirstCompletionsOfOneOperationShareOneSlot) {
     std::uint64_t total = 0;
     for (const auto& r : rows) {
         total += r.samples;
-        if (r.operation == "PAY") EXPECT_EQ(r.samples, std::uint64_t{threads} * per_thread / 2);
+        if (r.operation == "PAY") {
+            EXPECT_EQ(r.samples, std::uint64_t{threads} * per_thread / 2);
+        }
     }
     EXPECT_EQ(total, std::uint64_t{threads} * per_thread);
 }
@@ -421,8 +423,11 @@ TEST(AdaptiveLeaseDurable, DurableGuardMeasuresAndTheStoreKeepsTheTimes) {
         const auto rows = g->operation_latencies();
         ASSERT_EQ(rows.size(), 2u);
         for (const auto& r : rows) {
-            if (r.operation == "PAY") expect_within_bound(r.p99, 99ms);
-            else expect_within_bound(r.p99, 300ms);
+            if (r.operation == "PAY") {
+                expect_within_bound(r.p99, 99ms);
+            } else {
+                expect_within_bound(r.p99, 300ms);
+            }
         }
         ASSERT_TRUE(g.flush());
     }
