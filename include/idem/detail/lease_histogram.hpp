@@ -1,5 +1,5 @@
 // idem/detail/lease_histogram.hpp: per-operation latency histograms and the adaptive lease they set
-// (options.adaptive, issue 18 part 4).
+// (options.adaptive).
 //
 // What is measured
 // ----------------
