@@ -340,6 +340,44 @@ TEST_F(AdaptiveLease, AgeingFollowsAShiftedLatency) {
     EXPECT_EQ(g.operation_latencies()[0].p99, latency_histogram::upper_edge(latency_histogram::bucket_of(20ms)));
 }
 
+TEST_F(AdaptiveLease, TheTimeRunsFromTheClaimThroughExtendAndDoubt) {
+    auto o = opts();
+    o.adaptive.min_samples = 1;
+    manual_guard g(o, clock);
+    // A claim extended twice and marked in doubt by compensation meanwhile (no resolver): its
+    // sample is the whole 45 s from the claim, not the time since the last extend or the mark.
+    const idem::key k = idem::key::compose("LONG", "SETTLE", 1);
+    auto r = g.begin(k);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    clock.advance(10s);
+    ASSERT_FALSE(r.ticket.extend(30s));
+    clock.advance(20s);
+    ASSERT_FALSE(r.ticket.extend(1s));
+    clock.advance(15s);
+    (void)g.compensate();
+    ASSERT_TRUE(g.query(k).in_doubt);
+    ASSERT_FALSE(r.ticket.succeed(1)) << "the owner is back: its claim is still its own";
+    const auto rows = g.operation_latencies();
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].samples, 1u);
+    EXPECT_EQ(rows[0].p99, latency_histogram::upper_edge(latency_histogram::bucket_of(45s)));
+}
+
+TEST_F(AdaptiveLease, BatchedClaimsGetTheAdaptiveLeaseToo) {
+    manual_guard g(opts(), clock);
+    (void)feed(g, "PAY", 100, [](int) { return 10ms; }, &next);
+    g.maintain();
+    const ns want = expected(latency_histogram::upper_edge(latency_histogram::bucket_of(10ms)), g.opts().adaptive);
+    const std::vector<idem::key> burst{idem::key::compose("B1", "PAY", 1), idem::key::compose("B2", "PAY", 1),
+                                       idem::key("not-composed")};
+    std::vector<idem_test::manual_guard::result_type> out(burst.size());
+    ASSERT_EQ(g.begin_many(burst, out), burst.size());
+    for (const auto& r : out) ASSERT_EQ(r.status, begin_status::acquired);
+    EXPECT_EQ(g.query(burst[0]).lease_until - clock.now(), want);
+    EXPECT_EQ(g.query(burst[1]).lease_until - clock.now(), want);
+    EXPECT_EQ(g.query(burst[2]).lease_until - clock.now(), 30s);
+}
+
 TEST_F(AdaptiveLease, PolicyOffIsTheStaticLeaseExactly) {
     manual_guard g(opts(/*on=*/false), clock);
     (void)feed(g, "PAY", 200, [](int) { return 1ms; }, &next);
