@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <latch>
 #include <string>
@@ -376,6 +377,40 @@ TEST_F(AdaptiveLease, BatchedClaimsGetTheAdaptiveLeaseToo) {
     EXPECT_EQ(g.query(burst[0]).lease_until - clock.now(), want);
     EXPECT_EQ(g.query(burst[1]).lease_until - clock.now(), want);
     EXPECT_EQ(g.query(burst[2]).lease_until - clock.now(), 30s);
+}
+
+TEST_F(AdaptiveLease, RacingClaimsCompletionsAndMaintenanceLoseNoSample) {
+    auto o = opts();
+    constexpr int threads = 4, per_thread = 2000;
+    o.capacity = 2 * threads * per_thread;  // every key stays in memory: no claim is refused
+    o.adaptive.min_samples = 10;
+    o.adaptive.window = 0;
+    manual_guard g(o, clock);
+    const char* ops[] = {"PAY", "REFUND", "TRANSFER"};
+    std::latch start(threads + 1);
+    std::atomic<bool> done{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            start.arrive_and_wait();
+            for (int i = 0; i < per_thread; ++i) {
+                auto r = g.begin(idem::key::compose("T" + std::to_string(t) + "x" + std::to_string(i), ops[i % 3], 1));
+                if (r.status != begin_status::acquired || r.ticket.succeed(1)) ADD_FAILURE() << "claim " << t << "/" << i << ": " << r.status;
+            }
+        });
+    std::thread maint([&] {  // refreshes and reads while the workers claim and complete
+        start.arrive_and_wait();
+        while (!done.load(std::memory_order_acquire)) {
+            g.maintain();
+            (void)g.operation_latencies();
+        }
+    });
+    for (auto& t : ts) t.join();
+    done.store(true, std::memory_order_release);
+    maint.join();
+    std::uint64_t total = 0;
+    for (const auto& r : g.operation_latencies()) total += r.samples;
+    EXPECT_EQ(total, std::uint64_t{threads} * per_thread);
 }
 
 TEST_F(AdaptiveLease, PolicyOffIsTheStaticLeaseExactly) {
