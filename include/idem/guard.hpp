@@ -120,14 +120,21 @@ public:
         return engine_.rotate_if_due([this] { return !all_flushed_ || all_flushed_(); });
     }
 
-    /// compensate() then collect(); what the background thread runs every maintenance_interval.
+    /// Recomputes the adaptive leases (options.adaptive), then compensate() and collect(); what the
+    /// background thread runs every maintenance_interval.
     void maintain() {
+        engine_.refresh_leases();
         compensate();
         collect();
     }
 
     /// Counters. Progress: wait-free (sums per-thread stripes).
     [[nodiscard]] stats snapshot() const noexcept { return engine_.snapshot_stats(); }
+
+    /// With options.adaptive: each operation's claim-to-completion p50/p99 in this process and the
+    /// lease its next claim gets (stats.hpp, operation_latency; to_prometheus(snapshot(), this)).
+    /// Empty when options.adaptive is off. Allocates; not for the hot path. Thread-safe.
+    [[nodiscard]] std::vector<operation_latency> operation_latencies() const { return engine_.operation_latencies(); }
 
     /// The cold window of a durable guard (detail/window_filter.hpp), null when it has none.
     [[nodiscard]] const detail::window_filter* cold_window() const noexcept { return engine_.cold_window(); }

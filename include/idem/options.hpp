@@ -108,6 +108,42 @@ private:
     std::shared_ptr<std::atomic<std::int64_t>> now_;
 };
 
+/// The adaptive lease (opt-in, options.adaptive): each new claim of an operation gets
+/// clamp(k x p99, min, max), where p99 is that operation's claim-to-completion time observed in
+/// this process (the OPERATION of a key::compose'd "TXID_OPERATION_vN"). It protects both ways:
+///  * a lease shorter than the real work means compensation of work still running: the resolver is
+///    asked about a claim whose owner is still executing (and with reclaim_expired a second owner
+///    may run it again: a double execution), or the claim is reported in doubt;
+///  * a lease far longer than the work delays the recovery of a claim whose owner crashed.
+/// A static lease must be set for the slowest operation, so it is far too long for the fast ones;
+/// per operation, it follows each one's measured tail instead.
+/// Limits: a claim's lease is fixed when it is granted (extend() still renews it); leases are
+/// recomputed by maintain() (the background thread, every maintenance_interval), not per claim;
+/// the histograms are per process (nothing is shared through the store); keys that do not split,
+/// and operations beyond the first 64 distinct ones (they share one "other" histogram), keep
+/// options.lease. Layout, error bound and thread-safety: detail/lease_histogram.hpp.
+struct adaptive_lease {
+    bool enabled = false;
+    /// Lease = k x p99. 3 by default: the article planned 3 x the mean; the p99 is a tail already,
+    /// so with k = 3 a live claim is compensated only when it runs 3 times longer than 99% of its
+    /// operation's completions (the histogram reports p99 up to 12.5% high, never low). Latency
+    /// tails are long (a p99.9 is often 2-3 x the p99), and a lease too short costs a double
+    /// execution while one too long costs only a later recovery, so k errs long. At least 1.
+    double k = 3.0;
+    /// Floor: 1 s. Pauses that have nothing to do with the operation (scheduling, page faults, a VM
+    /// stolen from) do not show in its p99, and compensation runs only every maintenance_interval
+    /// (1 s by default), so a shorter lease would not recover a crash any sooner.
+    std::chrono::nanoseconds min = std::chrono::seconds(1);
+    /// Ceiling: 10 min, so one slow outlier stream cannot hold crashed claims for hours.
+    std::chrono::nanoseconds max = std::chrono::minutes(10);
+    /// Completions an operation needs before its p99 sets its lease; before that, options.lease.
+    /// 1000 puts 10 samples above the p99.
+    std::uint64_t min_samples = 1000;
+    /// Ageing: when an operation holds more than `window` samples, maintain() halves its counts, so
+    /// its p99 follows roughly the last `window` completions. 0: never age. At least 2 x min_samples.
+    std::uint64_t window = 100000;
+};
+
 struct options {
     /// Live records each generation is sized for, 1 to 2^30. Each generation holds next_pow2(2 *
     /// capacity) index positions and slots.
@@ -120,6 +156,9 @@ struct options {
     std::size_t max_probe = 64;
     /// How long a claim stays valid without extend().
     std::chrono::nanoseconds lease = 30s;
+    /// Opt-in: per-operation leases from observed claim-to-completion times (adaptive_lease above).
+    /// Off: every claim gets `lease`, at the cost of one predictable branch.
+    adaptive_lease adaptive{};
     /// Terminal records stay in memory at least this long; whole generations are recycled after it.
     std::chrono::nanoseconds retention = 24h;
     /// Applied by fail() without a policy and by a ticket dropped without completion.

@@ -1,8 +1,11 @@
 // idem/stats.hpp: a snapshot of the guard's counters and its Prometheus text exposition.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 
 namespace idem {
 
@@ -41,6 +44,19 @@ struct stats {
     std::uint64_t store_errors = 0;
     std::uint64_t rejected_rows = 0;       ///< rows the store can never take, set aside (last_store_error() names the last)
     std::uint64_t flusher_cpu_ns = 0;      ///< CPU time the flusher thread has used; / flushed_transitions = its cost per row
+};
+
+/// One operation's claim-to-completion times in this process and the lease its claims get now
+/// (options.adaptive; guard::operation_latencies()). p50/p99 are the upper edges of their histogram
+/// buckets: never below the true value, at most 12.5% above (detail/lease_histogram.hpp).
+struct operation_latency {
+    std::string operation;                  ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes);
+                                            ///< "" for the shared histogram of operations beyond the table's 64
+    std::uint64_t samples = 0;              ///< terminal completions measured (halved by ageing)
+    std::chrono::nanoseconds p50{0};        ///< 0 without samples
+    std::chrono::nanoseconds p99{0};        ///< 0 without samples; nanoseconds::max(): 73 min or more
+    std::chrono::nanoseconds lease{0};      ///< what a claim of this operation gets now
+    bool adaptive = false;                  ///< lease is clamp(k x p99, min, max); false: options.lease
 };
 
 /// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
@@ -94,6 +110,43 @@ inline std::string to_prometheus(const stats& s) {
     put("store_errors_total", "counter", s.store_errors);
     put("rejected_rows_total", "counter", s.rejected_rows);
     put_seconds("flusher_cpu_seconds_total", "counter", s.flusher_cpu_ns);
+    return out;
+}
+
+/// The counters, then each operation's latency quantiles and lease (seconds):
+///   idem_operation_latency_seconds{operation="PAY",quantile="0.99"} 0.012000000
+///   idem_operation_lease_seconds{operation="PAY"} 1.000000000
+/// An operation name is a label value: backslash, double quote and newline are escaped.
+inline std::string to_prometheus(const stats& s, std::span<const operation_latency> ops) {
+    std::string out = to_prometheus(s);
+    if (ops.empty()) return out;
+    auto seconds = [](std::chrono::nanoseconds d) -> std::string {
+        if (d == std::chrono::nanoseconds::max()) return "+Inf";
+        const auto ns = static_cast<std::uint64_t>(d.count());
+        const std::string frac = std::to_string(ns % 1000000000u);
+        return std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac;
+    };
+    auto label = [](std::string_view v) {
+        std::string o;
+        for (char ch : v) {
+            if (ch == '\\') o += "\\\\";
+            else if (ch == '"') o += "\\\"";
+            else if (ch == '\n') o += "\\n";
+            else o += ch;
+        }
+        return o;
+    };
+    out += "# TYPE idem_operation_latency_seconds summary\n";
+    for (const auto& o : ops) {
+        const std::string op = "{operation=\"" + label(o.operation) + "\"";
+        if (o.samples != 0) {
+            out += "idem_operation_latency_seconds" + op + ",quantile=\"0.5\"} " + seconds(o.p50) + "\n";
+            out += "idem_operation_latency_seconds" + op + ",quantile=\"0.99\"} " + seconds(o.p99) + "\n";
+        }
+        out += "idem_operation_latency_seconds_count" + op + "} " + std::to_string(o.samples) + "\n";
+    }
+    out += "# TYPE idem_operation_lease_seconds gauge\n";
+    for (const auto& o : ops) out += "idem_operation_lease_seconds{operation=\"" + label(o.operation) + "\"} " + seconds(o.lease) + "\n";
     return out;
 }
 

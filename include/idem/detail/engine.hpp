@@ -106,6 +106,7 @@
 #include "idem/detail/arena_toucher.hpp"
 #include "idem/detail/arenas.hpp"
 #include "idem/detail/index.hpp"
+#include "idem/detail/lease_histogram.hpp"
 #include "idem/detail/seqlock_order.hpp"
 #include "idem/detail/mapping.hpp"
 #include "idem/detail/slot.hpp"
@@ -193,6 +194,7 @@ public:
             throw error(errc::invalid_argument, "options.lease must be positive");
         if (opts_.retention < std::chrono::nanoseconds::zero())
             throw error(errc::invalid_argument, "options.retention must not be negative");
+        if (opts_.adaptive.enabled) leases_ = std::make_unique<operation_leases>(opts_.adaptive);  // validates it
         std::size_t slots = 2;
         while (slots < 2 * opts_.capacity) slots <<= 1;
         gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
@@ -425,6 +427,8 @@ public:
                                   outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                                   std::chrono::nanoseconds(0), now});
         const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
+        if (leases_ != nullptr && (cause == transition_cause::succeed || cause == transition_cause::fail)) [[unlikely]]
+            observe(k, now - std::chrono::nanoseconds(s.updated.load(std::memory_order_relaxed)));  // relaxed: we hold completing; the claim time
         s.outcome.store(outcome, seqlock::field_store);  // field_store: published by (5)
         s.updated.store(now.count(), seqlock::field_store);
         if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), seqlock::field_store);
@@ -675,6 +679,27 @@ public:
                 fn(std::move(text), view_of(snap));
             }
         }
+    }
+
+    /// The lease of a new claim of k: options.lease, or with options.adaptive its operation's
+    /// (detail/lease_histogram.hpp). Off, one predictable branch.
+    [[nodiscard]] std::chrono::nanoseconds lease_for(const key& k) const noexcept {
+        if (leases_ == nullptr) [[likely]] return opts_.lease;
+        const auto parts = k.split();
+        const auto l = parts ? leases_->lease(parts->operation) : std::chrono::nanoseconds::zero();
+        return l.count() != 0 ? l : opts_.lease;
+    }
+    /// Records a terminal completion's claim-to-completion time (options.adaptive).
+    void observe(const key& k, std::chrono::nanoseconds took) noexcept {
+        if (const auto parts = k.split()) leases_->record(parts->operation, took);
+    }
+    /// Recomputes the adaptive leases (guard::maintain()); nothing when options.adaptive is off.
+    void refresh_leases() noexcept {
+        if (leases_ != nullptr) leases_->refresh();
+    }
+    /// Each measured operation's latencies and lease in force; empty when options.adaptive is off.
+    [[nodiscard]] std::vector<operation_latency> operation_latencies() const {
+        return leases_ != nullptr ? leases_->snapshot(opts_.lease) : std::vector<operation_latency>{};
     }
 
     [[nodiscard]] stats snapshot_stats() const noexcept {
@@ -971,7 +996,7 @@ private:
         // are in lines this thread wrote a moment ago. Counting before publishing only makes
         // outstanding() err on scanning.
         count(granted);
-        const auto lease_until = now + opts_.lease;
+        const auto lease_until = now + lease_for(k);
         s.fingerprint.store(fingerprint, seqlock::field_store);  // field_store: published by (5)
         s.lease_until.store(lease_until.count(), seqlock::field_store);
         s.updated.store(now.count(), seqlock::field_store);
@@ -1116,6 +1141,7 @@ private:
     counter_stripe<Atomic> stripes_[stripe_count];
     Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
     std::unique_ptr<window_filter> cold_;  ///< the cold window (durable guards with a window), else null
+    std::unique_ptr<operation_leases> leases_;  ///< options.adaptive: per-operation latencies and leases, else null
     std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 

@@ -472,6 +472,7 @@ private:
         // store.)
         o.on_failure = failure_policy::retryable;
         o.lease = std::chrono::hours(24 * 365 * 50);
+        o.adaptive.enabled = false;  // nor an adaptive one (options.adaptive is process scope only)
         o.resolve = nullptr;
         o.reclaim_expired = false;
         // Nor does it order versions: a local claim is only a question to the store, which may refuse
