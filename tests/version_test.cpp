@@ -178,6 +178,22 @@ TEST(Versions, HoldWhileTheNewerVersionIsInMemory) {
     EXPECT_EQ(g.begin(v("T", "OP", 1)).status, begin_status::acquired) << "the documented limit: the retention";
 }
 
+TEST(Versions, SupersededNamesTheNewestOfBothGenerations) {
+    // Found by fuzz_ops: v1 in the previous generation, v2 in the current one; v0 is refused by the
+    // previous generation's map alone, and its answer must still name v2.
+    idem::options o = ordered(4);
+    o.max_probe = 1024;
+    idem::manual_clock clock;
+    idem_test::manual_guard g(o, clock);
+    ASSERT_FALSE(g.begin(v("T", "OP", 1)).ticket.succeed(1));
+    ASSERT_FALSE(g.begin(idem_test::key_n("A", 0)).ticket.succeed(1));
+    ASSERT_TRUE(g.collect());
+    ASSERT_EQ(g.begin(v("T", "OP", 2)).status, begin_status::acquired);
+    const auto r = g.begin(v("T", "OP", 0));
+    EXPECT_EQ(r.status, begin_status::superseded);
+    EXPECT_EQ(r.outcome, 2u);
+}
+
 // ---- (3) begin_many ----------------------------------------------------------------------------------
 
 void expect_same(const idem::begin_result& many, const idem::begin_result& one, const std::string& where) {

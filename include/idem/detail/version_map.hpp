@@ -107,8 +107,11 @@ class version_map {
 public:
     /// `entries` a power of two (the generation's index size). Throws idem::error when it cannot map.
     version_map(std::size_t entries, bool prefault) : mask_(entries - 1) {
+        // Huge pages only for a map that fills at least one and that a few thousand identities would
+        // touch all over anyway (as the index: mapping.hpp, backing); 4 KiB pages otherwise.
+        const std::size_t bytes = 2 * entries * sizeof(std::uint64_t);
         words_ = map_words<Atomic<std::uint64_t>>(
-            2 * entries, prefault, 2 * entries * sizeof(std::uint64_t) <= huge_index_limit ? backing::huge : backing::small);
+            2 * entries, prefault, bytes >= huge_page && bytes <= huge_index_limit ? backing::huge : backing::small);
     }
     ~version_map() { unmap_words(words_, 2 * (mask_ + 1)); }
     version_map(const version_map&) = delete;
@@ -192,8 +195,8 @@ typename version_map<Atomic>::raise_result version_step(version_map<Atomic>& cur
     using raised = typename version_map<Atomic>::raised;
     if (previous != nullptr) {
         const std::int64_t before = previous->newest(c, max_probe);
-        if (before > static_cast<std::int64_t>(c.version))
-            return {raised::superseded, static_cast<std::uint32_t>(before)};
+        if (before > static_cast<std::int64_t>(c.version))  // the answer names the newest of both maps
+            return {raised::superseded, static_cast<std::uint32_t>(std::max(before, current.newest(c, max_probe)))};
     }
     return current.raise(c, max_probe);
 }
