@@ -262,7 +262,10 @@ TEST(Versions, RandomBatchesEqualSingleBegins) {
 // acquired. Readers claim a version below the published one (must be superseded, or the duplicate
 // answer of a version the writer claimed), or the odd version just above it (racing the writer's
 // next CAS-max; may be acquired). If the version step let a claim through after a newer version
-// was acquired, a reader would see acquired for a version below the published one.
+// was acquired, a reader would see acquired for a version below the published one. And a version
+// that some reader acquired (an odd one, racing the writer) must not be answered superseded to a
+// reader that started after a newer version was acquired: that claim was visible by then (the
+// recheck, version_map.hpp), so the reader must see it (in_progress or its outcome).
 TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
     const std::uint64_t seed = idem_test::test_seed();
     const std::size_t readers = 3;
@@ -272,6 +275,7 @@ TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
     std::atomic<std::uint32_t> checked{0};  // the last published version a reader claimed below
     std::atomic<bool> done{false};
     std::atomic<std::uint64_t> violations{0}, superseded{0}, writer_refused{0};
+    std::vector<std::atomic<bool>> acquired_odd(top + 2), superseded_late(top + 2);
     idem_test::run_on_latch(readers + 1, [&](std::size_t t) {
         if (t == 0) {
             for (std::uint32_t n = 2; n <= top; n += 2) {
@@ -293,7 +297,10 @@ TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
             if (p == 0) continue;
             if (rng() % 4 == 0) {  // race the writer for the next word
                 auto r = g.begin(v("W", "OP", p + 1));
-                if (r.status == begin_status::acquired) (void)r.ticket.succeed(p + 1);
+                if (r.status == begin_status::acquired) {
+                    acquired_odd[p + 1].store(true);
+                    (void)r.ticket.succeed(p + 1);
+                }
                 continue;
             }
             const auto n = static_cast<std::uint32_t>(rng() % p);
@@ -305,6 +312,7 @@ TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
                 violations.fetch_add(1);
             } else if (r.status == begin_status::superseded) {
                 superseded.fetch_add(1);
+                superseded_late[n].store(true);  // started after p > n was acquired
                 if (r.outcome < p) violations.fetch_add(1);  // the newest it names is older than one acquired before
             } else if (!(r.status == begin_status::succeeded && r.outcome == n) && r.status != begin_status::in_progress) {
                 violations.fetch_add(1);  // a version claimed earlier (the writer's, or a reader's odd one) replays
@@ -312,6 +320,9 @@ TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
         }
     });
     EXPECT_EQ(violations.load(), 0u);
+    for (std::size_t n = 0; n < acquired_odd.size(); ++n)
+        EXPECT_FALSE(acquired_odd[n].load() && superseded_late[n].load())
+            << "version " << n << " was acquired, yet answered superseded to a later caller";
     EXPECT_EQ(writer_refused.load(), 0u) << "readers only claim below the writer's next version";
     EXPECT_GT(superseded.load(), 0u);
 }

@@ -923,6 +923,18 @@ private:
         return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
     }
 
+    /// The newest version of k's (txid, operation) in either map, if newer than k's own version.
+    /// `gen` is the generation of the claim (its map is the current one).
+    [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept {
+        const auto c = version_claim_of(k);
+        if (!c) return std::nullopt;
+        const unsigned g = &gen == gens_[0].get() ? 0 : 1;
+        const std::int64_t newest =
+            std::max(versions_[g]->newest(*c, opts_.max_probe), versions_[g ^ 1]->newest(*c, opts_.max_probe));
+        if (newest <= static_cast<std::int64_t>(c->version)) return std::nullopt;
+        return static_cast<std::uint32_t>(newest);
+    }
+
     /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
     std::optional<begin_answer> try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                           record_state from, const key& k, std::uint64_t fingerprint,
@@ -1006,6 +1018,15 @@ private:
                                       transition_cause cause, std::chrono::nanoseconds now, admission& room) noexcept {
         const std::uint64_t inc = state_word::incarnation(seen);
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
+        // Ordered versions: the recheck (version_map.hpp, "Linearization"). The claim is visible
+        // now (racing callers see in_progress); a newer version whose step came meanwhile refuses it.
+        if (versions_[0] != nullptr) [[unlikely]] {
+            if (const auto newer = newer_version(k, gen)) {
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                count(c_superseded);
+                return begin_answer{begin_status::superseded, {}, *newer, 0};
+            }
+        }
         // A key memory does not know may still be in the store's window: ask it before granting.
         // The slot holds claiming meanwhile, so racing callers are answered in_progress.
         if (from == record_state::absent && cause == transition_cause::claim && cold_ != nullptr &&

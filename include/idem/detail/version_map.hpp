@@ -39,19 +39,31 @@
 //
 // Linearization
 // -------------
-// The claim of version N is ordered at the CAS-max (V2) that moved the current map's entry to >= N
-// (or the load that saw it >= N already); the refusal superseded(M) at the load that saw M > N.
-// Two claims of one identity in one epoch act on one word, whose modification order is total: if
-// the higher version's CAS-max comes first, the lower one's load sees it (superseded); if the lower
-// one's comes first, the two claims are ordered low then high, which is a sequence in which both are
-// granted. Across a rotation: a claim granted in generation e made its CAS-max in map e before its
-// epoch check (6) saw e, and the rotation (7) to e + 1 comes after that check in the seq_cst order;
-// a claim that loads epoch e + 1 reads map e as its previous map after (7), so it sees the version
-// (the maps' accesses are seq_cst). A claim whose epoch check fails retries from the epoch load and
-// takes the version step again in the new current map (the CAS-max is idempotent for one version).
-// So a claim of version N that starts after a claim of version M > N returned acquired answers
-// superseded, as long as the generation that holds M's claim is not recycled (below).
+// The version step alone orders versions, not claims: a claim of v1 could pass its step, stall, and
+// make its record visible only after a claim of v2 passed its own step and returned, so a third
+// caller that looked up v1 in between (not there yet) would be told superseded while v1 then runs.
+// So a claim announces, then validates (the pattern of a Dekker handshake, all accesses seq_cst):
 //
+//   step      CAS-max the current map's entry to N (V2), or load it >= N; refuse if newer
+//   visible   the claim's record appears (position CAS (2), or slot CAS (4) into claiming):
+//             from here on a duplicate of the key is answered in_progress
+//   recheck   engine::grant reads both maps again (V0): a version newer than N refuses the claim
+//             (its slot goes back to the word it replaced, as any undone claim) with superseded
+//
+// A claim of N that is granted linearizes when its record became visible. Take a claim of M > N
+// that is granted too: its step (V2) comes before its own recheck; if it came before N's recheck,
+// N's recheck saw M and refused, so it came after N's recheck, hence after N became visible: N is
+// ordered first, which is a sequence in which both are granted. A caller that starts after M's
+// claim returned either finds N's record (in_progress, or its outcome) or, if N had not become
+// visible by M's step, N is refused by its recheck. The highest version raced for is never refused
+// (no map holds more). Across a rotation: the claim's epoch check (6) follows its step, and the
+// rotation (7) comes after that check in the seq_cst order; a claim that loads the new epoch reads
+// the old current map as its previous map, so it sees the version. A claim whose epoch check fails
+// retries from the epoch load and takes the step again (the CAS-max is idempotent for one version).
+// So a claim of version N that starts after a claim of M > N returned acquired answers
+// superseded, as long as the generation that holds M's claim is not recycled (below). A refusal
+// may leave its version in the map (the step came first): a version counts from its step.
+
 // Lifetime (sizing, reset)
 // ------------------------
 // One map per generation, with as many entries as the generation has index positions (a generation
