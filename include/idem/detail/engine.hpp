@@ -923,14 +923,19 @@ private:
         return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
     }
 
-    /// The newest version of k's (txid, operation) in either map, if newer than k's own version.
-    /// `gen` is the generation of the claim (its map is the current one).
+    /// The recheck: the newest version of k's (txid, operation), if newer than k's own version.
+    /// `gen` is the generation of the claim, whose map was current at its step. While it is still
+    /// current (a claim it holds keeps it from being recycled, so the parity tells), a newer version
+    /// granted after our step took its own step there: a step in a later epoch follows the rotation
+    /// (7) that this load (6) would see, and a step in an earlier epoch fails its epoch check and is
+    /// taken again here. Otherwise the other map is read too.
     [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept {
         const auto c = version_claim_of(k);
         if (!c) return std::nullopt;
         const unsigned g = &gen == gens_[0].get() ? 0 : 1;
-        const std::int64_t newest =
-            std::max(versions_[g]->newest(*c, opts_.max_probe), versions_[g ^ 1]->newest(*c, opts_.max_probe));
+        std::int64_t newest = versions_[g]->newest(*c, opts_.max_probe);
+        if ((epoch_.load(std::memory_order_seq_cst) & 1) != g)  // (6)
+            newest = std::max(newest, versions_[g ^ 1]->newest(*c, opts_.max_probe));
         if (newest <= static_cast<std::int64_t>(c->version)) return std::nullopt;
         return static_cast<std::uint32_t>(newest);
     }
