@@ -47,8 +47,9 @@
 //   step      CAS-max the current map's entry to N (V2), or load it >= N; refuse if newer
 //   visible   the claim's record appears (position CAS (2), or slot CAS (4) into claiming):
 //             from here on a duplicate of the key is answered in_progress
-//   recheck   engine::grant reads both maps again (V0): a version newer than N refuses the claim
-//             (its slot goes back to the word it replaced, as any undone claim) with superseded
+//   recheck   engine::grant reads the claim's map again (V0; the other one too after a rotation):
+//             a version newer than N refuses the claim with superseded (its slot goes back to the
+//             word it replaced, as any undone claim)
 //
 // A claim of N that is granted linearizes when its record became visible. Take a claim of M > N
 // that is granted too: its step (V2) comes before its own recheck; if it came before N's recheck,
@@ -63,7 +64,7 @@
 // So a claim of version N that starts after a claim of M > N returned acquired answers
 // superseded, as long as the generation that holds M's claim is not recycled (below). A refusal
 // may leave its version in the map (the step came first): a version counts from its step.
-
+//
 // Lifetime (sizing, reset)
 // ------------------------
 // One map per generation, with as many entries as the generation has index positions (a generation
@@ -84,9 +85,10 @@
 // check differs, almost surely) and probed past; id without val is an entry whose first version
 // is not written yet.
 //
-// A version counts from its version step on, even when the claim then fails for another reason
-// (capacity, backpressure refused before the step never counts; store_unavailable after it does):
+// A version counts from its version step on, even when the claim then fails for another reason (no
+// slot: capacity_exhausted; not durable in sync mode: store_unavailable; refused by the recheck):
 // a newer version that was presented must not let an older one run, and its caller retries it.
+// invalid_key and backpressure are decided before the step and never count.
 #pragma once
 
 #include <algorithm>
