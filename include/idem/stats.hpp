@@ -14,6 +14,7 @@ struct stats {
     std::uint64_t duplicates = 0;          ///< begin() on a completed key (replayed or refused)
     std::uint64_t in_progress_hits = 0;    ///< begin() on a key someone else holds
     std::uint64_t payload_mismatches = 0;  ///< begin() with a different request fingerprint
+    std::uint64_t superseded = 0;          ///< claims refused: a newer version was claimed (options.ordered_versions)
     std::uint64_t succeeded = 0;           ///< claims completed with succeed()
     std::uint64_t failed = 0;              ///< claims completed as FAILED (terminal)
     std::uint64_t released = 0;            ///< claims released for retry (retryable failure, dropped ticket)
@@ -83,6 +84,7 @@ inline std::string to_prometheus(const stats& s) {
     put("duplicates_total", "counter", s.duplicates);
     put("in_progress_hits_total", "counter", s.in_progress_hits);
     put("payload_mismatches_total", "counter", s.payload_mismatches);
+    put("superseded_total", "counter", s.superseded);
     put("succeeded_total", "counter", s.succeeded);
     put("failed_total", "counter", s.failed);
     put("released_total", "counter", s.released);

@@ -9,7 +9,11 @@
 // collect() rotates, query() of every key after every step, and the counters of snapshot(). A
 // begin_many batch is predicted as the same begin() calls in order.
 //
-// The first byte picks the failure policy and whether reclaim_expired is on. The table holds
+// The first byte picks the failure policy, whether reclaim_expired is on, and whether versions are
+// ordered (options.ordered_versions): then the eight keys are versions 0 to 3 of two (txid,
+// operation) identities, and the model keeps the newest version claimed per identity and generation
+// (forgotten when its generation is recycled) and predicts superseded where a claim would be granted
+// for an older version (docs/api.md, "ordered versions"). The table holds
 // capacity 4 (8 slots per generation, probe bound 64), so eight keys never exhaust it and the model
 // needs no hash, while two new keys in a generation already make it due for rotation, so records are
 // evicted often: every difference is a finding.
@@ -51,7 +55,8 @@ struct mrec {
 
 struct counters {
     std::uint64_t acquired = 0, duplicates = 0, in_progress = 0, mismatch = 0, succeeded = 0, failed = 0,
-                  released = 0, stale = 0, in_doubt = 0, compensated = 0, reclaimed = 0, evicted = 0, rotations = 0;
+                  released = 0, stale = 0, in_doubt = 0, compensated = 0, reclaimed = 0, evicted = 0, rotations = 0,
+                  superseded = 0;
 };
 
 struct mticket {
@@ -78,7 +83,7 @@ struct reader {
 
 class model_run {
 public:
-    model_run(bool terminal, bool reclaim) : terminal_(terminal), reclaim_(reclaim) {
+    model_run(bool terminal, bool reclaim, bool ordered) : terminal_(terminal), reclaim_(reclaim), ordered_(ordered) {
         idem::options o;
         o.capacity = capacity;
         o.max_probe = 64;
@@ -87,9 +92,12 @@ public:
         o.maintenance_interval = {};
         o.on_failure = terminal ? idem::failure_policy::terminal : idem::failure_policy::retryable;
         o.reclaim_expired = reclaim;
+        o.ordered_versions = ordered;
         o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
         g_.emplace(std::move(o), clock_);
-        for (std::size_t i = 0; i < keys; ++i) names_.push_back(idem::key("TX" + std::to_string(i) + "_PAY_v1"));
+        for (std::size_t i = 0; i < keys; ++i)
+            names_.push_back(ordered ? idem::key::compose("TX" + std::to_string(identity(i)), "PAY", version(i))
+                                     : idem::key("TX" + std::to_string(i) + "_PAY_v1"));
     }
     ~model_run() {
         static const bool verbose = std::getenv("IDEM_FUZZ_VERBOSE") != nullptr;
@@ -167,6 +175,28 @@ private:
         // the outcome field keeps its old value: a claim does not write it
     }
 
+    // Ordered versions: key i is version i / 2 of identity i % 2.
+    static std::size_t identity(std::size_t k) { return k % 2; }
+    static std::uint32_t version(std::size_t k) { return static_cast<std::uint32_t>(k / 2); }
+
+    /// The version step of a claim of key k that would be granted: the newest version of its
+    /// identity in the current or previous generation, if newer (superseded), else nullopt and the
+    /// current generation now holds version(k) at least.
+    std::optional<std::uint32_t> superseded_by(std::size_t k) {
+        if (!ordered_) return std::nullopt;
+        const std::size_t id = identity(k);
+        std::optional<std::uint32_t> newest;
+        for (auto* vm : {&versions_[epoch_ & 1], &versions_[(epoch_ + 1) & 1]})
+            if (auto it = vm->find(id); it != vm->end()) newest = std::max(newest.value_or(0), it->second);
+        if (newest && *newest > version(k)) {
+            ++c_.superseded;
+            return newest;
+        }
+        auto& cur_v = versions_[epoch_ & 1][id];
+        cur_v = std::max(cur_v, version(k));
+        return std::nullopt;
+    }
+
     // ---- operations ---------------------------------------------------------------------------
     static std::uint64_t fingerprint_of(std::uint8_t b) { return b % 3 == 0 ? 0 : 1000 + b % 3; }
 
@@ -207,6 +237,11 @@ private:
         std::uint64_t outcome = 0, fence = 0;
         unsigned where = epoch_ & 1;
         auto c = cur().find(k);
+        const bool grants = (c != cur().end() && c->second.state == mst::released) ||
+                            (c != cur().end() && c->second.state == mst::processing && reclaim_ && expired(c->second));
+        if (grants) {
+            if (auto newest = superseded_by(k)) return {begin_status::superseded, *newest, 0, where};
+        }
         if (c != cur().end() && c->second.state == mst::released) {
             fence = c->second.fence + 1;
             claim(c->second, fence, fp);
@@ -234,6 +269,7 @@ private:
                 }
             }
             if (claimable) {
+                if (auto newest = superseded_by(k)) return {begin_status::superseded, *newest, 0, where};
                 mrec m;
                 claim(m, fence, fp);
                 cur()[k] = m;
@@ -260,7 +296,7 @@ private:
             tickets_.push_back(mticket{std::move(r.ticket), k, p.fence, p.where});
         } else {
             EXPECT(!r.ticket.valid(), "a ticket without a claim");
-            EXPECT(r.outcome == p.outcome, "replayed outcome");
+            EXPECT(r.outcome == p.outcome, "replayed outcome: guard " + std::to_string(r.outcome) + ", model " + std::to_string(p.outcome) + " (" + idem::to_string(p.want) + ") for key " + std::to_string(k));
         }
     }
 
@@ -409,6 +445,7 @@ private:
         for (auto& [k, m] : prev())
             if (m.state == mst::succeeded || m.state == mst::failed) ++c_.evicted;
         prev().clear();
+        versions_[(epoch_ + 1) & 1].clear();  // the recycled generation's versions leave with it
         fill_[(epoch_ + 1) & 1] = 0;
         ++epoch_;
         ++c_.rotations;
@@ -453,9 +490,11 @@ private:
         EXPECT(s.reclaimed == c_.reclaimed, "stats.reclaimed");
         EXPECT(s.evicted == c_.evicted, "stats.evicted");
         EXPECT(s.rotations == c_.rotations, "stats.rotations");
+        EXPECT(s.superseded == c_.superseded, "stats.superseded");
     }
 
-    bool terminal_, reclaim_;
+    bool terminal_, reclaim_, ordered_;
+    std::map<std::size_t, std::uint32_t> versions_[2];  ///< ordered versions: identity -> newest version, per generation
     idem::manual_clock clock_;
     std::optional<guard_t> g_;
     std::vector<idem::key> names_;
@@ -476,7 +515,7 @@ private:
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     reader r{data, size};
     const std::uint8_t flags = r.byte();
-    model_run run(flags & 1, flags & 2);
+    model_run run(flags & 1, flags & 2, flags & 4);
     for (int steps = 0; r.n > 0 && steps < 256; ++steps) run.step(r);
     return 0;
 }

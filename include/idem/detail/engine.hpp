@@ -12,6 +12,7 @@
 //   snapshot.hpp       the seqlock read of a slot (3)/(8)
 //   seqlock_order.hpp  the fences (8)/(9), and what stands for them under ThreadSanitizer
 //   window_filter.hpp  the cold window's filter of evicted keys
+//   version_map.hpp    ordered versions: the newest version claimed per (txid, operation)
 //   ../status.hpp      begin_status and record_view, the public answers
 //
 // Algorithm
@@ -112,6 +113,7 @@
 #include "idem/detail/slot.hpp"
 #include "idem/detail/snapshot.hpp"
 #include "idem/detail/stripes.hpp"
+#include "idem/detail/version_map.hpp"
 #include "idem/detail/window_filter.hpp"
 #include "idem/error.hpp"
 #include "idem/key.hpp"
@@ -204,6 +206,8 @@ public:
         for (auto& st : stripes_)
             for (auto& c : st.v) c.store(0, std::memory_order_relaxed);  // relaxed: before publication
         for (auto& b : fill_base_) b.store(0, std::memory_order_relaxed);  // relaxed: before publication
+        if (opts_.ordered_versions)  // one map per generation, sized like it (version_map.hpp)
+            for (auto& v : versions_) v = std::make_unique<version_map<Atomic>>(slots, opts_.prefault);
         if constexpr (std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>) {
             if (!opts_.prefault) {
                 // Generation 0 takes the first claims: its arenas' first pages now, and its index if
@@ -218,8 +222,10 @@ public:
         }
     }
 
-    [[nodiscard]] hash128 hash(const key& k) const noexcept {
-        const XXH128_hash_t h = XXH3_128bits_withSecret(k.view().data(), k.size(), secret_, sizeof secret_);
+    [[nodiscard]] hash128 hash(const key& k) const noexcept { return hash_text(k.view()); }
+    /// The keyed hash of any text (a key's; the (txid, operation) of ordered versions).
+    [[nodiscard]] hash128 hash_text(std::string_view text) const noexcept {
+        const XXH128_hash_t h = XXH3_128bits_withSecret(text.data(), text.size(), secret_, sizeof secret_);
         // 0 marks "no identity" in a slot, so remap it (costs 2^-64 of the hash space).
         return {h.low64 == 0 ? 1 : h.low64, h.high64 == 0 ? 1 : h.high64};
     }
@@ -301,16 +307,21 @@ public:
         if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
         admission room(sink_);
         bool checked = false;
+        ordered_key ordered;
         // Before any claim: the store must be able to hold the key, and the queue must have room for
-        // the claim's row. Refusals change nothing (no position, no slot, no sequence number).
-        auto refuse = [&]() noexcept -> std::optional<begin_answer> {
+        // the claim's row. Refusals change nothing (no position, no slot, no sequence number). With
+        // ordered versions, then the version step (version_map.hpp), whose refusal gives the room back.
+        auto refuse = [&](std::uint64_t epoch) noexcept -> std::optional<begin_answer> {
             if (!checked) {
                 if (sink_ != nullptr && !sink_->accepts(k)) return begin_answer{begin_status::invalid_key, {}, 0, 0};
                 checked = true;
             }
-            if (room.take()) return std::nullopt;
-            count(c_backpressure);
-            return begin_answer{begin_status::backpressure, {}, 0, 0};
+            if (!room.take()) {
+                count(c_backpressure);
+                return begin_answer{begin_status::backpressure, {}, 0, 0};
+            }
+            if (versions_[0] == nullptr) [[likely]] return std::nullopt;
+            return version_step_of(k, ordered, epoch);
         };
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
@@ -333,7 +344,7 @@ public:
                     case slot_state::recycling: continue;  // our epoch is stale
                     case slot_state::vacant: break;        // never claimed here: consult below
                     case slot_state::released:
-                        if (auto no = refuse()) return *no;
+                        if (auto no = refuse(epoch)) return *no;
                         if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
                                                record_state::released, k, fingerprint, epoch, transition_cause::claim,
                                                room))
@@ -341,7 +352,7 @@ public:
                         continue;
                     case slot_state::processing:
                         if (opts_.reclaim_expired && snap.lease_until <= clock_.now().count()) {
-                            if (auto no = refuse()) return *no;
+                            if (auto no = refuse(epoch)) return *no;
                             if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
                                                    record_state::processing, k, fingerprint, epoch,
                                                    transition_cause::reclaim, room))
@@ -371,7 +382,7 @@ public:
                     }
                 }
             }
-            if (auto no = refuse()) return *no;
+            if (auto no = refuse(epoch)) return *no;
             if (s == nullptr) {
                 const auto t = cur.take(h, opts_.max_probe);
                 note_probe(t.probes);
@@ -605,6 +616,7 @@ public:
         // epoch check, which fails for every thread that sees this generation as current until (7).
         prev.slots().reset();
         prev.keys().reset();
+        if (versions_[0] != nullptr) versions_[(epoch + 1) & 1]->reset();  // its versions leave with its records
         // The recycled generation's fill restarts from here. Its counters are not reset: only their
         // owners write them. Nobody counts a fill there now (a claimer counts while it holds a
         // claiming slot or a pending position, and every one of them blocked the scan above).
@@ -625,6 +637,13 @@ public:
             return begin_status::payload_mismatch;
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         generation<Atomic>& cur = *gens_[epoch & 1];
+        // The store knows the versions: each record's goes into the current map before the record
+        // (a record whose version finds no room is not restored: the caller says what happens).
+        if (versions_[0] != nullptr) {
+            if (const auto c = version_claim_of(k);
+                c && versions_[epoch & 1]->raise(*c, opts_.max_probe).what == version_map<Atomic>::raised::full)
+                return begin_status::capacity_exhausted;
+        }
         const hash128 h = hash(k);
         const auto t = cur.take(h, opts_.max_probe);
         note_probe(t.probes);
@@ -708,6 +727,7 @@ public:
         s.duplicates = sum(c_duplicates);
         s.in_progress_hits = sum(c_in_progress);
         s.payload_mismatches = sum(c_mismatch);
+        s.superseded = sum(c_superseded);
         s.succeeded = sum(c_succeeded);
         s.failed = sum(c_failed);
         s.released = sum(c_released);
@@ -889,6 +909,62 @@ private:
         return {begin_status::in_progress, {}, 0, fence};
     }
 
+    /// Ordered versions: what claim() learnt of its key's version, once (split and hash, only when a
+    /// claim would be granted and ordered versions are on).
+    struct ordered_key {
+        bool known = false;
+        std::optional<version_claim> claim;  ///< nullopt: the key is not composed (no ordering)
+    };
+
+    /// The key's (txid, operation) identity and version, or nullopt for a key key::compose could
+    /// not have made. The identity hashes "TXID_OPERATION", the key up to its last '_'.
+    [[nodiscard]] std::optional<version_claim> version_claim_of(const key& k) const noexcept {
+        const auto parts = k.split();
+        if (!parts) return std::nullopt;
+        const std::size_t prefix = static_cast<std::size_t>(parts->operation.data() - k.view().data()) +
+                                   parts->operation.size();
+        return version_claim::of(hash_text(k.view().substr(0, prefix)), parts->version);
+    }
+
+    /// The version step (version_map.hpp) of a claim that would be granted in epoch `epoch`:
+    /// nullopt to go on claiming, or superseded (a newer version was claimed), or capacity_exhausted
+    /// (the current map has no room for the identity; nothing changed).
+    std::optional<begin_answer> version_step_of(const key& k, ordered_key& o, std::uint64_t epoch) noexcept {
+        if (!o.known) {
+            o.claim = version_claim_of(k);
+            o.known = true;
+        }
+        if (!o.claim) return std::nullopt;
+        const version_map<Atomic>* previous = epoch != 0 ? versions_[(epoch + 1) & 1].get() : nullptr;
+        const auto r = version_step(*versions_[epoch & 1], previous, *o.claim, opts_.max_probe);
+        switch (r.what) {
+            case version_map<Atomic>::raised::granted: return std::nullopt;
+            case version_map<Atomic>::raised::superseded:
+                count(c_superseded);
+                return begin_answer{begin_status::superseded, {}, r.newest, 0};
+            case version_map<Atomic>::raised::full: break;
+        }
+        count(c_capacity);
+        return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
+    }
+
+    /// The recheck: the newest version of k's (txid, operation), if newer than k's own version.
+    /// `gen` is the generation of the claim, whose map was current at its step. While it is still
+    /// current (a claim it holds keeps it from being recycled, so the parity tells), a newer version
+    /// granted after our step took its own step there: a step in a later epoch follows the rotation
+    /// (7) that this load (6) would see, and a step in an earlier epoch fails its epoch check and is
+    /// taken again here. Otherwise the other map is read too.
+    [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept {
+        const auto c = version_claim_of(k);
+        if (!c) return std::nullopt;
+        const unsigned g = &gen == gens_[0].get() ? 0 : 1;
+        std::int64_t newest = versions_[g]->newest(*c, opts_.max_probe);
+        if ((epoch_.load(std::memory_order_seq_cst) & 1) != g)  // (6)
+            newest = std::max(newest, versions_[g ^ 1]->newest(*c, opts_.max_probe));
+        if (newest <= static_cast<std::int64_t>(c->version)) return std::nullopt;
+        return static_cast<std::uint32_t>(newest);
+    }
+
     /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
     std::optional<begin_answer> try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                           record_state from, const key& k, std::uint64_t fingerprint,
@@ -972,6 +1048,15 @@ private:
                                       transition_cause cause, std::chrono::nanoseconds now, admission& room) noexcept {
         const std::uint64_t inc = state_word::incarnation(seen);
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
+        // Ordered versions: the recheck (version_map.hpp, "Linearization"). The claim is visible
+        // now (racing callers see in_progress); a newer version whose step came meanwhile refuses it.
+        if (versions_[0] != nullptr) [[unlikely]] {
+            if (const auto newer = newer_version(k, gen)) {
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing changed
+                count(c_superseded);
+                return begin_answer{begin_status::superseded, {}, *newer, 0};
+            }
+        }
         // A key memory does not know may still be in the store's window: ask it before granting.
         // The slot holds claiming meanwhile, so racing callers are answered in_progress.
         if (from == record_state::absent && cause == transition_cause::claim && cold_ != nullptr &&
@@ -1142,6 +1227,7 @@ private:
     Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
     std::unique_ptr<window_filter> cold_;  ///< the cold window (durable guards with a window), else null
     std::unique_ptr<operation_leases> leases_;  ///< options.adaptive: per-operation latencies and leases, else null
+    std::unique_ptr<version_map<Atomic>> versions_[2];  ///< per generation, with ordered versions; else null
     std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
 };
 

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "idem/detail/slot.hpp"
 #include "idem/error.hpp"
@@ -48,7 +49,10 @@ inline constexpr std::size_t huge_index_limit = std::size_t{32} << 20;
 template <class T>
 T* map_words(std::size_t count, bool prefault, backing how = backing::huge) {
     if constexpr (zero_pages_ok_v<T>) {
-        const std::size_t bytes = count * sizeof(T);
+        // Whole pages: the tail trimmed below must start on a page boundary, or its munmap fails
+        // and leaves up to 2 MiB mapped per small table (unmap_words' length rounds up the same way).
+        const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+        const std::size_t bytes = (count * sizeof(T) + page - 1) / page * page;
         // Over-map by a huge page and trim both ends, so the mapping starts on a 2 MiB boundary and
         // every 2 MiB of it can be one huge page (an unaligned start splits the first and last).
         const std::size_t span = how == backing::huge ? bytes + huge_page : bytes;

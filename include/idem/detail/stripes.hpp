@@ -26,7 +26,9 @@ namespace idem::detail {
 enum counter : unsigned {
     c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
     c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
-    c_rotation_blocked, c_restored_processing, c_recalls, c_recalled, c_recall_failed, c_count
+    c_rotation_blocked, c_restored_processing, c_recalls, c_recalled, c_recall_failed,
+    c_superseded,  // ordered versions: claims refused for a newer version
+    c_count
 };
 
 template <template <class> class Atomic>
