@@ -1,7 +1,10 @@
 // idem/payload.hpp: what run() can store of a function's result, and how.
 //
-//   struct receipt { std::uint32_t status; char id[12]; };         // trivially copyable: stored as bytes
-//   struct money { long long cents; std::string currency; };       // not: give it a codec
+//   #include <idem/idem.hpp>
+//   #include <string>
+//   #include <string_view>
+//   struct receipt { std::uint32_t status; char id[12]; };          // trivially copyable: stored as bytes
+//   struct money { long long cents; std::string currency; };        // not: it gets a codec
 //   template <> struct idem::codec<money> {
 //       static std::string encode(const money& m) { return std::to_string(m.cents) + ' ' + m.currency; }
 //       static money decode(std::string_view b) {
@@ -10,6 +13,13 @@
 //       }
 //   };
 //   static_assert(idem::storable<receipt> && idem::storable<money> && !idem::storable<double>);
+//   int main() {
+//       idem::guard g;
+//       const money m = g.run(idem::key("CHARGE_1"), [] { return money{1250, "EUR"}; });
+//       const money again = g.run(idem::key("CHARGE_1"), [] { return money{}; });  // not run: 1250 EUR
+//       const std::string body = g.run(idem::key("HTTP_1"), [] { return std::string("{\"id\":1}"); });
+//       return m.cents == again.cents && body.size() == 8 ? 0 : 1;
+//   }
 //
 // run(k, fn) stores fn's result R so that a duplicate gets it back (guard_contract.hpp):
 //
