@@ -248,9 +248,17 @@ public:
     static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
     static constexpr std::uint64_t min_chunk_bytes = zero_pages_ok ? std::uint64_t{64} << 10 : 64;
 
-    payload_arena(std::size_t budget, std::size_t max_payload)
-        : chunk_words_((std::max<std::uint64_t>(min_chunk_bytes, max_payload) + 7) / 8),
-          chunks_(budget == 0 ? 0 : (budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8)),
+    /// With other atomic types (test hooks, model checkers), whose words are constructed one by
+    /// one instead of mapped, the arena is one chunk of at most 64 bytes per index position (and
+    /// at most max_payload): enough for their tests, and a guard of a model checker does not
+    /// construct millions of its atomics.
+    payload_arena(std::size_t positions, std::size_t budget, std::size_t max_payload)
+        : chunk_words_(zero_pages_ok ? (std::max<std::uint64_t>(min_chunk_bytes, max_payload) + 7) / 8
+                                     : std::min<std::uint64_t>((std::max<std::uint64_t>(8, max_payload) + 7) / 8,
+                                                               8 * std::max<std::size_t>(positions, 1))),
+          chunks_(budget == 0      ? 0
+                  : zero_pages_ok ? (budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8)
+                                  : 1),
           alloc_(chunk_words_, chunks_) {
         if (chunks_ != 0) words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words_, /*prefault=*/false);
     }

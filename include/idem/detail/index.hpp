@@ -72,7 +72,7 @@ class generation {
 public:
     generation(std::size_t positions, bool prefault, std::size_t payload_budget = 0, std::size_t max_payload = 0)
         : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault),
-          payloads_(payload_budget, max_payload) {
+          payloads_(positions, payload_budget, max_payload) {
         index_ = map_words<index_entry<Atomic>>(
             positions, prefault,
             positions * sizeof(index_entry<Atomic>) <= huge_index_limit ? backing::huge : backing::small);
