@@ -72,7 +72,10 @@ public:
 
     /// Claims `k`, or says what its record is. One call, one answer. Progress: lock-free.
     result_type begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        return answer(engine_.begin(k, fingerprint), k);
+        // The engine copies a duplicate's payload straight into the result (no string is moved).
+        result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
+        fill(r, engine_.begin(k, fingerprint, &r.payload), k);
+        return r;
     }
 
     /// Claims a batch: out[i] = begin(keys[i], fingerprints[i]) for every i, in order, with the
@@ -95,7 +98,9 @@ public:
             for (std::size_t j = 0; j < m; ++j) {
                 const std::size_t i = base + j;
                 const std::uint64_t fp = i < fingerprints.size() ? fingerprints[i] : 0;
-                out[i] = answer(engine_.claim(keys[i], h[j], fp), keys[i]);
+                result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
+                fill(r, engine_.claim(keys[i], h[j], fp, &r.payload), keys[i]);
+                out[i] = std::move(r);
             }
         }
         return n;
@@ -145,9 +150,16 @@ private:
     friend struct detail::guard_access;
 
     /// The engine's answer as the public result: a ticket for an acquired claim.
-    result_type answer(typename detail::engine<Atomic, Clock>::begin_answer a, const key& k) noexcept {
-        if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
-        return {a.status, ticket_type(), a.outcome, a.fence, std::move(a.payload)};
+    /// The engine's answer into the public result r (built empty; its payload already filled by
+    /// the engine): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
+    /// moved (a move copies the small buffer with a memcpy call, which no answer should pay).
+    void fill(result_type& r, const typename detail::engine<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
+        r.status = a.status;
+        r.fence = a.fence;
+        if (a.status == begin_status::acquired)
+            r.ticket.adopt(&engine_, a.claim, k);
+        else
+            r.outcome = a.outcome;
     }
 
     /// run()'s words for the answers only this scope gives its reasons for.

@@ -93,6 +93,12 @@ private:
     friend class detail::ticket_contract<basic_ticket>;
     basic_ticket(engine_type* e, detail::claim_ref<Atomic> ref, const key& k) noexcept
         : engine_(e), ref_(ref), key_(k) {}
+    /// Takes a claim into an empty ticket in place (the guard fills its result without a move).
+    void adopt(engine_type* e, detail::claim_ref<Atomic> ref, const key& k) noexcept {
+        engine_ = e;
+        ref_ = ref;
+        key_ = k;
+    }
 
     [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
     void forget() noexcept { engine_ = nullptr; }

@@ -55,7 +55,9 @@ public:
     }
 
     /// n consecutive units (n <= chunk_units), or npos when the arena is full. Progress: lock-free.
-    std::uint64_t alloc(std::uint64_t n, stripe_ref stripe) noexcept {
+    /// Always inlined: it is on every fresh claim's path, and with a third caller (the payload
+    /// arena) the compiler stopped inlining it there (about 40 instructions more per claim).
+    [[gnu::always_inline]] inline std::uint64_t alloc(std::uint64_t n, stripe_ref stripe) noexcept {
         auto& cursor = cursors_[stripe.index % Cursors].v;
         // An owned stripe's cursor has one writer (reset happens only while nobody allocates), so
         // it is advanced by a plain store; a shared one by CAS.
@@ -270,7 +272,7 @@ public:
 
     /// Copies `bytes` (1 to max_payload of them) in; returns their reference, or 0 when the budget
     /// is spent. Progress: lock-free.
-    [[nodiscard]] std::uint64_t append(std::string_view bytes, stripe_ref stripe) noexcept {
+    [[gnu::noinline, gnu::cold]] [[nodiscard]] std::uint64_t append(std::string_view bytes, stripe_ref stripe) noexcept {
         const std::uint64_t n = (bytes.size() + 7) / 8;
         if (n == 0 || n > chunk_words_) return 0;
         const std::uint64_t at = alloc_.alloc(n, stripe);

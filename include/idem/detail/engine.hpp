@@ -285,15 +285,16 @@ public:
         claim_ref<Atomic> claim;
         std::uint64_t outcome = 0;
         std::uint64_t fence = 0;
-        std::string payload{};  ///< a duplicate's replayed response bytes (empty: none; no allocation)
     };
 
     /// Progress: lock-free (a retry happens only when another thread's CAS or a rotation succeeded).
     /// begin() is claim() of the key's hash: claim() prefetches the index line itself, so a single
     /// key needs no prepare() (the batch's first step).
-    begin_answer begin(const key& k, std::uint64_t fingerprint) noexcept {
+    /// A duplicate's response payload is copied into *payload (when given; left empty otherwise):
+    /// the answer itself carries no string, so an answer without one moves nothing more than before.
+    begin_answer begin(const key& k, std::uint64_t fingerprint, std::string* payload = nullptr) noexcept {
         if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
-        return claim(k, hash(k), fingerprint);
+        return claim(k, hash(k), fingerprint, payload);
     }
 
     /// The first step of a batched claim (guard::begin_many): hashes k and asks for its index line
@@ -311,7 +312,7 @@ public:
     }
 
     /// The second step: begin() for a key hashed by prepare() (h == hash(k)). Progress: lock-free.
-    begin_answer claim(const key& k, hash128 h, std::uint64_t fingerprint) noexcept {
+    begin_answer claim(const key& k, hash128 h, std::uint64_t fingerprint, std::string* payload = nullptr) noexcept {
         if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
         admission room(sink_);
         bool checked = false;
@@ -350,7 +351,7 @@ public:
                         if (auto no = refuse()) return *no;
                         if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
                                                record_state::released, k, fingerprint, epoch, transition_cause::claim,
-                                               room))
+                                               room, payload))
                             return *a;
                         continue;
                     case slot_state::processing:
@@ -358,14 +359,17 @@ public:
                             if (auto no = refuse()) return *no;
                             if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
                                                    record_state::processing, k, fingerprint, epoch,
-                                                   transition_cause::reclaim, room))
+                                                   transition_cause::reclaim, room, payload))
                                 return *a;
                             continue;
                         }
-                        return *existing(snap, fingerprint);  // processing: no payload to copy
+                        return existing(snap, fingerprint);  // processing: no payload to copy
                     default:
-                        if (auto a = existing(snap, fingerprint, s, &cur)) return std::move(*a);
-                        continue;  // the record changed while its payload was copied
+                        if (payload != nullptr && (snap.key_ref & key_arena<Atomic>::has_payload) != 0) [[unlikely]] {
+                            if (auto a = replay(snap, fingerprint, *s, cur, *payload)) return *a;
+                            continue;  // the record changed while its payload was copied
+                        }
+                        return existing(snap, fingerprint);
                 }
             }
             // Not claimed in the current generation: the previous generation may know the key
@@ -383,8 +387,11 @@ public:
                         next_fence = state_word::fence(ps.word) + 1;
                         from = record_state::released;
                     } else if (pst != slot_state::vacant && pst != slot_state::recycling) {
-                        if (auto a = existing(ps, fingerprint, p, gens_[(epoch + 1) & 1].get())) return std::move(*a);
-                        continue;  // the record changed while its payload was copied
+                        if (payload != nullptr && (ps.key_ref & key_arena<Atomic>::has_payload) != 0) [[unlikely]] {
+                            if (auto a = replay(ps, fingerprint, *p, *gens_[(epoch + 1) & 1], *payload)) return *a;
+                            continue;  // the record changed while its payload was copied
+                        }
+                        return existing(ps, fingerprint);
                     }
                 }
             }
@@ -398,18 +405,19 @@ public:
                     // No room in memory: a key of the cold window is still answered from the store,
                     // without a slot (a retry storm of old keys must not look like a full table).
                     if (from == record_state::absent && cold_ != nullptr && cold_->may_contain(h.lo, h.hi))
-                        if (auto a = recall_without_slot(k, fingerprint)) return *a;
+                        if (auto a = recall_without_slot(k, fingerprint, payload)) return *a;
                     count(c_capacity);
                     return {begin_status::capacity_exhausted, {}, 0, 0};
                 }
                 // The fill counts positions, not grants: this one is used from now on in this
                 // generation (published, or withdrawn below), and rotation is due at half fill.
                 count(c_fill0 + static_cast<unsigned>(epoch & 1));
-                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch, now, room)) return *a;
+                if (auto a = claim_fresh(*t.e, cur, h, next_fence, from, k, fingerprint, epoch, now, room, payload))
+                    return *a;
                 continue;
             }
             if (auto a = try_claim(*s, cur, snap.word, next_fence, from, k, fingerprint, epoch, transition_cause::claim,
-                                   room))
+                                   room, payload))
                 return *a;
         }
     }
@@ -896,33 +904,48 @@ private:
         }
     }
 
-    /// The answer for a record found published: a duplicate, in progress, a mismatch. A terminal
-    /// record's payload is copied from slot s of generation g (none without them); nullopt when the
-    /// word changed while it was copied (the caller looks again).
-    std::optional<begin_answer> existing(const snapshot& snap, std::uint64_t fingerprint, const slot_type* s = nullptr,
-                                         const generation<Atomic>* g = nullptr) noexcept {
+    /// existing() for a record whose snapshot says it has a payload: copies it into `payload`
+    /// first (so a record that changed meanwhile is looked at again before anything is counted),
+    /// and keeps it only for the answers that replay it (succeeded, failed). nullopt: the word
+    /// changed while it was copied. Out of line: the answers without a payload do not carry it.
+    [[gnu::noinline]] std::optional<begin_answer> replay(const snapshot& snap, std::uint64_t fingerprint,
+                                                         const slot_type& s, const generation<Atomic>& g,
+                                                         std::string& payload) noexcept {
+        if (!copy_payload(s, g, snap, payload)) {
+            payload.clear();
+            return std::nullopt;
+        }
+        begin_answer a = existing(snap, fingerprint);
+        if (a.status != begin_status::succeeded && a.status != begin_status::failed) payload.clear();
+        return a;
+    }
+
+    /// The answer for a record found published: a duplicate, in progress, a mismatch (its payload,
+    /// if any, is replay()'s).
+    begin_answer existing(const snapshot& snap, std::uint64_t fingerprint) noexcept {
         const slot_state st = state_word::state(snap.word);
         const std::uint64_t fence = state_word::fence(snap.word);
         const bool published = st == slot_state::processing || is_terminal(st);
         if (published && fingerprint != 0 && snap.fingerprint != 0 && fingerprint != snap.fingerprint) {
             count(c_mismatch);
-            return begin_answer{begin_status::payload_mismatch, {}, 0, fence};
+            return {begin_status::payload_mismatch, {}, 0, fence};
         }
         if (const auto hidden = unconfirmed(snap)) {  // sync mode: not durable yet, so not visible
             count(c_in_progress);
-            return begin_answer{*hidden, {}, 0, fence};
+            return {*hidden, {}, 0, fence};
         }
-        if (is_terminal(st)) {
-            begin_answer a{st == slot_state::succeeded ? begin_status::succeeded : begin_status::failed, {}, snap.outcome,
-                           fence};
-            if (s != nullptr && !copy_payload(*s, *g, snap, a.payload)) return std::nullopt;
+        if (st == slot_state::succeeded) {
             count(c_duplicates);
-            return a;
+            return {begin_status::succeeded, {}, snap.outcome, fence};
+        }
+        if (st == slot_state::failed) {
+            count(c_duplicates);
+            return {begin_status::failed, {}, snap.outcome, fence};
         }
         count(c_in_progress);
         if (st == slot_state::processing && state_word::in_doubt(snap.word))
-            return begin_answer{begin_status::in_doubt, {}, 0, fence};
-        return begin_answer{begin_status::in_progress, {}, 0, fence};
+            return {begin_status::in_doubt, {}, 0, fence};
+        return {begin_status::in_progress, {}, 0, fence};
     }
 
     /// Copies the payload of the record seen as `snap` (a valid snapshot of slot s, in generation
@@ -933,11 +956,13 @@ private:
     /// by the completer holding completing, before the release store (5) of the terminal word that
     /// snap saw, into arena units handed to nobody else; they do not change until the generation is
     /// recycled. The recycle moves every slot of the generation to recycling (incarnation + 1)
-    /// before it resets the arenas, and only a claimer that learns of the recycle through the
-    /// epoch (7)/(6) can be handed those units again and write over them, after a CAS into a
-    /// transient state and (9). So a field load here that reads such a newer store synchronizes
-    /// (9) with (8) below (under TSan: release field store, acquire field load), the slot's
-    /// recycling store happens-before the validation load, and the validation fails: the word
+    /// before it resets the arenas, and the units are handed out again only to a completion (or a
+    /// recall) of a claim made in that generation after the epoch increment (7) that followed the
+    /// reset: the claim's (6) read it, so the recycle happens-before the claim, which happens-before
+    /// its completion's CAS into completing, (9), and the new bytes' stores. So a field load here
+    /// that reads such a newer store synchronizes (9) with (8) below (under TSan: release field
+    /// store, acquire field load), the slot's recycling store happens-before the validation load,
+    /// and the validation fails: the word
     /// cannot come back to snap.word (the incarnation only grows, 8 bits: 256 recycles of this
     /// slot during one read, as for every seqlock read here). A torn payload reference is
     /// bounds-checked by the arena before it is followed.
@@ -951,7 +976,7 @@ private:
     /// Copies `payload` into the payload arena of s's generation and records its reference in s
     /// (the caller holds completing; published by its (5)); the transition `t` gets a view of the
     /// bytes there. False when the budget is spent (nothing written in s).
-    bool attach_payload(slot_type& s, std::string_view payload, transition& t) noexcept {
+    [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload, transition& t) noexcept {
         generation<Atomic>& g = gens_[0]->holds(&s) ? *gens_[0] : *gens_[1];
         const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold completing
         if ((key_ref & key_arena<Atomic>::at_mask) < 2) return false;  // no key entry: never expected
@@ -966,7 +991,8 @@ private:
     /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
     std::optional<begin_answer> try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                           record_state from, const key& k, std::uint64_t fingerprint,
-                                          std::uint64_t epoch, transition_cause cause, admission& room) noexcept {
+                                          std::uint64_t epoch, transition_cause cause, admission& room,
+                                          std::string* payload) noexcept {
         if (fence > state_word::max_fence) {
             count(c_capacity);
             return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
@@ -984,7 +1010,7 @@ private:
             s.word.store(seen, std::memory_order_release);                    // (5)
             return std::nullopt;
         }
-        return grant(s, gen, seen, fence, from, k, fingerprint, cause, now, room);
+        return grant(s, gen, seen, fence, from, k, fingerprint, cause, now, room, payload);
     }
 
     /// A first claim of the key in this generation: the position `e` of its probe sequence is ours
@@ -994,7 +1020,8 @@ private:
     std::optional<begin_answer> claim_fresh(index_entry<Atomic>& e, generation<Atomic>& gen, hash128 h,
                                             std::uint64_t fence, record_state from, const key& k,
                                             std::uint64_t fingerprint, std::uint64_t epoch,
-                                            std::chrono::nanoseconds now, admission& room) noexcept {
+                                            std::chrono::nanoseconds now, admission& room,
+                                            std::string* payload) noexcept {
         if (epoch_.load(std::memory_order_seq_cst) != epoch) {  // (6) a rotation overtook us: withdraw
             position::withdraw(e, h);
             return std::nullopt;
@@ -1029,7 +1056,7 @@ private:
         s.hi.store(h.hi, seqlock::field_store);
         s.key_ref.store(0, seqlock::field_store);
         position::publish(e, h, n);  // (2') the slot, claiming, with its identity
-        return grant(s, gen, seen, fence, from, k, fingerprint, transition_cause::claim, now, room);
+        return grant(s, gen, seen, fence, from, k, fingerprint, transition_cause::claim, now, room, payload);
     }
 
     /// Another caller is placing the key's first slot in this generation right now.
@@ -1043,14 +1070,15 @@ private:
     /// cannot be refused) and publishes it as processing, or undoes it (full key arena).
     std::optional<begin_answer> grant(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, std::uint64_t fence,
                                       record_state from, const key& k, std::uint64_t fingerprint,
-                                      transition_cause cause, std::chrono::nanoseconds now, admission& room) noexcept {
+                                      transition_cause cause, std::chrono::nanoseconds now, admission& room,
+                                      std::string* payload) noexcept {
         const std::uint64_t inc = state_word::incarnation(seen);
         const unsigned granted = cause == transition_cause::reclaim ? c_reclaimed : c_acquired;
         // A key memory does not know may still be in the store's window: ask it before granting.
         // The slot holds claiming meanwhile, so racing callers are answered in_progress.
         if (from == record_state::absent && cause == transition_cause::claim && cold_ != nullptr &&
             cold_->may_contain(s.lo.load(std::memory_order_relaxed), s.hi.load(std::memory_order_relaxed))) {  // relaxed: we hold claiming
-            if (auto answered = recall(s, gen, seen, k, fingerprint, from)) return answered;
+            if (auto answered = recall(s, gen, seen, k, fingerprint, from, payload)) return answered;
         }
         if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
             // First claim of the key in this generation: its text goes to the arena (a released or
@@ -1101,7 +1129,7 @@ private:
     /// RELEASED when the store says so. A store that cannot be read: the slot goes back to `seen`
     /// and the caller is told store_unavailable, nothing decided.
     std::optional<begin_answer> recall(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, const key& k,
-                                       std::uint64_t fingerprint, record_state& from) noexcept {
+                                       std::uint64_t fingerprint, record_state& from, std::string* payload) noexcept {
         count(c_recalls);
         const recalled r = sink_->recall(k);
         const bool installable = r.found == recalled::kind::record &&
@@ -1134,7 +1162,7 @@ private:
                 r.payload.size() <= opts_.max_payload ? gen.payloads().append(r.payload, my_stripe()) : 0;
             if (pref == 0) {
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing installed
-                return answer_recalled(r, fingerprint);
+                return answer_recalled(r, fingerprint, payload);
             }
             gen.keys().set_payload(key_ref, pref);
             s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
@@ -1158,15 +1186,17 @@ private:
         if (st == slot_state::processing) count(c_restored_processing);  // compensation looks at it
         s.word.store(snap.word, std::memory_order_release);  // (5)
         count(c_recalled);
-        begin_answer a = *existing(snap, fingerprint);  // no slot given: the payload is r's
-        if (a.status == begin_status::succeeded || a.status == begin_status::failed) a.payload = r.payload;
+        const begin_answer a = existing(snap, fingerprint);  // no slot given: the payload is r's
+        if (payload != nullptr && (a.status == begin_status::succeeded || a.status == begin_status::failed))
+            *payload = r.payload;
         return a;
     }
 
     /// The table is full and key k may be in the cold window: the store's record, if it is in the
     /// window, is the answer (nothing is installed or granted); otherwise nullopt (the caller says
     /// capacity_exhausted: a new key needs a slot).
-    std::optional<begin_answer> recall_without_slot(const key& k, std::uint64_t fingerprint) noexcept {
+    std::optional<begin_answer> recall_without_slot(const key& k, std::uint64_t fingerprint,
+                                                    std::string* payload) noexcept {
         count(c_recalls);
         const recalled r = sink_->recall(k);
         if (r.found == recalled::kind::unavailable) {
@@ -1174,11 +1204,11 @@ private:
             return begin_answer{begin_status::store_unavailable, {}, 0, 0};
         }
         if (r.found != recalled::kind::record || r.state == record_state::released) return std::nullopt;
-        return answer_recalled(r, fingerprint);
+        return answer_recalled(r, fingerprint, payload);
     }
 
     /// The answer a store's record (processing, succeeded or failed) gives, without installing it.
-    begin_answer answer_recalled(const recalled& r, std::uint64_t fingerprint) {
+    begin_answer answer_recalled(const recalled& r, std::uint64_t fingerprint, std::string* payload) {
         count(c_recalled);
         if (r.state != record_state::processing && fingerprint != 0 && r.fingerprint != 0 &&
             fingerprint != r.fingerprint) {
@@ -1190,8 +1220,9 @@ private:
             return begin_answer{begin_status::in_progress, {}, 0, r.fence};
         }
         count(c_duplicates);
+        if (payload != nullptr) *payload = r.payload;
         return begin_answer{r.state == record_state::succeeded ? begin_status::succeeded : begin_status::failed, {},
-                            r.outcome, r.fence, r.payload};
+                            r.outcome, r.fence};
     }
 
     /// Applies the resolver's answer to the claim seen as `seen` (processing, expired).
