@@ -52,9 +52,10 @@ struct [[nodiscard]] begin_result_of {
     std::uint64_t fence = 0;     ///< the record's fence; 0 when the scope answered without knowing it
     /// The response payload recorded with the outcome (ticket.succeed(outcome, payload)), replayed
     /// byte for byte when status is succeeded (or failed, if one was recorded); empty otherwise,
-    /// and empty for a record completed without one. An empty std::string does not allocate, so an
-    /// answer without a payload costs what it did; a replayed payload longer than the string's
-    /// small buffer (15 bytes with libstdc++) is one allocation.
+    /// and empty for a record completed without one. An empty std::string does not allocate, and
+    /// process scope fills it in place (no string is moved), so an answer without a payload pays
+    /// only its construction; a replayed payload longer than the string's small buffer (15 bytes
+    /// with libstdc++) is one allocation.
     std::string payload{};
     explicit operator bool() const noexcept { return status == begin_status::acquired; }
 };
