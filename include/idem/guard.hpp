@@ -72,7 +72,10 @@ public:
 
     /// Claims `k`, or says what its record is. One call, one answer. Progress: lock-free.
     result_type begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        return answer(engine_.begin(k, fingerprint), k);
+        // The engine copies a duplicate's payload straight into the result (no string is moved).
+        result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
+        fill(r, engine_.begin(k, fingerprint, &r.payload), k);
+        return r;
     }
 
     /// Claims a batch: out[i] = begin(keys[i], fingerprints[i]) for every i, in order, with the
@@ -95,7 +98,9 @@ public:
             for (std::size_t j = 0; j < m; ++j) {
                 const std::size_t i = base + j;
                 const std::uint64_t fp = i < fingerprints.size() ? fingerprints[i] : 0;
-                out[i] = answer(engine_.claim(keys[i], h[j], fp), keys[i]);
+                result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
+                fill(r, engine_.claim(keys[i], h[j], fp, &r.payload), keys[i]);
+                out[i] = std::move(r);
             }
         }
         return n;
@@ -109,7 +114,8 @@ public:
     // detail::guard_contract (guard_contract.hpp): the same in every scope. begin_wait stops at
     // the guard clock's deadline too (a manual clock in tests).
 
-    /// The key's record as this process knows it (absent when unknown). Progress: lock-free.
+    /// The key's record as this process knows it (absent when unknown), with its response payload
+    /// (record_view::payload) when it is terminal and has one. Progress: lock-free.
     [[nodiscard]] record_view query(const key& k) const noexcept { return engine_.query(k); }
 
     /// Sends expired claims to the resolver. Returns how many were resolved.
@@ -151,9 +157,16 @@ private:
     friend struct detail::guard_access;
 
     /// The engine's answer as the public result: a ticket for an acquired claim.
-    result_type answer(typename detail::engine<Atomic, Clock>::begin_answer a, const key& k) noexcept {
-        if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
-        return {a.status, ticket_type(), a.outcome, a.fence};
+    /// The engine's answer into the public result r (built empty; its payload already filled by
+    /// the engine): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
+    /// moved (a move copies the small buffer with a memcpy call, which no answer should pay).
+    void fill(result_type& r, const typename detail::engine<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
+        r.status = a.status;
+        r.fence = a.fence;
+        if (a.status == begin_status::acquired)
+            r.ticket.adopt(&engine_, a.claim, k);
+        else
+            r.outcome = a.outcome;
     }
 
     /// run()'s words for the answers only this scope gives its reasons for.
@@ -171,8 +184,8 @@ private:
 
     begin_status restore_record(const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
 
     /// Starts the maintenance thread if options.maintenance_interval > 0 and it is not running.
@@ -219,12 +232,14 @@ namespace detail {
 /// says when records are durably flushed, and starts or stops the maintenance thread around its
 /// own start and shutdown. All of it happens before the guard is shared, or from its owner.
 struct guard_access {
-    /// Restores one record during recovery, before the guard is shared.
+    /// Restores one record during recovery, before the guard is shared. `payload` (a succeeded or
+    /// failed record's response bytes; ignored for other states) is copied into the guard's
+    /// payload arena: capacity_exhausted when it is over options.max_payload or the budget is spent.
     template <class G>
     static begin_status restore(G& g, const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>

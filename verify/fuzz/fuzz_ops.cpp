@@ -7,7 +7,10 @@
 // (fences are exact: (epoch << 32) | 1 for a key's first claim in a generation, +1 after a release
 // or a reclaim), every ticket result, compensation's count and the resolver's arguments, whether
 // collect() rotates, query() of every key after every step, and the counters of snapshot(). A
-// begin_many batch is predicted as the same begin() calls in order.
+// begin_many batch is predicted as the same begin() calls in order. A success carries a response
+// payload of 0 to 47 bytes (NUL and non-UTF-8 bytes among them; options.max_payload is 40): the
+// model predicts the bytes every duplicate and query() replays, and that a payload over the
+// maximum is refused with invalid_argument, changing nothing (the ticket stays valid).
 //
 // The first byte picks the failure policy, whether reclaim_expired is on, and whether versions are
 // ordered (options.ordered_versions): then the eight keys are versions 0 to 3 of two (txid,
@@ -43,6 +46,14 @@ constexpr std::size_t keys = 8;
 constexpr std::size_t capacity = 4;
 constexpr auto lease = 1000ms;
 constexpr auto retention = 2000ms;
+constexpr std::size_t max_payload = 40;
+
+/// The payload a success step records: its length and bytes come from one fuzzed byte and the step.
+std::string payload_of(std::uint8_t b, std::size_t step) {
+    std::string p(b % 48, '\0');
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<char>((b * 31 + step * 131 + i * 7) & 0xff);
+    return p;
+}
 
 enum class mst { processing, succeeded, failed, released };
 
@@ -51,6 +62,7 @@ struct mrec {
     std::uint64_t fence = 0, outcome = 0, fingerprint = 0;
     bool doubt = false;
     std::int64_t lease_until = 0, updated = 0;
+    std::string payload;  // the response bytes of the last completion (a success's; else none)
 };
 
 struct counters {
@@ -93,6 +105,7 @@ public:
         o.on_failure = terminal ? idem::failure_policy::terminal : idem::failure_policy::retryable;
         o.reclaim_expired = reclaim;
         o.ordered_versions = ordered;
+        o.max_payload = max_payload;
         o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
         g_.emplace(std::move(o), clock_);
         for (std::size_t i = 0; i < keys; ++i)
@@ -120,7 +133,11 @@ public:
         const std::uint8_t op = r.byte() % 10;
         switch (op) {
             case 0: begin(r.byte() % keys, r.byte()); break;
-            case 1: with_ticket(r, [&](std::size_t i) { complete(i, mst::succeeded, r.byte(), false); }); break;
+            case 1: with_ticket(r, [&](std::size_t i) {
+                    const std::uint8_t outcome = r.byte();
+                    complete(i, mst::succeeded, outcome, false, payload_of(r.byte(), steps_));
+                });
+                break;
             case 2: with_ticket(r, [&](std::size_t i) {
                     const std::uint8_t b = r.byte();
                     complete(i, b & 1 ? mst::failed : mst::released, b >> 1, !(b & 2));
@@ -150,8 +167,9 @@ private:
     bool expired(const mrec& m) const { return m.lease_until <= now(); }
 
     /// What begin() answers for an existing record (engine::existing).
-    begin_status existing(const mrec& m, std::uint64_t fp, std::uint64_t& outcome) {
+    begin_status existing(const mrec& m, std::uint64_t fp, std::uint64_t& outcome, std::string& payload) {
         outcome = 0;
+        payload.clear();
         if (fp != 0 && m.fingerprint != 0 && fp != m.fingerprint) {
             ++c_.mismatch;
             return begin_status::payload_mismatch;
@@ -159,6 +177,7 @@ private:
         if (m.state == mst::succeeded || m.state == mst::failed) {
             ++c_.duplicates;
             outcome = m.outcome;
+            payload = m.payload;
             return m.state == mst::succeeded ? begin_status::succeeded : begin_status::failed;
         }
         ++c_.in_progress;
@@ -229,12 +248,14 @@ private:
         begin_status want;
         std::uint64_t outcome, fence;
         unsigned where;  // the generation whose slot holds the claim
+        std::string payload;
     };
 
     /// What the model says begin(k, fp) answers now, and its effect on the model.
     predicted predict(std::size_t k, std::uint64_t fp) {
         begin_status want;
         std::uint64_t outcome = 0, fence = 0;
+        std::string payload;
         unsigned where = epoch_ & 1;
         auto c = cur().find(k);
         const bool grants = (c != cur().end() && c->second.state == mst::released) ||
@@ -254,7 +275,7 @@ private:
             ++c_.reclaimed;
         } else if (c != cur().end()) {
             fence = c->second.fence;
-            want = existing(c->second, fp, outcome);
+            want = existing(c->second, fp, outcome, payload);
         } else {
             fence = (epoch_ << 32) | 1;
             auto p = prev().find(k);
@@ -265,7 +286,7 @@ private:
                 } else {
                     claimable = false;
                     fence = p->second.fence;
-                    want = existing(p->second, fp, outcome);
+                    want = existing(p->second, fp, outcome, payload);
                 }
             }
             if (claimable) {
@@ -280,7 +301,7 @@ private:
                 where = (epoch_ + 1) & 1;
             }
         }
-        return {want, outcome, fence, where};
+        return {want, outcome, fence, where, payload};
     }
 
     /// Compares the guard's answer r for key k with the model's; keeps an acquired claim's ticket.
@@ -297,6 +318,7 @@ private:
         } else {
             EXPECT(!r.ticket.valid(), "a ticket without a claim");
             EXPECT(r.outcome == p.outcome, "replayed outcome: guard " + std::to_string(r.outcome) + ", model " + std::to_string(p.outcome) + " (" + idem::to_string(p.want) + ") for key " + std::to_string(k));
+            EXPECT(r.payload == p.payload, "replayed payload of key " + std::to_string(k));
         }
     }
 
@@ -315,32 +337,40 @@ private:
         return &it->second;
     }
 
-    void finish_model(mrec& m, mst to, std::uint64_t outcome) {
+    void finish_model(mrec& m, mst to, std::uint64_t outcome, std::string payload = {}) {
         m.state = to;
         m.outcome = outcome;
+        m.payload = std::move(payload);
         m.updated = now();
         m.doubt = false;
         (to == mst::succeeded ? c_.succeeded : to == mst::failed ? c_.failed : c_.released)++;
     }
 
-    void complete(std::size_t i, mst to, std::uint64_t outcome, bool default_policy) {
+    void complete(std::size_t i, mst to, std::uint64_t outcome, bool default_policy, const std::string& payload = {}) {
         mticket& t = tickets_[i];
         if (!t.t.valid()) {
             EXPECT(t.t.succeed(1) == errc::empty_ticket, "an empty ticket says so");
+            EXPECT(t.t.succeed(1, payload) == errc::empty_ticket, "an empty ticket says so, with a payload");
+            return;
+        }
+        if (payload.size() > max_payload) {
+            // Refused before anything is looked at: nothing changes, stale or not.
+            EXPECT(t.t.succeed(outcome, payload) == errc::invalid_argument, "a payload over max_payload is refused");
+            EXPECT(t.t.valid(), "a refused payload leaves the ticket valid");
             return;
         }
         if (default_policy && to != mst::succeeded) to = terminal_ ? mst::failed : mst::released;
         mrec* m = owned(t);
         std::error_code ec;
         if (to == mst::succeeded)
-            ec = t.t.succeed(outcome);
+            ec = payload.empty() && (outcome & 1) ? t.t.succeed(outcome) : t.t.succeed(outcome, payload);
         else if (default_policy)
             ec = t.t.fail(outcome);
         else
             ec = t.t.fail(outcome, to == mst::failed ? idem::failure_policy::terminal : idem::failure_policy::retryable);
         if (m) {
             EXPECT(!ec, "completion of a current ticket: " + ec.message());
-            finish_model(*m, to, outcome);
+            finish_model(*m, to, outcome, to == mst::succeeded ? payload : std::string());
         } else {
             EXPECT(ec == errc::stale_ticket, "completion of a stale ticket: " + ec.message());
             ++c_.stale;
@@ -475,6 +505,8 @@ private:
             EXPECT(v.fingerprint == m->fingerprint, "query fingerprint" + who);
             EXPECT(v.in_doubt == (m->doubt && m->state == mst::processing), "query doubt" + who);
             EXPECT(v.lease_until.count() == m->lease_until, "query lease" + who);
+            const bool terminal = m->state == mst::succeeded || m->state == mst::failed;
+            EXPECT(v.payload == (terminal ? m->payload : std::string()), "query payload" + who);
         }
         const idem::stats s = g_->snapshot();
         EXPECT(s.acquired == c_.acquired, "stats.acquired");
