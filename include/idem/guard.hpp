@@ -164,8 +164,8 @@ private:
 
     begin_status restore_record(const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
 
     /// Starts the maintenance thread if options.maintenance_interval > 0 and it is not running.
@@ -212,12 +212,14 @@ namespace detail {
 /// says when records are durably flushed, and starts or stops the maintenance thread around its
 /// own start and shutdown. All of it happens before the guard is shared, or from its owner.
 struct guard_access {
-    /// Restores one record during recovery, before the guard is shared.
+    /// Restores one record during recovery, before the guard is shared. `payload` (a succeeded or
+    /// failed record's response bytes; ignored for other states) is copied into the guard's
+    /// payload arena: capacity_exhausted when it is over options.max_payload or the budget is spent.
     template <class G>
     static begin_status restore(G& g, const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>

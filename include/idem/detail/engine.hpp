@@ -180,7 +180,7 @@ public:
     static constexpr std::size_t max_capacity = std::size_t{1} << 30;
     static_assert(2 * max_capacity + stripe_count * 64 <= position::max_slots,
                   "a 32-bit position ref must name every slot of the largest generation");
-    static_assert(2 * max_capacity * (key::max_size / 8) + stripe_count * 512 < key_arena<Atomic>::at_mask,
+    static_assert(2 * max_capacity * key_arena<Atomic>::entry_words + stripe_count * 512 < key_arena<Atomic>::at_mask,
                   "a key reference's 40 bits must name every word of the largest key arena");
 
     engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
@@ -193,10 +193,21 @@ public:
             throw error(errc::invalid_argument, "options.lease must be positive");
         if (opts_.retention < std::chrono::nanoseconds::zero())
             throw error(errc::invalid_argument, "options.retention must not be negative");
+        if (opts_.max_payload > options::max_payload_limit)
+            throw error(errc::invalid_argument, "options.max_payload " + std::to_string(opts_.max_payload) +
+                                                    " exceeds the hard maximum of 1 MiB (1048576 bytes)");
+        if (opts_.payload_budget != 0 && opts_.payload_budget < opts_.max_payload)
+            throw error(errc::invalid_argument, "options.payload_budget " + std::to_string(opts_.payload_budget) +
+                                                    " is below options.max_payload " +
+                                                    std::to_string(opts_.max_payload) +
+                                                    "; it must hold one payload of the largest size (or be 0: no payloads)");
+        if (opts_.payload_budget > (std::size_t{1} << 40))
+            throw error(errc::invalid_argument, "options.payload_budget " + std::to_string(opts_.payload_budget) +
+                                                    " exceeds the limit of 2^40 bytes");
         std::size_t slots = 2;
         while (slots < 2 * opts_.capacity) slots <<= 1;
-        gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
-        gens_[1] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
+        gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault, opts_.payload_budget, opts_.max_payload);
+        gens_[1] = std::make_unique<generation<Atomic>>(slots, opts_.prefault, opts_.payload_budget, opts_.max_payload);
         std::random_device rd;
         for (auto& b : secret_) b = static_cast<unsigned char>(rd());
         for (auto& st : stripes_)
@@ -208,10 +219,14 @@ public:
                 // it is small enough to be in huge pages (a few dozen claims would touch all of it).
                 generation<Atomic>& g0 = *gens_[0];
                 const bool small_index = g0.index_bytes() <= huge_index_limit;
-                toucher_ = std::make_unique<arena_toucher>(
-                    std::vector<arena_toucher::span>{g0.slots().span(), g0.keys().span(), gens_[1]->slots().span(),
-                                                     gens_[1]->keys().span()},
-                    2, small_index ? g0.index_memory() : nullptr, small_index ? g0.index_bytes() : 0);
+                // The payload arenas come last: not populated now (a guard may never store a
+                // payload); the toucher keeps one ahead once it is in use.
+                std::vector<arena_toucher::span> spans{g0.slots().span(), g0.keys().span(), gens_[1]->slots().span(),
+                                                       gens_[1]->keys().span()};
+                for (auto& g : gens_)
+                    if (g->payloads().capacity_bytes() != 0) spans.push_back(g->payloads().span());
+                toucher_ = std::make_unique<arena_toucher>(std::move(spans), 2, small_index ? g0.index_memory() : nullptr,
+                                                           small_index ? g0.index_bytes() : 0);
             }
         }
     }
@@ -613,12 +628,18 @@ public:
         return true;
     }
 
-    /// Loads a record during recovery. Only before the guard is shared (single-threaded).
+    /// Loads a record during recovery. Only before the guard is shared (single-threaded). The
+    /// payload of a succeeded or failed record is copied into the generation's payload arena
+    /// (ignored for other states); capacity_exhausted when it does not fit there (over
+    /// options.max_payload, or the budget is spent).
     begin_status restore(const key& k, record_state state, std::uint64_t fence, std::uint64_t outcome,
                          std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                         std::chrono::nanoseconds updated) noexcept {
+                         std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
         if (fence == 0 || fence > state_word::max_fence || state == record_state::absent)
             return begin_status::payload_mismatch;
+        const bool with_payload =
+            !payload.empty() && (state == record_state::succeeded || state == record_state::failed);
+        if (with_payload && payload.size() > opts_.max_payload) return begin_status::capacity_exhausted;
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         generation<Atomic>& cur = *gens_[epoch & 1];
         const hash128 h = hash(k);
@@ -647,6 +668,15 @@ public:
             const std::uint64_t ref = cur.keys().append(k, my_stripe());
             if (ref == 0) return begin_status::capacity_exhausted;
             s->key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
+        }
+        const std::uint64_t key_ref = s->key_ref.load(std::memory_order_relaxed) & ~key_arena<Atomic>::has_payload;  // relaxed: single-threaded here
+        if (with_payload) {
+            const std::uint64_t pref = cur.payloads().append(payload, my_stripe());
+            if (pref == 0) return begin_status::capacity_exhausted;
+            cur.keys().set_payload(key_ref, pref);
+            s->key_ref.store(key_ref | key_arena<Atomic>::has_payload, std::memory_order_relaxed);  // relaxed: published by (5)
+        } else {
+            s->key_ref.store(key_ref, std::memory_order_relaxed);  // relaxed: published by (5); a second restore without one
         }
         s->outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
         s->fingerprint.store(fingerprint, std::memory_order_relaxed);
