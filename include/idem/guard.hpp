@@ -109,7 +109,8 @@ public:
     // detail::guard_contract (guard_contract.hpp): the same in every scope. begin_wait stops at
     // the guard clock's deadline too (a manual clock in tests).
 
-    /// The key's record as this process knows it (absent when unknown). Progress: lock-free.
+    /// The key's record as this process knows it (absent when unknown), with its response payload
+    /// (record_view::payload) when it is terminal and has one. Progress: lock-free.
     [[nodiscard]] record_view query(const key& k) const noexcept { return engine_.query(k); }
 
     /// Sends expired claims to the resolver. Returns how many were resolved.
@@ -146,7 +147,7 @@ private:
     /// The engine's answer as the public result: a ticket for an acquired claim.
     result_type answer(typename detail::engine<Atomic, Clock>::begin_answer a, const key& k) noexcept {
         if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
-        return {a.status, ticket_type(), a.outcome, a.fence};
+        return {a.status, ticket_type(), a.outcome, a.fence, std::move(a.payload)};
     }
 
     /// run()'s words for the answers only this scope gives its reasons for.
