@@ -13,6 +13,9 @@
 // * Recovery (durable_guard over SQLite): decided records come back into memory with their
 //   payloads; one whose payload is over options.max_payload, or past options.payload_budget, goes
 //   to the cold window instead (the store answers for it), never into memory without its bytes.
+// * The cold window: a duplicate of a key recovery left in the store (older than the hot window)
+//   reads the record back (transition_sink::recall) and is answered with its payload, byte for byte,
+//   including one larger than options.max_payload, which memory would not hold.
 #include <idem/detail/postgres_sql.hpp>
 #include <idem/detail/rocksdb_codec.hpp>
 #include <idem/durable.hpp>
@@ -230,6 +233,33 @@ TEST(DurablePayload, RecoveryRestoresPayloadsAndSendsThoseThatDoNotFitToTheColdW
         EXPECT_EQ(g.recovery().records, 3u);
         EXPECT_EQ(g.recovery().cold, 1u);
     }
+}
+
+TEST(DurablePayload, ADuplicateOfAKeyInTheColdWindowIsAnsweredWithItsPayloadFromTheStore) {
+    idem_test::temp_dir dir("idem-payload");
+    const std::string db = dir.file("p.db");
+    const std::int64_t two_hours_ago = wall_ms() - 2 * 3600 * 1000;
+    const std::string big(40'000, '\xff');
+    write_record(db, "COLD1_PAY_v1", any_bytes, two_hours_ago, 1);
+    write_record(db, "COLD2_PAY_v1", "", two_hours_ago, 2);
+    write_record(db, "COLD3_PAY_v1", big, two_hours_ago, 3);
+    idem::options o = idem_test::durable_options();
+    o.retention = std::chrono::hours(1);  // the records are past the hot window, inside the store's (7 days)
+    o.max_payload = 1024;                 // COLD3's payload could not be held in memory
+    idem::durable_guard g(std::make_unique<idem::sqlite_store>(db), o);
+    ASSERT_EQ(g.recovery().cold, 3u);
+    ASSERT_EQ(g.recovery().records, 0u);
+    for (const auto& [k, want] : std::vector<std::pair<std::string, std::string>>{
+             {"COLD1_PAY_v1", any_bytes}, {"COLD2_PAY_v1", ""}, {"COLD3_PAY_v1", big}}) {
+        for (int again = 0; again < 2; ++again) {  // the second answer may come from memory
+            const auto r = g->begin(idem::key(k));
+            EXPECT_EQ(r.status, idem::begin_status::succeeded) << k;
+            EXPECT_EQ(r.outcome, 3u) << k;
+            EXPECT_EQ(r.payload.size(), want.size()) << k;
+            EXPECT_TRUE(r.payload == want) << k << ": the replayed bytes differ";
+        }
+    }
+    EXPECT_GE(g.snapshot().recalled, 3u);
 }
 
 }  // namespace
