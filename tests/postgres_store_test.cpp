@@ -27,6 +27,7 @@
 
 #include <signal.h>
 
+#include "idem/durable.hpp"
 #include "idem/postgres_store.hpp"
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks the PGresult of the ROLLBACK that a transaction's
@@ -868,6 +869,33 @@ TEST_F(PostgresStore, AStoredPayloadAboveTheHardMaximumIsCorruptNamingTheKey) {
     }
     sql("UPDATE idempotent_record SET payload = decode(repeat('ff', 1048576), 'hex')");
     EXPECT_EQ(st.get("BIG_PAY_v1")->payload, std::string(std::size_t{1} << 20, '\xff'));
+}
+
+// A durable guard over PostgreSQL in sync mode: completions acknowledged with payloads are there
+// after a restart, and duplicates are answered with the bytes (recovered into memory).
+TEST_F(PostgresStore, ADurableGuardReplaysPayloadsAfterARestart) {
+    const std::vector<std::pair<std::string, std::string>> keys = {
+        {"R1_PAY_v1", std::string("\0\xff\xc3\x28{}", 6)}, {"R2_PAY_v1", ""}, {"R3_PAY_v1", std::string(65536, '\0')}};
+    idem::options o;
+    o.maintenance_interval = {};
+    idem::store_options so;
+    so.mode = idem::durability::sync;
+    {
+        idem::durable_guard g(std::make_unique<idem::postgres_store>(uri_), o, so);
+        for (const auto& [k, p] : keys) {
+            auto r = g->begin(idem::key(k));
+            ASSERT_EQ(r.status, idem::begin_status::acquired) << k;
+            ASSERT_FALSE(r.ticket.succeed(11, p)) << k;
+        }
+    }
+    idem::durable_guard g(std::make_unique<idem::postgres_store>(uri_), o, so);
+    EXPECT_EQ(g.recovery().records, keys.size());
+    for (const auto& [k, p] : keys) {
+        const auto r = g->begin(idem::key(k));
+        EXPECT_EQ(r.status, idem::begin_status::succeeded) << k;
+        EXPECT_EQ(r.outcome, 11u) << k;
+        EXPECT_TRUE(r.payload == p) << k << ": " << r.payload.size() << " bytes, want " << p.size();
+    }
 }
 
 TEST_F(PostgresStore, UnreachableServerIsUnavailableAndHidesThePassword) {
