@@ -20,6 +20,10 @@
 // (tools/drill/), the code `idem drill` runs: one ledger line format ("E key outcome", 64 bytes, one
 // write() on an O_APPEND descriptor) and one appender.
 //
+// The payload variant completes each payment with response bytes derived from its key (NUL, 0xFF,
+// invalid UTF-8, 0 to 3000 bytes) and checks that every acknowledged one is in the store the crash
+// left, byte for byte, and that a duplicate after the restart is answered with those bytes.
+//
 // The async variant measures what a crash loses: transitions acknowledged (claims: "C key", and
 // successes: "A key") but not in the store afterwards. The pipeline holds at most queue_capacity
 // rows in its queue plus max_batch in the flusher's hands, so that is the bound asserted; the
@@ -65,6 +69,17 @@ namespace drill = idem::tool::drill;
 /// The outcome a payment records, recomputable by the resolver and the checker from the key.
 std::uint64_t outcome_of(std::string_view key) { return idem::fingerprint_of(key) >> 1; }
 
+/// The response a payment records in the payload variant, recomputable from the key: 0 to 2999
+/// bytes starting with NUL, 0xFF and an invalid UTF-8 pair, the rest spread over every byte value.
+std::string payload_of(std::string_view key) {
+    const std::uint64_t h = idem::fingerprint_of(key);
+    std::string out(h % 3000, '\0');
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>((h >> (8 * (i % 8))) + i * 37);
+    const std::string_view head("\0\xff\xc3\x28", 4);
+    for (std::size_t i = 0; i < head.size() && i < out.size(); ++i) out[i] = head[i];
+    return out;
+}
+
 struct child_spec {
     std::string db, ledger;
     bool sync = true;
@@ -74,18 +89,19 @@ struct child_spec {
     std::size_t max_new = 5000;  // async: fresh keys per cycle
     int threads = 4;
     std::size_t queue_capacity = 256, max_batch = 64;
+    bool payload = false;  // succeed(outcome_of(key), payload_of(key))
 
     std::string encode() const {
         std::ostringstream o;
         o << db << ' ' << ledger << ' ' << sync << ' ' << seed << ' ' << cycle << ' ' << pool << ' ' << max_new << ' '
-          << threads << ' ' << queue_capacity << ' ' << max_batch;
+          << threads << ' ' << queue_capacity << ' ' << max_batch << ' ' << payload;
         return o.str();
     }
     static child_spec decode(const char* text) {
         child_spec s;
         std::istringstream i(text);
         i >> s.db >> s.ledger >> s.sync >> s.seed >> s.cycle >> s.pool >> s.max_new >> s.threads >> s.queue_capacity >>
-            s.max_batch;
+            s.max_batch >> s.payload;
         return s;
     }
 };
@@ -156,7 +172,9 @@ int child_main(const child_spec& s) {
                     }
                     if (!s.sync) write_all(acks, "C " + text + "\n");
                     ledger.append(drill::make_line('E', text, outcome_of(text)));  // the effect
-                    if (!r.ticket.succeed(outcome_of(text))) write_all(acks, "A " + text + "\n");
+                    const std::error_code ec = s.payload ? r.ticket.succeed(outcome_of(text), payload_of(text))
+                                                         : r.ticket.succeed(outcome_of(text));
+                    if (!ec) write_all(acks, "A " + text + "\n");
                 }
             });
         }
@@ -355,6 +373,60 @@ TEST_F(CrashTest, SyncModeLosesNoAcknowledgedPaymentAndExecutesNoneTwice) {
               << " in-flight claims resolved as executed (ledger) and " << resolved_not_executed_
               << " as not executed; " << retried << " keys claimed again after a release\n";
     EXPECT_GT(acks, 0u) << "no payment was ever acknowledged: the drill tested nothing";
+}
+
+// Sync mode with response payloads: every payment acknowledged before the SIGKILL has its payload
+// in the store the crash left, byte for byte, and after the restart a duplicate of it is answered
+// with those bytes (recovery put them back into memory), in every cycle.
+TEST_F(CrashTest, SyncModeRestoresEveryAcknowledgedPayloadByteForByte) {
+    const std::uint64_t seed = idem_test::test_seed();
+    const std::size_t cycles = idem_test::env_size("IDEM_CRASH_PAYLOAD_CYCLES", 6, 3);
+    std::mt19937_64 rng(seed);
+    std::set<std::string> acked;
+    std::size_t payload_bytes = 0;
+    for (std::size_t c = 0; c < cycles; ++c) {
+        SCOPED_TRACE("cycle " + std::to_string(c) + ", seed " + std::to_string(seed));
+        child_spec spec;
+        spec.db = db_;
+        spec.ledger = ledger_;
+        spec.sync = true;
+        spec.seed = seed;
+        spec.cycle = static_cast<int>(c);
+        spec.payload = true;
+        cycle_result got;
+        ASSERT_NO_FATAL_FAILURE(run_child(spec, std::chrono::milliseconds(rng() % 120), got));
+        const auto raw = raw_records();
+        std::size_t bad = 0;
+        for (auto& k : got.acked_successes) {
+            const auto it = raw.find(k);
+            const bool ok = it != raw.end() && it->second.state == record_state::succeeded &&
+                            it->second.payload == payload_of(k);
+            if (!ok && ++bad <= 5)
+                ADD_FAILURE() << k << " was acknowledged but its payload is not in the store the crash left ("
+                              << (it == raw.end() ? std::string("no record")
+                                                  : std::to_string(it->second.payload.size()) + " bytes, want " +
+                                                        std::to_string(payload_of(k).size()))
+                              << ")";
+            payload_bytes += payload_of(k).size();
+        }
+        acked.insert(got.acked_successes.begin(), got.acked_successes.end());
+        ASSERT_NO_FATAL_FAILURE(recover_and_check(true, acked));
+        // The restart: duplicates of every payment ever acknowledged get their bytes back.
+        idem::store_options so;
+        so.mode = durability::sync;
+        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db_), idem_test::durable_options(1u << 16), so);
+        for (auto& k : acked) {
+            const auto r = g->begin(idem::key(k));
+            if ((r.status != begin_status::succeeded || r.payload != payload_of(k)) && ++bad <= 5)
+                ADD_FAILURE() << k << ": after the restart a duplicate got " << r.status << " with "
+                              << r.payload.size() << " payload bytes, want succeeded with " << payload_of(k).size();
+        }
+        EXPECT_EQ(bad, 0u);
+        if (HasFailure()) break;
+    }
+    std::cout << "[ idem    ] sync crash drill with payloads: " << cycles << " cycles, " << acked.size()
+              << " acknowledged payments, " << payload_bytes << " payload bytes checked\n";
+    EXPECT_GT(acked.size(), 0u) << "no payment was ever acknowledged: the drill tested nothing";
 }
 
 TEST_F(CrashTest, AsyncModeLosesAtMostTheQueuedTransitions) {

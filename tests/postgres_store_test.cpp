@@ -1,5 +1,9 @@
 // postgres_store: the same results as memory_store, byte-exact keys, the fence guard, in-doubt
 // commits, recovery load, corrupt rows, durability checks, a killed backend and a paused backend.
+// Payloads: the bytes on the server are exactly the payload's (NUL, 0xFF, invalid UTF-8), a database
+// from before payloads gains the column at open and keeps its rows (also one opened beside it by the
+// global scope's statements, whose column lists leave the payload to its default), and a stored
+// payload above the hard maximum is corrupt_record naming the key.
 //
 // Needs a server: IDEM_TEST_PG_URI (scripts/test starts a throwaway PostgreSQL 15 and sets it). The
 // tests FAIL, never skip, when it is unset or unreachable. Each test creates its own database
@@ -23,6 +27,7 @@
 
 #include <signal.h>
 
+#include "idem/durable.hpp"
 #include "idem/postgres_store.hpp"
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks the PGresult of the ROLLBACK that a transaction's
@@ -785,6 +790,111 @@ TEST_F(PostgresStore, SchemaIsCreatedOnceAndVersioned) {
     } catch (const idem::error& e) {
         EXPECT_EQ(e.kind(), idem::errc::store_error);
         EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
+    }
+}
+
+// ---- payloads ------------------------------------------------------------------------------------
+
+/// A batch claiming and completing `key` at fence 1 with `payload` (the view must outlive apply).
+std::vector<idem::store_row> completion_with(const std::string& key, std::string_view payload, std::uint64_t& seq) {
+    auto rows = make_batch({{.key = key},
+                            {.key = key, .from = record_state::processing, .to = record_state::succeeded,
+                             .cause = transition_cause::succeed, .outcome = 5}},
+                           seq);
+    rows[1].t.payload = payload;
+    return rows;
+}
+
+TEST_F(PostgresStore, PayloadBytesReachTheServerExactly) {
+    const std::string bytes("\0\xff\x80\xc3\x28\xed\xa0\x80\"\\{},", 13);
+    std::uint64_t seq = 0;
+    auto& st = open();
+    st.apply(completion_with("TX1_PAY_v1", bytes, seq), 1);
+    st.apply(completion_with("TX2_PAY_v1", "", seq), 2);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE idempotent_key = 'TX1_PAY_v1' AND payload = "
+                      "'\\x00ff80c328eda080225c7b7d2c'::bytea"),
+              1)
+        << "the bytes stored differ from the payload's";
+    EXPECT_EQ(sql_int("SELECT length(payload) FROM idempotent_record WHERE idempotent_key = 'TX2_PAY_v1'"), 0);
+    EXPECT_TRUE(st.get("TX1_PAY_v1")->payload == bytes);
+    EXPECT_EQ(st.get("TX2_PAY_v1")->payload, "");
+    std::map<std::string, std::string> loaded;
+    st.load([&](const idem::stored_record& r) { loaded[r.key] = r.payload; });
+    EXPECT_TRUE(loaded["TX1_PAY_v1"] == bytes);
+    const auto trail = st.audit("TX1_PAY_v1");
+    ASSERT_EQ(trail.size(), 2u);
+    EXPECT_EQ(trail[1].detail, "succeed outcome=5" + idem::payload_detail(bytes));
+}
+
+TEST_F(PostgresStore, ADatabaseFromBeforePayloadsGainsTheColumnAtOpenKeepingItsRows) {
+    std::uint64_t seq = 0;
+    open().apply(completion_with("OLD_PAY_v1", "", seq), 1);
+    stores_.clear();
+    sql("ALTER TABLE idempotent_record DROP COLUMN payload");
+    // What the global scope writes (its own column list, no payload) still inserts.
+    sql("INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+        "request_fingerprint, created_time, updated_time) VALUES ('G_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 1, 1)");
+    auto& st = open();
+    EXPECT_EQ(sql_int("SELECT count(*) FROM information_schema.columns WHERE table_name = 'idempotent_record' AND "
+                      "column_name = 'payload'"),
+              1);
+    EXPECT_EQ(sql_int("SELECT max(version) FROM idem_schema"), 2);
+    const auto old = st.get("OLD_PAY_v1");
+    ASSERT_TRUE(old) << "the migration lost a record";
+    EXPECT_EQ(old->outcome, 5u);
+    EXPECT_EQ(old->payload, "");
+    EXPECT_EQ(st.get("G_PAY_v1")->payload, "");
+    st.apply(completion_with("NEW_PAY_v1", std::string("\0x", 2), seq), 2);
+    EXPECT_EQ(st.get("NEW_PAY_v1")->payload, std::string("\0x", 2));
+    sql("INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+        "request_fingerprint, created_time, updated_time) VALUES ('G2_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 1, 1)");
+    EXPECT_EQ(open().get("G2_PAY_v1")->payload, "");  // a second open changes nothing
+}
+
+TEST_F(PostgresStore, AStoredPayloadAboveTheHardMaximumIsCorruptNamingTheKey) {
+    std::uint64_t seq = 0;
+    auto& st = open();
+    st.apply(completion_with("BIG_PAY_v1", "x", seq), 1);
+    sql("UPDATE idempotent_record SET payload = decode(repeat('00', 1048577), 'hex')");
+    for (const bool via_load : {false, true}) {
+        try {
+            if (via_load) st.load([](const idem::stored_record&) {});
+            else (void)st.get("BIG_PAY_v1");
+            ADD_FAILURE() << "read a payload above the hard maximum";
+        } catch (const idem::error& e) {
+            EXPECT_EQ(e.kind(), idem::errc::corrupt_record) << e.what();
+            EXPECT_NE(std::string(e.what()).find("BIG_PAY_v1"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("hard maximum"), std::string::npos) << e.what();
+        }
+    }
+    sql("UPDATE idempotent_record SET payload = decode(repeat('ff', 1048576), 'hex')");
+    EXPECT_EQ(st.get("BIG_PAY_v1")->payload, std::string(std::size_t{1} << 20, '\xff'));
+}
+
+// A durable guard over PostgreSQL in sync mode: completions acknowledged with payloads are there
+// after a restart, and duplicates are answered with the bytes (recovered into memory).
+TEST_F(PostgresStore, ADurableGuardReplaysPayloadsAfterARestart) {
+    const std::vector<std::pair<std::string, std::string>> keys = {
+        {"R1_PAY_v1", std::string("\0\xff\xc3\x28{}", 6)}, {"R2_PAY_v1", ""}, {"R3_PAY_v1", std::string(65536, '\0')}};
+    idem::options o;
+    o.maintenance_interval = {};
+    idem::store_options so;
+    so.mode = idem::durability::sync;
+    {
+        idem::durable_guard g(std::make_unique<idem::postgres_store>(uri_), o, so);
+        for (const auto& [k, p] : keys) {
+            auto r = g->begin(idem::key(k));
+            ASSERT_EQ(r.status, idem::begin_status::acquired) << k;
+            ASSERT_FALSE(r.ticket.succeed(11, p)) << k;
+        }
+    }
+    idem::durable_guard g(std::make_unique<idem::postgres_store>(uri_), o, so);
+    EXPECT_EQ(g.recovery().records, keys.size());
+    for (const auto& [k, p] : keys) {
+        const auto r = g->begin(idem::key(k));
+        EXPECT_EQ(r.status, idem::begin_status::succeeded) << k;
+        EXPECT_EQ(r.outcome, 11u) << k;
+        EXPECT_TRUE(r.payload == p) << k << ": " << r.payload.size() << " bytes, want " << p.size();
     }
 }
 

@@ -1,7 +1,8 @@
 // rocksdb_store_test: what rocksdb_store adds beyond the conformance suite (store_conformance_test
 // runs that over it too): crash safety of sync-mode batches under SIGKILL, one writer per directory,
 // damaged values, configuration faults, reconnects that never create a new database, pruning, and a
-// durable_guard that keeps its keys across a restart.
+// durable_guard that keeps its keys across a restart; a record value written before payloads
+// (version 1) read from a database, completed again with a payload, kept through a compaction.
 //
 // The crash and second-writer cases re-execute this binary with IDEM_ROCKSDB_CHILD=MODE:PATH set
 // (it then never reaches GoogleTest, so it starts with no thread inherited from the test process).
@@ -241,6 +242,48 @@ TEST_F(RocksdbStore, DamagedValuesAreCorruptRecordNamingTheKey) {
     EXPECT_EQ(e.kind(), errc::corrupt_record) << e.what();
     EXPECT_NE(std::string(e.what()).find("audit row 99 (key 'good_key')"), std::string::npos) << e.what();
     ASSERT_TRUE(st.get("good_key").has_value());
+}
+
+// A database written before payloads holds version 1 record values: they read with an empty
+// payload, a later batch stores a payload over one (version 2), and both survive a reopen and a
+// compaction (whose filter decodes every record).
+TEST_F(RocksdbStore, ARecordValueFromBeforePayloadsReadsAndTakesAPayloadLater) {
+    namespace codec = idem::detail::rocksdb_codec;
+    {
+        idem::rocksdb_store st(path_);  // the schema and counters of a current database
+    }
+    std::string old_value(1, '\x01');  // version 1, as that release encoded a claim in flight
+    old_value.push_back(static_cast<char>(record_state::processing));
+    codec::put_varint(old_value, F1);
+    codec::put_signed(old_value, T0 + 1000);  // lease_until
+    codec::put_varint(old_value, 0);          // outcome
+    codec::put_varint(old_value, 77);         // fingerprint
+    codec::put_signed(old_value, T0);         // created
+    codec::put_signed(old_value, T0);         // updated
+    ASSERT_EQ(raw_put(path_, codec::record_key("OLD_PAY_v1"), old_value), "");
+    const std::string bytes("\0\xff\xc3\x28", 4);
+    {
+        idem::rocksdb_options o;
+        o.window = std::chrono::hours(24 * 365 * 50);  // installs the compaction filter; expires nothing
+        idem::rocksdb_store st(path_, o);
+        const auto before = st.get("OLD_PAY_v1");
+        ASSERT_TRUE(before);
+        EXPECT_EQ(before->fingerprint, 77u);
+        EXPECT_EQ(before->payload, "");
+        idem::store_row done = idem_test::row({.key = "OLD_PAY_v1", .from = record_state::processing,
+                                               .to = record_state::succeeded, .cause = idem::transition_cause::succeed,
+                                               .fence = F1, .outcome = 9, .at_ms = T0 + 1},
+                                              1);
+        done.t.payload = bytes;
+        st.apply(std::vector{done}, 1);
+        st.compact();
+    }
+    idem::rocksdb_store st(path_);
+    const auto after = st.get("OLD_PAY_v1");
+    ASSERT_TRUE(after);
+    EXPECT_EQ(after->state, record_state::succeeded);
+    EXPECT_EQ(after->fingerprint, 77u);
+    EXPECT_TRUE(after->payload == bytes);
 }
 
 TEST_F(RocksdbStore, ConfigurationFaultsAreInvalidArgumentNamingPathAndRule) {

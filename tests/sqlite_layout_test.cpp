@@ -13,6 +13,9 @@
 // * A version 2 file is upgraded to version 3 in place (its records and trails kept) and prunes.
 // * A chain cut by a prune (its first rows gone) is a trail's legal start, not a broken chain; a row
 //   missing above the pruned sequence is still corrupt_record.
+// * A version 3 file from before response payloads (no payload column) gains the column at open,
+//   still version 3, every record and trail kept, no row rewritten; records read with an empty
+//   payload, new completions store theirs, and a second open changes nothing.
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
@@ -277,6 +280,73 @@ TEST(SqliteLayout, AChainCutByAPruneStartsTheTrailButAMissingRowAboveItIsCorrupt
         EXPECT_NE(std::string(e.what()).find("audit row 3"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("only rows below sequence 2 were pruned"), std::string::npos) << e.what();
     }
+}
+
+// Version 3 as the release before response payloads created it (no payload column), with a
+// finished key, a claim in flight and their audit rows.
+constexpr const char* version_3_without_payload = R"SQL(
+CREATE TABLE idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1, records_horizon BIGINT,
+  audit_horizon BIGINT, pruned_sequence BIGINT NOT NULL DEFAULT 0, pruned_fence BIGINT NOT NULL DEFAULT 0);
+CREATE TABLE idempotent_record (
+  idempotent_key VARCHAR(128) PRIMARY KEY, biz_type VARCHAR(32) NOT NULL,
+  status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING','SUCCESS','FAILED','RELEASED')),
+  fencing_token BIGINT NOT NULL, lease_until BIGINT NOT NULL, outcome BIGINT NOT NULL,
+  request_fingerprint BIGINT NOT NULL, created_time BIGINT NOT NULL, updated_time BIGINT NOT NULL,
+  last_audit BIGINT NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE idempotent_batch (batch_id BIGINT PRIMARY KEY, committed_time BIGINT NOT NULL);
+CREATE TABLE idempotent_audit (
+  sequence INTEGER PRIMARY KEY, previous BIGINT NOT NULL, idempotent_key VARCHAR(128) NOT NULL,
+  from_status VARCHAR(16) NOT NULL, to_status VARCHAR(16) NOT NULL, fencing_token BIGINT NOT NULL,
+  node VARCHAR(64) NOT NULL, at_time BIGINT NOT NULL, detail TEXT NOT NULL
+);
+CREATE INDEX idx_idempotent_record_updated ON idempotent_record (updated_time);
+INSERT INTO idem_schema (version, next_sequence) VALUES (3, 4);
+INSERT INTO idempotent_record VALUES ('A_PAY_v1', 'PAY', 'SUCCESS', 1, 900, 7, 5, 100, 101, 2);
+INSERT INTO idempotent_record VALUES ('B_PAY_v1', 'PAY', 'PROCESSING', 1, 900, 0, 6, 100, 100, 3);
+INSERT INTO idempotent_audit VALUES (1, 0, 'A_PAY_v1', 'ABSENT', 'PROCESSING', 1, 'n', 100, 'claim outcome=0');
+INSERT INTO idempotent_audit VALUES (2, 1, 'A_PAY_v1', 'PROCESSING', 'SUCCESS', 1, 'n', 101, 'succeed outcome=7');
+INSERT INTO idempotent_audit VALUES (3, 0, 'B_PAY_v1', 'ABSENT', 'PROCESSING', 1, 'n', 100, 'claim outcome=0');
+INSERT INTO idempotent_batch VALUES (1, 101);
+)SQL";
+
+TEST(SqliteLayout, AFileFromBeforePayloadsGainsThePayloadColumnAtOpenKeepingEveryRow) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("v3.db");
+    sqlite_exec(db, version_3_without_payload);
+    const auto has_column = [&] {
+        return raw_int(db, "SELECT count(*) FROM pragma_table_info('idempotent_record') WHERE name = 'payload'");
+    };
+    ASSERT_EQ(has_column(), 0);
+    const std::string bytes("\0\xff\xc3\x28 body", 9);
+    {
+        idem::sqlite_store st(db);
+        EXPECT_EQ(has_column(), 1);
+        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
+        const idem::stored_record a{"A_PAY_v1", "PAY", record_state::succeeded, 1, 900, 7, 5, 100, 101, {}};
+        EXPECT_EQ(st.get("A_PAY_v1"), a);
+        EXPECT_EQ(trail(st, "B_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
+        EXPECT_TRUE(st.committed(1));
+        // The claim in flight completes with a payload: stored, and its audit row chained on.
+        idem::store_row done = row({.key = "B_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+                                    .cause = transition_cause::succeed, .fence = 1, .outcome = 8, .at_ms = 102},
+                                   1);
+        done.t.payload = bytes;
+        st.apply(std::vector{done}, 2);
+        const auto b = st.get("B_PAY_v1");
+        ASSERT_TRUE(b);
+        EXPECT_TRUE(b->payload == bytes);
+        EXPECT_EQ(b->fingerprint, 6u);
+        EXPECT_EQ(trail(st, "B_PAY_v1").size(), 2u);
+        EXPECT_TRUE(idem_test::verify_clean(st));
+    }
+    idem::sqlite_store again(db);  // the column is there: nothing to do
+    EXPECT_EQ(has_column(), 1);
+    const auto b = again.get("B_PAY_v1");
+    ASSERT_TRUE(b);
+    EXPECT_TRUE(b->payload == bytes);
+    EXPECT_EQ(again.get("A_PAY_v1")->payload, "");
+    EXPECT_EQ(raw_int(db, "SELECT typeof(payload) = 'blob' FROM idempotent_record WHERE idempotent_key = 'B_PAY_v1'"), 1);
 }
 
 }  // namespace

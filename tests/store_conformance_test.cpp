@@ -10,6 +10,10 @@
 // `more` says when rows past a bound remain, the horizon persists across a reopen and only moves
 // forward, max_fence() still counts pruned records, and verify() passes on a pruned store (a key
 // claimed again after its record was pruned is `reopened`) while still reporting a real loss.
+// Payloads (the response bytes of a completion): empty, 1 byte, the 1 MiB hard maximum, NUL, 0xFF
+// and invalid UTF-8 round-trip exactly through apply, get, load and a reopen; the fold keeps the last
+// completion's payload, a stale completion's payload never replaces a newer record's, a claim of a
+// new life clears it; the audit row names the payload's length and hash, not its bytes.
 //
 // Adding a store: write a maker (open() / reopen() / insert_raw(), two flags) and add it to
 // store_makers below: one line. rocksdb_store joins when the build defines IDEM_TEST_ROCKSDB (the
@@ -283,6 +287,12 @@ std::string record_diff(const idem::stored_record& want, const idem::stored_reco
     field("fingerprint", want.fingerprint, got.fingerprint);
     field("created_time", want.created_ms, got.created_ms);
     field("updated_time", want.updated_ms, got.updated_ms);
+    if (want.payload != got.payload) {
+        std::size_t at = 0;
+        while (at < want.payload.size() && at < got.payload.size() && want.payload[at] == got.payload[at]) ++at;
+        o << " payload: want " << want.payload.size() << " bytes got " << got.payload.size() << " (first difference at byte "
+          << at << ");";
+    }
     return o.str();
 }
 
@@ -836,6 +846,117 @@ std::vector<row_fields> four_keys(const std::string& tag, std::int64_t at, std::
     f.push_back({.key = tag + "_processing", .fence = fence, .at_ms = at, .lease_until_ms = at + 30'000});
     return f;
 }
+
+// ---- payloads ------------------------------------------------------------------------------------
+
+/// A row carrying `payload` (the view must outlive the apply: as the engine's arena does).
+idem::store_row payload_row(const row_fields& f, std::string_view payload, std::uint64_t seq) {
+    idem::store_row r = row(f, seq);
+    r.t.payload = payload;
+    return r;
+}
+
+/// Bytes no text column or C string would keep: NUL, 0xFF, a lone continuation byte, a truncated
+/// sequence, an encoded surrogate, an overlong '/', and CR LF.
+const std::string hostile_payload = std::string("\0\xff\x80{\"a\":1}\xc3\x28\xed\xa0\x80\xc0\xaf\r\n\0", 21);
+
+TYPED_TEST(StoreConformance, PayloadsOfAnySizeAndAnyBytesRoundTripExactly) {
+    using rs = record_state;
+    std::string max(idem::detail::payload_hard_max, '\0');
+    for (std::size_t i = 0; i < max.size(); ++i) max[i] = static_cast<char>((i * 131 + 7) & 0xff);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"P_EMPTY_v1", ""}, {"P_ONE_v1", std::string(1, '\0')}, {"P_FF_v1", "\xff"},
+        {"P_HOSTILE_v1", hostile_payload}, {"P_MAX_v1", max}};
+    // Claims in one batch, completions in the next (the usual life); one key claims and completes
+    // in the same batch.
+    std::vector<idem::store_row> claims, done;
+    std::uint64_t seq = 0;
+    for (const auto& [k, p] : cases)
+        claims.push_back(row({.key = k, .fence = F1, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 1000}, ++seq));
+    for (const auto& [k, p] : cases)
+        done.push_back(payload_row({.key = k, .from = rs::processing, .to = rs::succeeded,
+                                    .cause = transition_cause::succeed, .fence = F1, .outcome = 9, .at_ms = T0 + 1},
+                                   p, ++seq));
+    this->apply(claims, 1);
+    this->apply(done, 2);
+    const std::string both = "P_BOTH_v1";
+    this->apply(std::vector{row({.key = both, .fence = F1, .at_ms = T0}, ++seq),
+                            payload_row({.key = both, .from = rs::processing, .to = rs::failed,
+                                         .cause = transition_cause::fail, .fence = F1, .outcome = 4, .at_ms = T0 + 2},
+                                        hostile_payload, ++seq)},
+                3);
+    EXPECT_TRUE(this->same_as_reference());
+    for (int pass = 0; pass < 2; ++pass) {
+        SCOPED_TRACE(pass == 0 ? "as written" : "after a reopen");
+        for (const auto& [k, p] : cases) {
+            const auto got = this->st().get(k);
+            ASSERT_TRUE(got.has_value()) << k;
+            EXPECT_EQ(got->state, rs::succeeded) << k;
+            EXPECT_EQ(got->payload.size(), p.size()) << k;
+            EXPECT_TRUE(got->payload == p) << k << ": the bytes differ";
+        }
+        const auto b = this->st().get(both);
+        ASSERT_TRUE(b.has_value());
+        EXPECT_TRUE(b->payload == hostile_payload);
+        std::map<std::string, std::string> loaded;
+        this->st().load([&](const idem::stored_record& r) { loaded[r.key] = r.payload; });
+        for (const auto& [k, p] : cases) EXPECT_TRUE(loaded[k] == p) << "load() " << k;
+        if (pass == 0) this->reopen();
+    }
+    // The audit trail keeps the payload's length and hash, not its bytes.
+    const auto trail = this->st().audit("P_MAX_v1");
+    ASSERT_EQ(trail.size(), 2u);
+    EXPECT_EQ(trail[1].detail, "succeed outcome=9" + idem::payload_detail(max));
+    EXPECT_NE(trail[1].detail.find(" payload=1048576B fnv="), std::string::npos) << trail[1].detail;
+    EXPECT_EQ(this->st().audit("P_EMPTY_v1")[1].detail, "succeed outcome=9");
+    EXPECT_TRUE(this->same_as_reference());
+}
+
+TYPED_TEST(StoreConformance, TheFoldKeepsTheLastCompletionsPayload) {
+    using rs = record_state;
+    using tc = transition_cause;
+    const std::string a = "first", b = "second", stale = "stale";
+    std::uint64_t seq = 0;
+    // K1: claim and complete at F1, then a new life at F1 + 1 completes with b, all in one batch.
+    // K2: completes with a; a late release of the same claim (same fence, next batch) is audited
+    //     only, and the payload stays.
+    // K3: completes with a at F1 + 1; a stale owner's completion at F1 arrives later: refused.
+    // K4: completes with a; then claimed again at a higher fence: the new claim carries none.
+    this->apply(std::vector{
+                    row({.key = "K1", .fence = F1, .at_ms = T0}, ++seq),
+                    payload_row({.key = "K1", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
+                    row({.key = "K1", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 2}, ++seq),
+                    payload_row({.key = "K1", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1 + 1, .outcome = 2, .at_ms = T0 + 3}, b, ++seq),
+                    row({.key = "K2", .fence = F1, .at_ms = T0}, ++seq),
+                    payload_row({.key = "K2", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
+                    row({.key = "K3", .fence = F1 + 1, .at_ms = T0}, ++seq),
+                    payload_row({.key = "K3", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1 + 1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
+                    row({.key = "K4", .fence = F1, .at_ms = T0}, ++seq),
+                    payload_row({.key = "K4", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
+                },
+                1);
+    this->apply(std::vector{
+                    row({.key = "K2", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1,
+                         .at_ms = T0 + 5}, ++seq),
+                    payload_row({.key = "K3", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
+                                 .fence = F1, .outcome = 7, .at_ms = T0 + 5}, stale, ++seq),
+                    row({.key = "K4", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 5}, ++seq),
+                },
+                2);
+    const std::map<std::string, std::string> want = {{"K1", b}, {"K2", a}, {"K3", a}, {"K4", ""}};
+    for (const auto& [k, p] : want) {
+        const auto got = this->st().get(k);
+        ASSERT_TRUE(got.has_value()) << k;
+        EXPECT_EQ(got->payload, p) << k;
+    }
+    EXPECT_TRUE(this->same_as_reference());
+}
+
 
 TYPED_TEST(StoreConformance, PruneRemovesExactlyTheExpiredRowsAndNothingElse) {
     this->apply(four_keys("old", T0, F_OLD), 1);

@@ -1,10 +1,10 @@
 // tools/audit.cpp: `idem audit KEY --store URI`: one key's record and audit trail, read from the store.
 //
-// Prints the record (status, fence, lease, outcome, fingerprint, times) and every audit row in
-// sequence order (from -> to, fence, node, ISO-8601 time, detail), then checks the trail the way
-// `idem verify` does for every key: each step legal, fences increasing per claim, the last row
-// matching the record. Exit codes: 0 found and consistent, 1 not found or the trail breaks a rule,
-// 2 bad command line (an invalid key), 3 the store could not be read.
+// Prints the record (status, fence, lease, outcome, payload size and hash, fingerprint, times) and
+// every audit row in sequence order (from -> to, fence, node, ISO-8601 time, detail), then checks
+// the trail the way `idem verify` does for every key: each step legal, fences increasing per claim,
+// the last row matching the record. Exit codes: 0 found and consistent, 1 not found or the trail
+// breaks a rule, 2 bad command line (an invalid key), 3 the store could not be read.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -84,6 +84,9 @@ int run_audit(const audit_config& c) {
             r["biz_type"] = rec->biz_type;
             r["fence"] = rec->fence;
             r["outcome"] = rec->outcome;
+            // The response payload by its size and hash (what the audit rows record), not its bytes.
+            r["payload_bytes"] = std::uint64_t{rec->payload.size()};
+            if (!rec->payload.empty()) r["payload_fnv"] = hex64(idem::payload_hash(rec->payload));
             r["fingerprint"] = rec->fingerprint;
             r["created_ms"] = rec->created_ms;
             r["created"] = iso8601_ms(rec->created_ms);
@@ -131,6 +134,9 @@ int run_audit(const audit_config& c) {
                 t.row("lease until", iso8601_ms(rec->lease_until_ms),
                       rec->lease_until_ms <= now ? "(expired: compensation asks the resolver)" : "(live)");
             t.row("outcome", std::to_string(rec->outcome));
+            t.row("payload", rec->payload.empty() ? std::string("none")
+                                                  : std::to_string(rec->payload.size()) + " bytes, fnv " +
+                                                        hex64(idem::payload_hash(rec->payload)));
             t.row("fingerprint", rec->fingerprint ? hex64(rec->fingerprint) : "none");
             t.row("created", iso8601_ms(rec->created_ms));
             t.row("updated", iso8601_ms(rec->updated_ms));

@@ -166,6 +166,7 @@ private:
         out.fence = r.fence;
         out.outcome = r.outcome;
         out.fingerprint = r.fingerprint;
+        out.payload = r.payload;  // the response a duplicate of an evicted key is answered with
         out.lease_until = r.state == record_state::processing ? from_wall_ms(r.lease_until_ms, r.key, "lease_until")
                                                               : std::chrono::nanoseconds(0);
         out.updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
@@ -202,6 +203,10 @@ private:
         // most options.capacity of them wait: the rest could not fit anyway.
         std::vector<stored_record> hot;
         const std::size_t hot_limit = guard_.opts().capacity;
+        // Their payloads wait too, at most options.payload_budget bytes of them (what the arena
+        // could take); a record whose payload would pass that goes to the cold window at once.
+        std::size_t hot_payload_bytes = 0;
+        const std::size_t hot_payload_limit = guard_.opts().payload_budget;
         store_->load([&](const stored_record& r) {
             // The store validated the key (corrupt_record otherwise); parse() cannot fail here.
             const auto k = key::parse(r.key);
@@ -213,11 +218,13 @@ private:
                 ++report_.expired;
                 return;
             }
-            if (!claim && (r.updated_ms < hot_since_ms || hot.size() >= hot_limit)) {
+            if (!claim && (r.updated_ms < hot_since_ms || hot.size() >= hot_limit ||
+                           r.payload.size() > hot_payload_limit - hot_payload_bytes)) {
                 cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
                 return;
             }
             if (!claim) {
+                hot_payload_bytes += r.payload.size();
                 hot.push_back(r);
                 return;
             }
@@ -235,8 +242,12 @@ private:
         for (const stored_record& r : hot) {
             const auto k = key::parse(r.key);
             const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
+            // The payload is copied into the guard's payload arena; a record whose payload does not
+            // fit (over options.max_payload, or the budget spent) goes to the cold window as one
+            // the table has no room for: a duplicate then reads it, bytes included, from the store.
             const begin_status st = detail::guard_access::restore(guard_, *k, r.state, r.fence, r.outcome, r.fingerprint,
-                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
+                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated,
+                                                   r.payload);
             if (st == begin_status::capacity_exhausted) {  // no room: the store answers for it
                 cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
                 continue;

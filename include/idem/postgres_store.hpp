@@ -188,7 +188,8 @@ public:
                 std::string(detail::pg::apply_main_name), static_cast<std::int64_t>(batch_id), now_ms, p.a_key.str(),
                 p.a_from.str(), p.a_to.str(), p.a_fence.str(), p.a_at.str(), p.a_detail.str(), node, p.l_key.str(),
                 p.l_fence.str(), p.l_lease.str(), p.l_fp.str(), p.x.key.str(), p.x.biz.str(), p.x.status.str(),
-                p.x.fence.str(), p.x.lease.str(), p.x.outcome.str(), p.x.fp.str(), p.x.created.str(), p.x.updated.str());
+                p.x.fence.str(), p.x.lease.str(), p.x.outcome.str(), p.x.fp.str(), p.x.created.str(), p.x.updated.str(),
+                p.x.payload.str());
             // Sync mode reads fsync right before COMMIT: the main statement's answer when it was
             // the last statement, else one more read after the class-Y records.
             std::string fsync = main[0][0].c_str();
@@ -196,7 +197,7 @@ public:
                 step_ = "write records that keep their lease";
                 w.exec_prepared(std::string(detail::pg::apply_keep_lease_name), p.y.key.str(), p.y.biz.str(),
                                 p.y.status.str(), p.y.fence.str(), p.y.lease.str(), p.y.outcome.str(), p.y.fp.str(),
-                                p.y.created.str(), p.y.updated.str());
+                                p.y.created.str(), p.y.updated.str(), p.y.payload.str());
                 if (durable_required_) {
                     step_ = "check fsync";
                     fsync = w.exec(std::string(detail::pg::fsync_now))[0][0].c_str();
@@ -254,6 +255,7 @@ public:
                     rec.fingerprint = static_cast<std::uint64_t>(int_field(line, f[6]));
                     rec.created_ms = int_field(line, f[7]);
                     rec.updated_ms = int_field(line, f[8]);
+                    checked_payload(rec.key, f[9], rec.payload, line);
                     fn(rec);
                 } catch (...) {  // corrupt_record, or the callback's own exception: passed on unchanged
                     from_fn = std::current_exception();
@@ -287,6 +289,8 @@ public:
             rec.fingerprint = static_cast<std::uint64_t>(row[6].as<std::int64_t>());
             rec.created_ms = row[7].as<std::int64_t>();
             rec.updated_ms = row[8].as<std::int64_t>();
+            const pqxx::field hex = row[9];
+            checked_payload(rec.key, std::string_view(hex.c_str(), hex.size()), rec.payload, {});
             out = std::move(rec);
         });
         return out;
@@ -578,7 +582,7 @@ private:
     /// (the rest) put that into SQL. biz_type is biz_type_of(key), cut back to a UTF-8 boundary.
     struct params {
         struct records {
-            detail::pg::array_literal key, biz, status, fence, lease, outcome, fp, created, updated;
+            detail::pg::array_literal key, biz, status, fence, lease, outcome, fp, created, updated, payload;
         };
         detail::pg::array_literal a_key, a_from, a_to, a_fence, a_at, a_detail;  // audit rows
         detail::pg::array_literal l_key, l_fence, l_lease, l_fp;                 // Y keys with P below F
@@ -615,6 +619,7 @@ private:
                 r.fp.add_uint(f.proc ? f.proc->t.fingerprint : 0);
                 r.created.add_int(f.first->at_ms);
                 r.updated.add_int(f.last->at_ms);
+                r.payload.add_hex(f.last->t.payload);  // the chain's last row: as outcome (batch_fold.hpp)
                 if (f.proc && !class_x) {
                     l_key.add_text(k);
                     l_fence.add_uint(f.proc->t.fence);
@@ -729,8 +734,12 @@ private:
             // cannot read idem_schema only when it exists.)
             const bool exists = !w.exec("SELECT to_regclass('idem_schema')")[0][0].is_null();
             const int version = exists ? w.exec("SELECT COALESCE(max(version), 0) FROM idem_schema")[0][0].as<int>() : 0;
+            // The payload column came without a version (postgres_sql.hpp): a current database
+            // without it runs the DDL once.
+            const bool payload = version == detail::pg::schema_version &&
+                                 w.exec(std::string(detail::pg::payload_column_exists))[0][0].as<bool>();
             w.commit();
-            if (version == detail::pg::schema_version) return;
+            if (payload) return;
         }
         for (int attempt = 0;; ++attempt) {
             try {
@@ -771,6 +780,16 @@ private:
     [[noreturn]] void bad_copy_line(const std::string& line) const {
         throw error(errc::store_error, "postgres store " + name_ + ": " + step_ + ": unexpected COPY line '" +
                                           key::printable(line) + "'");
+    }
+    /// The payload column's hex text (encode(payload, 'hex')) into `out`: text that is not hex is a
+    /// protocol surprise (bad_copy_line, or store_error for a get), a payload above the hard maximum
+    /// a corrupt row naming the key.
+    void checked_payload(const std::string& k, std::string_view hex, std::string& out, const std::string& line) const {
+        if (std::string why = detail::payload_fault(hex.size() / 2); !why.empty()) throw_corrupt(k, why);
+        if (detail::pg::from_hex(hex, out)) return;
+        if (!line.empty()) bad_copy_line(line);
+        throw error(errc::store_error, "postgres store " + name_ + ": " + step_ + ": the payload of key '" +
+                                          key::printable(k) + "' came back as text that is not hex");
     }
     std::int64_t int_field(const std::string& line, const std::string& text) const {
         std::int64_t v = 0;

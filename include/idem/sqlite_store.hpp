@@ -221,7 +221,12 @@ public:
                 char detail[48];
                 const int n = std::snprintf(detail, sizeof detail, "%s outcome=%llu", to_string(r.t.cause),
                                             static_cast<unsigned long long>(r.t.outcome));
-                sqlite3_bind_text(a, 7, detail, n, SQLITE_TRANSIENT);
+                if (r.t.payload.empty()) {
+                    sqlite3_bind_text(a, 7, detail, n, SQLITE_TRANSIENT);
+                } else {  // the payload's length and hash, not its bytes (store_rows.hpp, payload_detail)
+                    const std::string with = std::string(detail, static_cast<std::size_t>(n)) + payload_detail(r.t.payload);
+                    sqlite3_bind_text(a, 7, with.data(), static_cast<int>(with.size()), SQLITE_TRANSIENT);
+                }
                 sqlite3_bind_int64(a, 8, sequence);
                 sqlite3_bind_int64(a, 9, prev);
                 step_done(a, "insert audit row");
@@ -247,6 +252,11 @@ public:
                 sqlite3_bind_int64(u, 10, kf.first->at_ms);
                 sqlite3_bind_int64(u, 11, previous[f]);
                 sqlite3_bind_int64(u, 12, claim ? static_cast<std::int64_t>(claim->t.fence) : 0);
+                // A blob with its length, never text: NUL and invalid UTF-8 round-trip byte for byte.
+                // (A null pointer would bind NULL, which the NOT NULL column refuses: none is x''.)
+                const std::string_view payload = last.t.payload;
+                if (payload.empty()) sqlite3_bind_zeroblob(u, 13, 0);
+                else sqlite3_bind_blob64(u, 13, payload.data(), payload.size(), SQLITE_STATIC);
                 step_done(u, "upsert record");
             }
             sqlite3_reset(sequence_stmt_);
@@ -286,7 +296,7 @@ public:
         ensure_open();
         sqlite3_stmt* s = prepare(
             "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
-            "created_time, updated_time FROM idempotent_record");
+            "created_time, updated_time, payload FROM idempotent_record");
         try {
             int rc;
             while ((rc = sqlite3_step(s)) == SQLITE_ROW) fn(read_record(s));
@@ -302,7 +312,7 @@ public:
         ensure_open();
         sqlite3_stmt* s = prepare(
             "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
-            "created_time, updated_time FROM idempotent_record WHERE idempotent_key = ?1");
+            "created_time, updated_time, payload FROM idempotent_record WHERE idempotent_key = ?1");
         sqlite3_bind_text(s, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
         std::optional<stored_record> out;
         try {
@@ -765,6 +775,7 @@ private:
             exec("PRAGMA wal_autocheckpoint=16384", "set checkpoint threshold");
             exec("BEGIN IMMEDIATE", "begin schema");
             create_or_upgrade_schema();
+            add_payload_column();
             exec("COMMIT", "commit schema");
             audit_stmt_ = prepare(
                 "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, "
@@ -803,10 +814,10 @@ private:
             };
             const std::string upsert =
                 "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
-                "request_fingerprint, created_time, updated_time, last_audit) "
-                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?11) ON CONFLICT (idempotent_key) DO UPDATE SET " +
+                "request_fingerprint, created_time, updated_time, last_audit, payload) "
+                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?11, ?13) ON CONFLICT (idempotent_key) DO UPDATE SET " +
                 guarded("status", "excluded.status") + ", " + guarded("fencing_token", "excluded.fencing_token") +
-                ", " + guarded("outcome", "excluded.outcome") + ", " +
+                ", " + guarded("outcome", "excluded.outcome") + ", " + guarded("payload", "excluded.payload") + ", " +
                 // The claim's lease and fingerprint only when the claim's own fence (?12) reaches
                 // the stored one (detail/batch_fold.hpp).
                 guarded("lease_until", "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN excluded.lease_until "
@@ -967,6 +978,19 @@ INSERT INTO idem_schema (version) VALUES (2);
              "create schema");
         exec(audit_table_sql, "create audit table");
         exec(version_3_changes, "create schema (version 3)");
+    }
+
+    /// The payload column (response payloads: the bytes a completion records with its outcome),
+    /// added to a file of any version that lacks it, so the schema version stays 3: ADD COLUMN with
+    /// a constant default rewrites no row (SQLite reads the default for rows stored before it), so
+    /// the migration costs the same on a file of any size, and runs once (a file that has the column
+    /// is left alone). An older library opening a migrated file reads it without the column, and
+    /// would keep a record's old payload when it writes that record again: do not go back to one.
+    void add_payload_column() {
+        statement q(*this, "SELECT COUNT(*) FROM pragma_table_info('idempotent_record') WHERE name = 'payload'");
+        q.row("look for the payload column");
+        if (sqlite3_column_int64(q.s, 0) != 0) return;
+        exec("ALTER TABLE idempotent_record ADD COLUMN payload BLOB NOT NULL DEFAULT x''", "add the payload column");
     }
 
     /// Version 2 to 3: the prune columns of idem_schema and the updated_time index.
@@ -1131,6 +1155,13 @@ CREATE TABLE IF NOT EXISTS idempotent_audit (
         r.fingerprint = static_cast<std::uint64_t>(integer(s, 6, row));
         r.created_ms = integer(s, 7, row);
         r.updated_ms = integer(s, 8, row);
+        // Read as a blob whatever its type (a text written by hand is its bytes); NULL, which no
+        // writer of the NOT NULL column produces, is damage.
+        if (sqlite3_column_type(s, 9) == SQLITE_NULL) throw corrupt("payload is NULL; the column holds bytes (x'' for none)");
+        const auto* bytes = static_cast<const char*>(sqlite3_column_blob(s, 9));
+        const auto size = static_cast<std::size_t>(sqlite3_column_bytes(s, 9));
+        if (std::string bad = detail::payload_fault(size); !bad.empty()) throw corrupt(bad);
+        if (size > 0) r.payload.assign(bytes, size);
         return r;
     }
 

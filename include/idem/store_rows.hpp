@@ -60,7 +60,7 @@ struct audit_entry {
     std::uint64_t fence = 0;
     std::string node;
     std::int64_t at_ms = 0;
-    std::string detail;  ///< the cause ("claim", "succeed", ...), then " outcome=N"
+    std::string detail;  ///< the cause ("claim", "succeed", ...), then " outcome=N", then " payload=NB fnv=H" (if any)
 };
 
 /// The biz_type column: the operation part of a composed key (TXID_OPERATION_vN), else "default".
@@ -73,9 +73,33 @@ struct audit_entry {
     return std::string(key.substr(first + 1, std::min<std::size_t>(last - first - 1, 32)));
 }
 
+/// The 64-bit FNV-1a hash of a payload: what the audit trail records of the bytes.
+[[nodiscard]] constexpr std::uint64_t payload_hash(std::string_view bytes) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char c : bytes) {
+        h ^= static_cast<unsigned char>(c);
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/// What an audit row says of a payload: " payload=NB fnv=HHHHHHHHHHHHHHHH" (16 lower-case hex
+/// digits), or "" when there is none. The audit trail keeps the length and a hash, not the bytes:
+/// an auditor can tell which response a completion recorded and check it against the record's
+/// payload, and an audit row stays a few dozen bytes however large the response (a payload is up to
+/// 1 MiB; a trail holds every transition of a key).
+[[nodiscard]] inline std::string payload_detail(std::string_view payload) {
+    if (payload.empty()) return {};
+    static constexpr char digits[] = "0123456789abcdef";
+    char hex[16];
+    std::uint64_t h = payload_hash(payload);
+    for (int i = 15; i >= 0; --i, h >>= 4) hex[i] = digits[h & 0xf];
+    return " payload=" + std::to_string(payload.size()) + "B fnv=" + std::string(hex, sizeof hex);
+}
+
 /// The detail column of an audit row.
 [[nodiscard]] inline std::string audit_detail(const transition& t) {
-    return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome);
+    return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome) + payload_detail(t.payload);
 }
 
 }  // namespace idem

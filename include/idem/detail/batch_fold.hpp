@@ -11,8 +11,10 @@
 // largest fence of rows 0..i-1 (each row that set that maximum applied); call those rows the chain
 // C: fences along C never decrease. With S, the rows that apply are the rows of C with fence >= S,
 // a suffix of C. Hence, with F the fence of C's last row and P the last PROCESSING row of C:
-//  - status, fence, outcome, updated_time come from C's last row, written iff F > S, or F == S and
-//    not (the stored record is terminal and C's last row is not): the upsert's guard (apply_guard);
+//  - status, fence, outcome, payload, updated_time come from C's last row, written iff F > S, or
+//    F == S and not (the stored record is terminal and C's last row is not): the upsert's guard
+//    (apply_guard). The payload goes with the outcome: a completion's bytes, or none for a claim or a
+//    release (a key claimed again does not keep the response of an earlier life);
 //  - lease_until and request_fingerprint come from P, written iff the guard passes and P's fence >=
 //    S, or on insert; otherwise they keep their stored values (0 on insert without P);
 //  - created_time (on insert) is the first row's time; biz_type is biz_type_of(key).
@@ -124,6 +126,7 @@ struct batch_fold {
     rec.state = last.t.to;
     rec.fence = last.t.fence;
     rec.outcome = last.t.outcome;
+    rec.payload.assign(last.t.payload.data(), last.t.payload.size());  // copied: the view ends at the flush
     rec.updated_ms = last.at_ms;
     return rec;
 }

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS idempotent_batch (
 ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS records_horizon BIGINT;
 ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS audit_horizon BIGINT;
 ALTER TABLE idem_schema ADD COLUMN IF NOT EXISTS pruned_fence BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE idempotent_record ADD COLUMN IF NOT EXISTS payload BYTEA NOT NULL DEFAULT ''::bytea;
 CREATE INDEX IF NOT EXISTS idx_idempotent_record_updated ON idempotent_record (updated_time)
 )sql";
 
@@ -78,6 +79,16 @@ inline constexpr std::string_view schema_version_insert =
     "INSERT INTO idem_schema (version) SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM idem_schema); "
     "UPDATE idem_schema SET version = 2 WHERE version = 1";
 inline constexpr std::string_view schema_version_select = "SELECT max(version) FROM idem_schema";
+
+// Response payloads: idempotent_record.payload (BYTEA, '' for none) holds the bytes a completion
+// records with its outcome. It came without a version of its own (version 2 stays what a database
+// says, so an existing database and the global scope, which shares the table, read on unchanged):
+// a database whose version is current but which lacks the column runs the DDL above once, whose
+// ADD COLUMN ... DEFAULT of a constant rewrites no row (PostgreSQL 11 and later store the default
+// in the catalog). The check reads the catalog, so a current database takes no lock.
+inline constexpr std::string_view payload_column_exists =
+    "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('idempotent_record') "
+    "AND attname = 'payload' AND NOT attisdropped)";
 
 // apply(). Each key's rows fold into one record write (postgres_store::params explains the fold).
 // Keys fall into two classes by where lease_until / request_fingerprint come from:
@@ -103,6 +114,9 @@ inline constexpr std::string_view schema_version_select = "SELECT max(version) F
 //          keeps the BIGSERIAL sequence in that order); $9 node
 //   $10..$13 Y keys with P below F: key, P's fence, lease, fingerprint
 //   $14..$22 X records: key, biz_type, status, fence, lease, outcome, fingerprint, created, updated
+//   $23 X records' payloads, each hex-encoded (text[] elements; decode(.., 'hex') on the server):
+//          an array literal of bytea would need bytea's own escapes inside array_in's, and text
+//          cannot hold NUL; hex holds any bytes with no escaping at all, at twice the size
 inline constexpr std::string_view apply_main_name = "idem_apply_main";
 inline constexpr std::string_view apply_main = R"sql(
 WITH batch AS (
@@ -120,13 +134,14 @@ WITH batch AS (
     AND (r.fencing_token # (-9223372036854775808)::bigint) <= (p.pf # (-9223372036854775808)::bigint)
 ), rec AS (
 INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
-                                    request_fingerprint, created_time, updated_time)
-SELECT * FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[],
-                     $20::bigint[], $21::bigint[], $22::bigint[])
+                                    request_fingerprint, created_time, updated_time, payload)
+SELECT x.k, x.b, x.s, x.fe, x.l, x.o, x.fp, x.c, x.u, decode(x.p, 'hex')
+FROM unnest($14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[],
+            $20::bigint[], $21::bigint[], $22::bigint[], $23::text[]) AS x(k, b, s, fe, l, o, fp, c, u, p)
 ON CONFLICT (idempotent_key) DO UPDATE
   SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, lease_until = EXCLUDED.lease_until,
       outcome = EXCLUDED.outcome, request_fingerprint = EXCLUDED.request_fingerprint,
-      updated_time = EXCLUDED.updated_time
+      updated_time = EXCLUDED.updated_time, payload = EXCLUDED.payload
   WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
      OR (r.fencing_token = EXCLUDED.fencing_token
          AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
@@ -134,17 +149,18 @@ ON CONFLICT (idempotent_key) DO UPDATE
 SELECT current_setting('fsync')
 )sql";
 
-// Statement 2: the class-Y records ($1..$9 as $14..$22 above). lease_until and request_fingerprint
+// Statement 2: the class-Y records ($1..$10 as $14..$23 above). lease_until and request_fingerprint
 // are written on insert only; created_time and biz_type are kept on update in both statements.
 inline constexpr std::string_view apply_keep_lease_name = "idem_apply_keep_lease";
 inline constexpr std::string_view apply_keep_lease = R"sql(
 INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
-                                    request_fingerprint, created_time, updated_time)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
-                     $7::bigint[], $8::bigint[], $9::bigint[])
+                                    request_fingerprint, created_time, updated_time, payload)
+SELECT x.k, x.b, x.s, x.fe, x.l, x.o, x.fp, x.c, x.u, decode(x.p, 'hex')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[],
+            $7::bigint[], $8::bigint[], $9::bigint[], $10::text[]) AS x(k, b, s, fe, l, o, fp, c, u, p)
 ON CONFLICT (idempotent_key) DO UPDATE
   SET status = EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, outcome = EXCLUDED.outcome,
-      updated_time = EXCLUDED.updated_time
+      updated_time = EXCLUDED.updated_time, payload = EXCLUDED.payload
   WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
      OR (r.fencing_token = EXCLUDED.fencing_token
          AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
@@ -160,9 +176,10 @@ inline constexpr std::string_view committed =
     "RETURNING 1";
 
 inline constexpr std::string_view get_name = "idem_get";
+// The payload travels hex-encoded (as it is written), so the client decodes it with from_hex().
 inline constexpr std::string_view get =
     "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
-    "created_time, updated_time FROM idempotent_record WHERE idempotent_key = $1";
+    "created_time, updated_time, encode(payload, 'hex') FROM idempotent_record WHERE idempotent_key = $1";
 
 inline constexpr std::string_view audit_name = "idem_audit";
 inline constexpr std::string_view audit =
@@ -172,8 +189,8 @@ inline constexpr std::string_view audit =
 // at a time (pqxx::stream_from::get_raw_line) and split_copy_line() below takes each line apart.
 inline constexpr std::string_view load_query =
     "(SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
-    "created_time, updated_time FROM idempotent_record)";
-inline constexpr std::size_t load_columns = 9;
+    "created_time, updated_time, encode(payload, 'hex') FROM idempotent_record)";
+inline constexpr std::size_t load_columns = 10;
 inline constexpr std::string_view scan_audit_query =
     "(SELECT sequence, idempotent_key, from_status, to_status, fencing_token, node, at_time, detail "
     "FROM idempotent_audit ORDER BY idempotent_key, sequence)";
@@ -293,6 +310,36 @@ inline constexpr std::string_view durability_settings =
     return text;
 }
 
+/// Hex digits of `bytes` (lower case, two per byte, no prefix): what decode(.., 'hex') reads.
+inline void append_hex(std::string& out, std::string_view bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    for (const char c : bytes) {
+        const auto b = static_cast<unsigned char>(c);
+        out += digits[b >> 4];
+        out += digits[b & 0xf];
+    }
+}
+
+/// The bytes of hex text (what encode(.., 'hex') writes); false on an odd length or a character
+/// that is not a hex digit.
+[[nodiscard]] inline bool from_hex(std::string_view hex, std::string& out) {
+    out.clear();
+    if (hex.size() % 2 != 0) return false;
+    out.reserve(hex.size() / 2);
+    const auto digit = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    for (std::size_t i = 0; i < hex.size(); i += 2) {
+        const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+        if (hi < 0 || lo < 0) return false;
+        out += static_cast<char>(hi * 16 + lo);
+    }
+    return true;
+}
+
 /// Builds one array-literal parameter: '{"a","b"}' for text, '{1,2}' for integers.
 class array_literal {
 public:
@@ -314,6 +361,14 @@ public:
         text_.append(buf, end);
     }
     void add_uint(std::uint64_t v) { add_int(static_cast<std::int64_t>(v)); }  // same bits
+    /// Any bytes as a hex text element (decode(.., 'hex') in the statement): needs no quoting.
+    void add_hex(std::string_view bytes) {
+        open_element();
+        text_ += '"';
+        text_.reserve(text_.size() + 2 * bytes.size() + 2);
+        append_hex(text_, bytes);
+        text_ += '"';
+    }
     [[nodiscard]] bool empty() const noexcept { return text_.empty(); }
     [[nodiscard]] const std::string& str() {
         if (!closed_) {

@@ -8,11 +8,15 @@
 //   fence        1 .. 2^52-1: the guard packs fences into 52 bits of its slot word
 //   wall time    within 100 years of now: further is a damaged row, and would overflow the guard's
 //                nanosecond clock arithmetic
+//   payload      at most payload_hard_max bytes (1 MiB): no guard option admits a larger response,
+//                so a longer one was not written by this library (its bytes are not checked:
+//                a payload is any bytes, NUL and invalid UTF-8 included)
 // Each check answers the broken rule as text ("" when kept), so a store builds its own message and
 // a check costs no allocation when the row is good.
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +29,17 @@ namespace idem::detail {
 
 /// Fences are below this (the slot word's 52 fence bits).
 inline constexpr std::uint64_t fence_limit = std::uint64_t{1} << 52;
+
+/// No payload is longer than this (1 MiB), whatever the guard's options: the stores read a longer
+/// one back as corrupt_record.
+inline constexpr std::size_t payload_hard_max = std::size_t{1} << 20;
+
+/// The rule a stored payload of `size` bytes breaks, or "".
+[[nodiscard]] inline std::string payload_fault(std::size_t size) {
+    if (size <= payload_hard_max) return {};
+    return "payload is " + std::to_string(size) + " bytes; a payload holds at most " +
+           std::to_string(payload_hard_max) + " bytes (the hard maximum)";
+}
 
 /// The rule a stored key breaks (key::check's reason, naming the key), or "".
 [[nodiscard]] inline std::string key_fault(std::string_view k) {
@@ -66,13 +81,14 @@ template <std::integral I>
     return std::string(column) + " = " + std::to_string(ms) + " ms, more than 100 years from now: a damaged row";
 }
 
-/// The first rule a record breaks (its key, status, fence), or "": what every store checks after
-/// reading a record whose fields it decoded.
+/// The first rule a record breaks (its key, status, fence, payload size), or "": what every store
+/// checks after reading a record whose fields it decoded.
 [[nodiscard]] inline std::string record_fault(const stored_record& r) {
     if (std::string why = key_fault(r.key); !why.empty()) return why;
     if (r.state == record_state::absent) return "status 'ABSENT' is for audit rows only";
     if (r.state > record_state::released) return "status " + std::to_string(static_cast<int>(r.state)) + " is not a status";
-    return fence_fault(r.fence);
+    if (std::string why = fence_fault(r.fence); !why.empty()) return why;
+    return payload_fault(r.payload.size());
 }
 
 }  // namespace idem::detail

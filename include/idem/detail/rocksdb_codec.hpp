@@ -16,7 +16,13 @@
 // Values start with a version byte (1). Integers are LEB128 varints (times and lease deadlines
 // zigzag-encoded, since they are signed), strings a varint length then bytes. Record value:
 //   1 STATE FENCE LEASE_UNTIL OUTCOME FINGERPRINT CREATED UPDATED
-// (biz_type is not stored: it is biz_type_of(key)). Audit value:
+//   2 STATE FENCE LEASE_UNTIL OUTCOME FINGERPRINT CREATED UPDATED PAYLOAD
+// (biz_type is not stored: it is biz_type_of(key)). Version 2 adds the response payload (a varint
+// length, at most 1 MiB, then the bytes) and is written only for a record that has one: a record
+// without a payload keeps the version 1 bytes, so values written before payloads existed decode
+// unchanged (with an empty payload), and a library from before payloads still reads every record
+// but those with a payload (which it refuses as corrupt_record: never read without its bytes).
+// Audit value:
 //   1 FROM TO FENCE AT NODE DETAIL
 // Decoding checks every byte: truncation, an overlong varint, bytes left over, a state outside the
 // enum, a record state ABSENT, a fence outside 1 .. 2^52-1 or a key the guard would refuse is
@@ -40,6 +46,7 @@ inline constexpr char audit_prefix = 'a';
 inline constexpr char batch_prefix = 'b';
 inline constexpr char meta_prefix = 'm';
 inline constexpr std::uint8_t value_version = 1;
+inline constexpr std::uint8_t record_payload_version = 2;  ///< a record value that ends with a payload
 using detail::fence_limit;  // fences are below 2^52, as in every store (record_rules.hpp)
 
 static_assert(key::max_size < 0xff, "an audit key is KEY 0x00 SEQ: keys must stay short and NUL-free");
@@ -137,6 +144,25 @@ public:
         if (ok() && v != value_version)
             fail("version byte", ("is " + std::to_string(v) + "; this store writes version 1").c_str());
     }
+    /// A record value's version byte: 1, or 2 (a payload follows the fields). Returns it.
+    std::uint8_t record_version() {
+        const std::uint8_t v = byte("version byte");
+        if (ok() && v != value_version && v != record_payload_version)
+            fail("version byte", ("is " + std::to_string(v) + "; a record value is version 1 or 2").c_str());
+        return v;
+    }
+    /// A payload: a varint length (at most detail::payload_hard_max) then the bytes.
+    std::string payload() {
+        const std::size_t at = pos_;
+        const std::uint64_t n = varint("payload");
+        if (!ok()) return {};
+        if (std::string why = detail::payload_fault(n); !why.empty()) {
+            fault_ = std::move(why);
+            return {};
+        }
+        pos_ = at;
+        return bytes("payload");
+    }
     void end() {
         if (ok() && pos_ != in_.size())
             fail("value", (std::to_string(in_.size() - pos_) + " bytes are left after the last field").c_str());
@@ -195,8 +221,8 @@ private:
 
 [[nodiscard]] inline std::string encode_record(const stored_record& r) {
     std::string out;
-    out.reserve(48);
-    out.push_back(static_cast<char>(value_version));
+    out.reserve(48 + r.payload.size());
+    out.push_back(static_cast<char>(r.payload.empty() ? value_version : record_payload_version));
     out.push_back(static_cast<char>(r.state));
     put_varint(out, r.fence);
     put_signed(out, r.lease_until_ms);
@@ -204,6 +230,7 @@ private:
     put_varint(out, r.fingerprint);
     put_signed(out, r.created_ms);
     put_signed(out, r.updated_ms);
+    if (!r.payload.empty()) put_bytes(out, r.payload);
     return out;
 }
 
@@ -215,7 +242,7 @@ private:
     stored_record r;
     r.key = std::string(k);
     reader in(value);
-    in.version();
+    const std::uint8_t version = in.record_version();
     r.state = in.state("status", false);
     r.fence = in.fence("fencing_token");
     r.lease_until_ms = in.signed_varint("lease_until");
@@ -223,6 +250,7 @@ private:
     r.fingerprint = in.varint("request_fingerprint");
     r.created_ms = in.signed_varint("created_time");
     r.updated_ms = in.signed_varint("updated_time");
+    if (version == record_payload_version) r.payload = in.payload();
     in.end();
     if (!in.ok())
         throw error(errc::corrupt_record, std::string(where) + "record '" + key::printable(k) + "': " + in.fault());
