@@ -677,6 +677,7 @@ int main(int argc, char** argv) {
         cold_window_keys = static_cast<std::size_t>(std::strtoull(c, nullptr, 10));
     register_guard<idem_guard>();
     register_guard<idem_prefault_guard>();
+    register_guard<idem_payload_guard>();
     register_batch();
     register_guard<mutex_guard>();
     register_guard<tbb_guard>();
@@ -687,6 +688,7 @@ int main(int argc, char** argv) {
     register_guard<postgres_guard>();
     register_lookup<idem_guard>();
     register_lookup<idem_prefault_guard>();
+    register_lookup<idem_payload_guard>();
     register_lookup<mutex_guard>();
     register_lookup<tbb_guard>();
 #if IDEM_BENCH_HAVE_LIBCUCKOO

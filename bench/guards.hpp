@@ -12,6 +12,7 @@
 //   g.succeed(c, outcome)            completes an acquired claim; true on success
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -66,11 +67,15 @@ inline std::int64_t now_ns() noexcept {
 // are faulted in on first touch, so early claims pay page faults) and options.prefault = true
 // (every page faulted in at construction, MAP_POPULATE).
 
-template <bool Prefault>
+// A third, idem_payload200: default options, and every success records a 200-byte response payload
+// (ticket.succeed(outcome, payload)) that duplicates get back (copied into the answer's string);
+// its payload budget is raised to hold one per key of the largest run.
+template <bool Prefault, std::size_t Payload = 0>
 class basic_idem_guard {
 public:
     using key_type = idem::key;
-    static constexpr std::string_view name = Prefault ? "idem_prefault" : "idem";
+    static constexpr std::string_view name = Payload != 0 ? "idem_payload200" : Prefault ? "idem_prefault" : "idem";
+    static_assert(Payload == 0 || Payload == 200, "name the payload size in `name`");
 
     struct claim {
         idem::begin_result r;
@@ -84,13 +89,20 @@ public:
                 default: return verdict::rejected;
             }
         }
-        [[nodiscard]] std::uint64_t outcome() const noexcept { return r.outcome; }
+        [[nodiscard]] std::uint64_t outcome() const noexcept { return r.outcome + r.payload.size(); }
     };
 
     explicit basic_idem_guard(std::size_t capacity) : g_(make_options(capacity)) {}
 
     claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_.begin(k, fingerprint)}; }
-    bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
+    bool succeed(claim& c, std::uint64_t outcome) noexcept {
+        if constexpr (Payload != 0) {
+            static const std::string body(Payload, 'p');
+            return !c.r.ticket.succeed(outcome, body);
+        } else {
+            return !c.r.ticket.succeed(outcome);
+        }
+    }
 
     [[nodiscard]] idem::stats snapshot() const noexcept { return g_.snapshot(); }
 
@@ -101,6 +113,7 @@ private:
         o.prefault = Prefault;
         o.lease = lease;
         o.maintenance_interval = {};  // no background thread: nothing runs beside the benchmark
+        if constexpr (Payload != 0) o.payload_budget = std::max<std::size_t>(o.payload_budget, 2 * capacity * Payload);
         return o;
     }
     idem::guard g_;
@@ -108,6 +121,7 @@ private:
 
 using idem_guard = basic_idem_guard<false>;
 using idem_prefault_guard = basic_idem_guard<true>;
+using idem_payload_guard = basic_idem_guard<false, 200>;
 
 /// The durable stores the overhead scenario runs: SQLite (the default set-up) and RocksDB.
 enum class durable_kind { sqlite, rocksdb };

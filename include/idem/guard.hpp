@@ -109,7 +109,8 @@ public:
     // detail::guard_contract (guard_contract.hpp): the same in every scope. begin_wait stops at
     // the guard clock's deadline too (a manual clock in tests).
 
-    /// The key's record as this process knows it (absent when unknown). Progress: lock-free.
+    /// The key's record as this process knows it (absent when unknown), with its response payload
+    /// (record_view::payload) when it is terminal and has one. Progress: lock-free.
     [[nodiscard]] record_view query(const key& k) const noexcept { return engine_.query(k); }
 
     /// Sends expired claims to the resolver. Returns how many were resolved.
@@ -146,7 +147,7 @@ private:
     /// The engine's answer as the public result: a ticket for an acquired claim.
     result_type answer(typename detail::engine<Atomic, Clock>::begin_answer a, const key& k) noexcept {
         if (a.status == begin_status::acquired) return {a.status, ticket_type(&engine_, a.claim, k), 0, a.fence};
-        return {a.status, ticket_type(), a.outcome, a.fence};
+        return {a.status, ticket_type(), a.outcome, a.fence, std::move(a.payload)};
     }
 
     /// run()'s words for the answers only this scope gives its reasons for.
@@ -164,8 +165,8 @@ private:
 
     begin_status restore_record(const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
 
     /// Starts the maintenance thread if options.maintenance_interval > 0 and it is not running.
@@ -212,12 +213,14 @@ namespace detail {
 /// says when records are durably flushed, and starts or stops the maintenance thread around its
 /// own start and shutdown. All of it happens before the guard is shared, or from its owner.
 struct guard_access {
-    /// Restores one record during recovery, before the guard is shared.
+    /// Restores one record during recovery, before the guard is shared. `payload` (a succeeded or
+    /// failed record's response bytes; ignored for other states) is copied into the guard's
+    /// payload arena: capacity_exhausted when it is over options.max_payload or the budget is spent.
     template <class G>
     static begin_status restore(G& g, const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
                                 std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated) noexcept {
-        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated);
+                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
+        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
     }
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>

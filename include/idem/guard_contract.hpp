@@ -11,7 +11,7 @@
 // begin_result_of<its ticket>; and the ticket's finish(cause, outcome), which records the claim's end.
 // Everything built on them is written here once, so it cannot drift between scopes:
 //
-//   * one result shape: begin_result_of<Ticket> {status, ticket, outcome, fence};
+//   * one result shape: begin_result_of<Ticket> {status, ticket, outcome, fence, payload};
 //   * one back-off: wait_backoff, used by begin_wait() while another caller holds the claim;
 //   * one run(): the same answer for every begin_status, the same retry of a success the queue
 //     could not take yet, the same exception (idem::error) and message shape;
@@ -35,6 +35,7 @@
 #include "idem/error.hpp"
 #include "idem/key.hpp"
 #include "idem/options.hpp"
+#include "idem/payload.hpp"
 #include "idem/status.hpp"
 #include "idem/transition.hpp"
 
@@ -49,6 +50,12 @@ struct [[nodiscard]] begin_result_of {
     std::uint64_t outcome = 0;   ///< the recorded outcome (succeeded), failure code (failed), or the
                                  ///< newest version claimed of the key's (txid, operation) (superseded)
     std::uint64_t fence = 0;     ///< the record's fence; 0 when the scope answered without knowing it
+    /// The response payload recorded with the outcome (ticket.succeed(outcome, payload)), replayed
+    /// byte for byte when status is succeeded (or failed, if one was recorded); empty otherwise,
+    /// and empty for a record completed without one. An empty std::string does not allocate, so an
+    /// answer without a payload costs what it did; a replayed payload longer than the string's
+    /// small buffer (15 bytes with libstdc++) is one allocation.
+    std::string payload{};
     explicit operator bool() const noexcept { return status == begin_status::acquired; }
 };
 
@@ -111,24 +118,57 @@ public:
         }
     }
 
-    /// Runs fn at most once per key and returns its outcome. fn returns an integral outcome or void
-    /// (outcome 0). A duplicate of a success returns the recorded outcome, or throws
-    /// errc::duplicate_request when ro.on_duplicate == raise; a key whose operation failed terminally
-    /// throws errc::already_failed (fn is not run again). Throws idem::error for in progress (after
+    /// Runs fn at most once per key and returns its result; a duplicate gets the recorded result
+    /// back without running fn. What fn may return and how it is stored is in payload.hpp: void,
+    /// integral and enum results are the 64-bit outcome and run() returns std::uint64_t (as
+    /// always; bool is integral: true is 1); std::string, std::vector<std::byte>, byte spans,
+    /// trivially copyable classes and types with an idem::codec are stored as the response payload
+    /// and run() returns the type (a span: std::vector<std::byte>). Anything else, double
+    /// included, does not compile. Payload results need a scope that stores payloads (process
+    /// scope; global scope not yet: a static_assert says so).
+    ///
+    /// A duplicate of a success returns the recorded result, or throws errc::duplicate_request
+    /// when ro.on_duplicate == raise; a key whose operation failed terminally throws
+    /// errc::already_failed (fn is not run again). Throws idem::error for in progress (after
     /// ro.wait), in doubt, payload mismatch, capacity and store errors, each naming the key. If fn
-    /// throws, the claim fails per options.on_failure and the exception propagates. Once fn returned,
-    /// its success is recorded, retried while the scope answers backpressure or busy for up to
-    /// ro.record_timeout; a success that could not be recorded throws its errc.
+    /// throws, the claim fails per options.on_failure and the exception propagates. Once fn
+    /// returned, its success is recorded, retried while the scope answers backpressure or busy for
+    /// up to ro.record_timeout; a success that could not be recorded throws its errc. A payload
+    /// the guard cannot keep (over options.max_payload, or options.payload_budget spent) is never
+    /// truncated: fn ran, so the claim is recorded as failed terminally (code 0: it must not run
+    /// again) and run() throws errc::invalid_argument or errc::capacity_exhausted naming the size
+    /// and the limit.
     template <class Fn>
-    std::uint64_t run(const key& k, Fn&& fn, const run_options& ro = {}) {
+    auto run(const key& k, Fn&& fn, const run_options& ro = {}) {
+        using R = std::remove_cvref_t<std::invoke_result_t<Fn>>;
+        static_assert(storable<R>,
+                      "idem::run: fn's result type cannot be stored. Return void or an integral/enum (the "
+                      "64-bit outcome), std::string, std::vector<std::byte>, a std::span of bytes or a "
+                      "trivially copyable class (stored as the response payload), or specialize "
+                      "idem::codec<T> with encode/decode (see idem/payload.hpp). Floating point is refused: "
+                      "it would be narrowed to the integer outcome");
+        constexpr bool as_payload = payload_result<R>;
+        using result_t = detail::run_result_t<R>;
         Guard& g = self();
         auto r = ro.wait > std::chrono::nanoseconds::zero() ? begin_wait(k, ro.fingerprint, ro.wait)
                                                             : g.begin(k, ro.fingerprint);
+        if constexpr (as_payload)
+            static_assert(detail::carries_payloads_v<typename decltype(r)::ticket_type>,
+                          "idem::run: results stored as a payload are not yet in global scope; return an "
+                          "integral outcome there");
+        if constexpr (detail::trivial_result<R> && !has_codec<R>)
+            static_assert(sizeof(R) <= options::max_payload_limit,
+                          "idem::run: this trivially copyable result is larger than the 1 MiB payload limit");
         auto name = [&k] { return "key '" + key::printable(k.view()) + "'"; };  // only on the error paths
         switch (r.status) {
             case begin_status::acquired: break;
             case begin_status::succeeded:
-                if (ro.on_duplicate == duplicate_policy::replay) return r.outcome;
+                if (ro.on_duplicate == duplicate_policy::replay) {
+                    if constexpr (as_payload)
+                        return detail::decode_result<R>(r.payload, name());
+                    else
+                        return result_t{r.outcome};
+                }
                 throw error(errc::duplicate_request,
                             name() + " already succeeded" +
                                 (r.fence != 0 ? " (fence " + std::to_string(r.fence) + ")" : std::string()));
@@ -150,23 +190,49 @@ public:
                 throw error(errc::superseded, name() + " is superseded: version " + std::to_string(r.outcome) +
                                                   " of its transaction's operation was claimed; not executed");
         }
-        std::uint64_t outcome = 0;
-        if constexpr (std::is_void_v<std::invoke_result_t<Fn>>) {
-            std::invoke(std::forward<Fn>(fn));
-        } else {
-            outcome = static_cast<std::uint64_t>(std::invoke(std::forward<Fn>(fn)));
-        }
         // The effect happened: the success must be recorded. Retry while the queue is full or
         // compensation holds the record; give up after ro.record_timeout (the lease and the
         // resolver then decide, and the caller learns it from the exception).
-        std::error_code ec = r.ticket.succeed(outcome);
-        const auto give_up = std::chrono::steady_clock::now() + ro.record_timeout;
-        while ((ec == errc::backpressure || ec == errc::busy) && std::chrono::steady_clock::now() < give_up) {
-            std::this_thread::yield();
-            ec = r.ticket.succeed(outcome);
+        auto record = [&](auto&& succeed) {
+            std::error_code ec = succeed();
+            const auto give_up = std::chrono::steady_clock::now() + ro.record_timeout;
+            while ((ec == errc::backpressure || ec == errc::busy) && std::chrono::steady_clock::now() < give_up) {
+                std::this_thread::yield();
+                ec = succeed();
+            }
+            return ec;
+        };
+        if constexpr (as_payload) {
+            auto value = std::invoke(std::forward<Fn>(fn));
+            const auto enc = detail::encode_result<R>(value);
+            const std::error_code ec = record([&] { return r.ticket.succeed(0, enc.bytes); });
+            if (ec == errc::invalid_argument || ec == errc::capacity_exhausted) {
+                // Nothing was recorded and the ticket is still ours. fn ran: it must not run again,
+                // and the result must not be cut, so the claim fails terminally.
+                (void)r.ticket.fail(0, failure_policy::terminal);
+                const std::string why =
+                    ec == errc::invalid_argument
+                        ? "its result's payload of " + std::to_string(enc.bytes.size()) +
+                              " bytes exceeds options.max_payload = " + std::to_string(g.opts().max_payload)
+                        : "its result's payload of " + std::to_string(enc.bytes.size()) +
+                              " bytes does not fit: options.payload_budget = " +
+                              std::to_string(g.opts().payload_budget) + " is spent in this generation";
+                throw error(static_cast<errc>(ec.value()),
+                            name() + ": " + why + "; recorded as failed terminally (code 0) so that it does not run again");
+            }
+            if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            return detail::returned<R>(std::move(value));
+        } else {
+            std::uint64_t outcome = 0;
+            if constexpr (std::is_void_v<R>) {
+                std::invoke(std::forward<Fn>(fn));
+            } else {
+                outcome = detail::outcome_of<R>(std::invoke(std::forward<Fn>(fn)));
+            }
+            const std::error_code ec = record([&] { return r.ticket.succeed(outcome); });
+            if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            return outcome;
         }
-        if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
-        return outcome;
     }
 
 protected:
@@ -190,6 +256,24 @@ public:
     std::error_code succeed(std::uint64_t outcome = 0) noexcept {
         if (!self().valid()) return errc::empty_ticket;
         return self().finish(transition_cause::succeed, outcome);
+    }
+
+    /// Records success with an outcome and a response payload, both replayed to duplicates
+    /// (begin_result_of::payload). The payload is bytes: NUL and non-UTF-8 bytes round trip
+    /// exactly; empty means none. It is copied before succeed() returns. Besides succeed()'s
+    /// answers: errc::invalid_argument when payload.size() > options.max_payload, and
+    /// errc::capacity_exhausted when options.payload_budget is spent (retryable once a rotation
+    /// recycled a generation); both change nothing and leave the ticket valid, the payload is
+    /// never truncated. A scope that cannot store payloads yet (global_ticket) answers
+    /// errc::invalid_argument for a non-empty payload, and changes nothing.
+    std::error_code succeed(std::uint64_t outcome, std::string_view payload) noexcept {
+        if (!self().valid()) return errc::empty_ticket;
+        if constexpr (carries_payloads_v<Ticket>) {
+            return self().finish(transition_cause::succeed, outcome, payload);
+        } else {
+            if (!payload.empty()) return errc::invalid_argument;
+            return self().finish(transition_cause::succeed, outcome);
+        }
     }
 
     /// Records failure with the guard's failure policy (options.on_failure).

@@ -136,6 +136,19 @@ struct options {
     /// How often a background thread runs maintain() (compensation, then generation recycling).
     /// Zero: no thread; the application calls maintain() itself (tests with a manual clock do).
     std::chrono::nanoseconds maintenance_interval = 1s;
+    /// Largest response payload one completion may carry (ticket::succeed(outcome, payload)), in
+    /// bytes: 0 to max_payload_limit (1 MiB). A larger payload is refused with
+    /// errc::invalid_argument and changes nothing. Default 64 KiB.
+    std::size_t max_payload = std::size_t{64} << 10;
+    /// Payload bytes each generation can hold (its payload arena, mapped lazily, committed as it
+    /// fills): 0 turns payloads off (a completion with one answers errc::capacity_exhausted), else
+    /// at least max_payload and at most 2^40. Rounded up to whole chunks of max(64 KiB,
+    /// max_payload); a payload that does not fit its thread's chunk starts the next one. When it is
+    /// spent, a completion with a payload answers errc::capacity_exhausted (retryable: nothing
+    /// changes, the ticket stays valid) until a rotation recycles a generation. Default 64 MiB.
+    std::size_t payload_budget = std::size_t{64} << 20;
+    /// The hard maximum of max_payload.
+    static constexpr std::size_t max_payload_limit = std::size_t{1} << 20;
 };
 
 }  // namespace idem

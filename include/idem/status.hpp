@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <string>
 
 #include "idem/detail/enum_print.hpp"
 #include "idem/transition.hpp"
@@ -66,6 +67,10 @@ struct record_view {
     std::uint64_t fingerprint = 0;
     bool in_doubt = false;
     std::chrono::nanoseconds lease_until{0};
+    /// The response payload of a succeeded or failed record that has one (process scope: query()
+    /// and for_each() copy it; empty otherwise, and hidden like the outcome in sync mode until
+    /// durable). Global scope leaves it empty for now.
+    std::string payload{};
 };
 
 }  // namespace idem

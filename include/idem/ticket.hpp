@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -62,15 +63,21 @@ public:
     }
     [[nodiscard]] const key& get_key() const noexcept { return key_; }
 
-    // succeed(outcome), fail(code) and fail(code, policy) come from detail::ticket_contract. In this
-    // scope they answer: errc::stale_ticket when the claim was compensated or reclaimed meanwhile
+    /// succeed(outcome, payload) records response bytes with the outcome (ticket_contract).
+    static constexpr bool carries_payloads = true;
+
+    // succeed(outcome), succeed(outcome, payload), fail(code) and fail(code, policy) come from
+    // detail::ticket_contract. In this scope they answer: errc::stale_ticket when the claim was compensated or reclaimed meanwhile
     // (nothing changes), errc::empty_ticket when moved from or already completed,
     // errc::backpressure when the flush queue is full or errc::busy when compensation holds the
     // record for a moment (the ticket stays valid: retry), errc::store_unavailable in sync mode when
     // the commit could not be confirmed (the success is recorded in memory and queued, not yet
     // durable: duplicates see in_doubt until it commits), errc::store_error in sync mode when the
     // store set the row aside as one it can never take. errc::backpressure changes nothing: room in
-    // the queue is reserved before the record moves.
+    // the queue is reserved before the record moves. With a payload also: errc::invalid_argument
+    // when it is over options.max_payload, errc::capacity_exhausted when options.payload_budget of
+    // the claim's generation is spent; neither changes anything and the ticket stays valid (retry
+    // later, complete without the payload, or fail()).
 
     /// Renews the lease to now + `by`. errc::stale_ticket if the claim is no longer this ticket's
     /// (the ticket becomes empty), errc::busy if compensation holds the record for a moment.
@@ -90,12 +97,15 @@ private:
     [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
     void forget() noexcept { engine_ = nullptr; }
 
-    std::error_code finish(transition_cause cause, std::uint64_t outcome) noexcept {
+    std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
         const detail::slot_state to = cause == transition_cause::succeed ? detail::slot_state::succeeded
                                       : cause == transition_cause::fail  ? detail::slot_state::failed
                                                                          : detail::slot_state::released;
-        std::error_code ec = engine_->complete(key_, ref_, to, outcome, cause);
-        if (ec != errc::backpressure && ec != errc::busy) engine_ = nullptr;  // done or stale: the claim is gone
+        std::error_code ec = engine_->complete(key_, ref_, to, outcome, cause, false, true, payload);
+        // done or stale: the claim is gone. Refusals that change nothing keep it (retry).
+        if (ec != errc::backpressure && ec != errc::busy &&
+            (payload.empty() || (ec != errc::invalid_argument && ec != errc::capacity_exhausted)))
+            engine_ = nullptr;
         return ec;
     }
 

@@ -1,5 +1,5 @@
-// idem/detail/arenas.hpp: a generation's slot arena and key arena, and the chunk allocator that
-// hands out their units.
+// idem/detail/arenas.hpp: a generation's slot arena, key arena and payload arena, and the chunk
+// allocator that hands out their units.
 //
 // Invariants
 // ----------
@@ -13,14 +13,22 @@
 // * A slot keeps its state word across resets, so its incarnation keeps counting up.
 // * Key text is written once per record, by the claimer holding claiming, and published by the
 //   word's release store (5); a reader of the text validates it against the slot's word. A key
-//   reference is size << 40 | (first word + 1); 0 means none.
+//   reference is size << 40 | (first word + 1); 0 means none. Bit 63 of the slot's key_ref says
+//   the word just before the key text holds a payload reference (key_arena::has_payload).
+// * Payload bytes are written once per record, by the completer holding completing, into units
+//   of the record's own generation that nobody else was handed, and published by (5). They do not
+//   change until the generation is recycled, and the recycle changes every slot word of the
+//   generation (recycling, incarnation + 1) before it resets the arena: a reader that copied
+//   bytes and then validated its snapshot's word copied the bytes of that word's record.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "idem/detail/mapping.hpp"
@@ -133,23 +141,31 @@ struct arena_span {
 
 /// The key text of one generation's records, written once per record when it is first claimed and
 /// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
-/// An entry is the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4 KiB chunks per stripe: a
-/// claim writes its key into lines its own thread wrote a moment ago. Its size travels in the
-/// reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the first word + 1, so
-/// an entry needs no size word of its own (8 bytes less per record). It holds at least max_size bytes
-/// for every index position, plus a chunk per stripe, so it cannot fill before the index does.
+/// An entry is one payload word, then the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4
+/// KiB chunks per stripe: a claim writes its key into lines its own thread wrote a moment ago. Its
+/// size travels in the reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the
+/// first word of the text + 1, so an entry needs no size word of its own. The payload word is the
+/// record's payload reference (payload_arena), written only by a completion that carries a payload
+/// (before it sets has_payload in the slot's key_ref): a record without one never touches it, so the
+/// slot stays one cache line and a completion without a payload writes nothing more than before. It
+/// holds at least max_size bytes and a payload word for every index position, plus a chunk per
+/// stripe, so it cannot fill before the index does.
 template <template <class> class Atomic>
 class key_arena {
 public:
     static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
     static constexpr std::uint64_t max_words = key::max_size / 8;
-    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : max_words;
+    static constexpr std::uint64_t entry_words = max_words + 1;  ///< the text and the payload word
+    static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : entry_words;
     static constexpr unsigned size_shift = 40;
     static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
+    static constexpr std::uint64_t size_mask = 0xff;
+    /// In the slot's key_ref: the payload word of the entry holds the record's payload reference.
+    static constexpr std::uint64_t has_payload = std::uint64_t{1} << 63;
     static_assert(key::max_size % 8 == 0 && key::max_size < 256, "a key's size must fit the reference's 8 size bits");
 
     key_arena(std::size_t positions, bool prefault)
-        : chunks_((positions * max_words + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
+        : chunks_((positions * entry_words + arena_cursors<Atomic> * chunk_words + chunk_words - 1) / chunk_words),
           alloc_(chunk_words, chunks_) {
         words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words, prefault);
     }
@@ -161,8 +177,9 @@ public:
     /// arena is full.
     [[nodiscard]] std::uint64_t append(const key& k, stripe_ref stripe) noexcept {
         const std::uint64_t n = (k.size() + 7) / 8;
-        const std::uint64_t at = alloc_.alloc(n, stripe);
-        if (at == alloc_.npos) return 0;
+        const std::uint64_t word = alloc_.alloc(n + 1, stripe);  // the payload word, then the text
+        if (word == alloc_.npos) return 0;
+        const std::uint64_t at = word + 1;
         if constexpr (zero_pages_ok)  // the next keys' line
             if (at + n + 16 < chunks_ * chunk_words) __builtin_prefetch(words_ + at + n + 16, 1);
         // Whole words straight from the key's buffer: it holds max_size bytes, zero past size().
@@ -179,14 +196,27 @@ public:
     /// slot word afterwards and discards the result).
     [[nodiscard]] std::string read(std::uint64_t ref) const {
         const std::uint64_t total = chunks_ * chunk_words;
-        const std::uint64_t size = ref >> size_shift;
+        const std::uint64_t size = (ref >> size_shift) & size_mask;
         const std::uint64_t n = (size + 7) / 8;
-        if ((ref & at_mask) == 0 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
+        if ((ref & at_mask) < 2 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
         const std::uint64_t at = (ref & at_mask) - 1;
         std::uint64_t bytes[max_words];
         for (std::uint64_t i = 0; i < n; ++i)
             bytes[i] = words_[at + i].load(seqlock::field_load);  // field_load: the caller validates
         return std::string(reinterpret_cast<const char*>(bytes), size);
+    }
+
+    /// Records the payload reference of the entry at key_ref (written by the completer holding
+    /// completing, or by recovery; published by (5)). The caller then sets has_payload in key_ref.
+    void set_payload(std::uint64_t key_ref, std::uint64_t payload_ref) noexcept {
+        words_[(key_ref & at_mask) - 2].store(payload_ref, seqlock::field_store);  // field_store: published by (5)
+    }
+    /// The payload reference of the entry at key_ref (with has_payload set), or 0 when key_ref is
+    /// out of range (a torn read: the caller validates the slot word afterwards).
+    [[nodiscard]] std::uint64_t payload_of(std::uint64_t key_ref) const noexcept {
+        const std::uint64_t at = key_ref & at_mask;
+        if (at < 2 || at - 2 >= chunks_ * chunk_words) return 0;
+        return words_[at - 2].load(seqlock::field_load);  // field_load: the caller validates
     }
 
     void reset() noexcept { alloc_.reset(); }
@@ -196,6 +226,113 @@ public:
     }
 
 private:
+    std::uint64_t chunks_;
+    chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
+    Atomic<std::uint64_t>* words_ = nullptr;
+};
+
+/// The response payloads of one generation's records, in whole words (8 * ceil(n / 8) bytes), in
+/// chunks of max(64 KiB, max_payload) per stripe, carved by the stripe's cursor and reset only when
+/// the generation is recycled (after the sink flushed everything offered, so a transition's view
+/// of the bytes stays valid until it is flushed). Its own budget: payload_budget bytes, rounded up
+/// to whole chunks; a payload that does not fit the rest of its thread's chunk starts a new one
+/// (the rest stays unused until the recycle), so the budget holds at least half its bytes in
+/// payloads whatever their sizes. A reference is size << 40 | (first word + 1); 0 means none (the
+/// empty payload is no payload). Mapped lazily: a guard that never stores a payload commits none
+/// of it, and it is never prefaulted.
+template <template <class> class Atomic>
+class payload_arena {
+public:
+    static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
+    static constexpr unsigned size_shift = 40;
+    static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
+    static constexpr std::uint64_t min_chunk_bytes = zero_pages_ok ? std::uint64_t{64} << 10 : 64;
+
+    payload_arena(std::size_t budget, std::size_t max_payload)
+        : chunk_words_((std::max<std::uint64_t>(min_chunk_bytes, max_payload) + 7) / 8),
+          chunks_(budget == 0 ? 0 : (budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8)),
+          alloc_(chunk_words_, chunks_) {
+        if (chunks_ != 0) words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words_, /*prefault=*/false);
+    }
+    ~payload_arena() {
+        if (words_ != nullptr) unmap_words(words_, chunks_ * chunk_words_);
+    }
+    payload_arena(const payload_arena&) = delete;
+    payload_arena& operator=(const payload_arena&) = delete;
+
+    /// Copies `bytes` (1 to max_payload of them) in; returns their reference, or 0 when the budget
+    /// is spent. Progress: lock-free.
+    [[nodiscard]] std::uint64_t append(std::string_view bytes, stripe_ref stripe) noexcept {
+        const std::uint64_t n = (bytes.size() + 7) / 8;
+        if (n == 0 || n > chunk_words_) return 0;
+        const std::uint64_t at = alloc_.alloc(n, stripe);
+        if (at == alloc_.npos) return 0;
+        const char* p = bytes.data();
+        const std::uint64_t whole = bytes.size() / 8;
+        for (std::uint64_t i = 0; i < whole; ++i) {
+            std::uint64_t w;
+            std::memcpy(&w, p + 8 * i, 8);
+            words_[at + i].store(w, seqlock::field_store);  // field_store: published by (5)
+        }
+        if (whole != n) {  // the last bytes, zero padded
+            std::uint64_t w = 0;
+            std::memcpy(&w, p + 8 * whole, bytes.size() - 8 * whole);
+            words_[at + whole].store(w, seqlock::field_store);  // field_store: published by (5)
+        }
+        return std::uint64_t{bytes.size()} << size_shift | (at + 1);
+    }
+
+    /// The bytes at ref, or "" when ref is out of range (a torn read: the caller validates the slot
+    /// word afterwards and discards the result). Allocates when they exceed std::string's SSO.
+    [[nodiscard]] std::string read(std::uint64_t ref) const {
+        if (!in_range(ref)) return {};
+        const std::uint64_t size = ref >> size_shift;
+        const std::uint64_t at = (ref & at_mask) - 1;
+        std::string out(size, '\0');
+        const std::uint64_t whole = size / 8;
+        for (std::uint64_t i = 0; i < whole; ++i) {
+            const std::uint64_t w = words_[at + i].load(seqlock::field_load);  // field_load: the caller validates
+            std::memcpy(out.data() + 8 * i, &w, 8);
+        }
+        if (8 * whole != size) {
+            const std::uint64_t w = words_[at + whole].load(seqlock::field_load);  // field_load: as above
+            std::memcpy(out.data() + 8 * whole, &w, size - 8 * whole);
+        }
+        return out;
+    }
+
+    /// The bytes at ref in place, for the sink (transition::payload): immutable until the
+    /// generation is recycled, which waits until the sink flushed everything offered. Only where
+    /// the words are plain integers in memory (std::atomic); other atomic types (model checkers,
+    /// which run without a sink) get an empty view.
+    [[nodiscard]] std::string_view view(std::uint64_t ref) const noexcept {
+        if constexpr (zero_pages_ok) {
+            if (!in_range(ref)) return {};
+            return {reinterpret_cast<const char*>(words_ + (ref & at_mask) - 1), static_cast<std::size_t>(ref >> size_shift)};
+        } else {
+            (void)ref;
+            return {};
+        }
+    }
+
+    /// Bytes handed out since the last reset, in whole chunks (a statistic; relaxed).
+    [[nodiscard]] std::uint64_t used_bytes() const noexcept { return alloc_.taken() * chunk_words_ * 8; }
+    [[nodiscard]] std::uint64_t capacity_bytes() const noexcept { return chunks_ * chunk_words_ * 8; }
+
+    void reset() noexcept { alloc_.reset(); }
+    [[nodiscard]] arena_span<Atomic> span() noexcept {
+        return {reinterpret_cast<char*>(words_), chunks_ * chunk_words_ * sizeof(std::uint64_t),
+                chunk_words_ * sizeof(std::uint64_t), &alloc_};
+    }
+
+private:
+    [[nodiscard]] bool in_range(std::uint64_t ref) const noexcept {
+        const std::uint64_t size = ref >> size_shift;
+        const std::uint64_t at = ref & at_mask;
+        return at != 0 && size != 0 && (size + 7) / 8 <= chunk_words_ && at - 1 + (size + 7) / 8 <= chunks_ * chunk_words_;
+    }
+
+    std::uint64_t chunk_words_;
     std::uint64_t chunks_;
     chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
     Atomic<std::uint64_t>* words_ = nullptr;
@@ -231,6 +368,9 @@ public:
         return n;
     }
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
+    [[nodiscard]] bool holds(const slot<Atomic>* s) const noexcept {
+        return std::less_equal<>{}(slots_, s) && std::less<>{}(s, slots_ + size());
+    }
     [[nodiscard]] std::uint64_t size() const noexcept { return chunks_ * chunk_slots; }
     void reset() noexcept { alloc_.reset(); }
     [[nodiscard]] arena_span<Atomic> span() noexcept {

@@ -180,7 +180,7 @@ public:
     static constexpr std::size_t max_capacity = std::size_t{1} << 30;
     static_assert(2 * max_capacity + stripe_count * 64 <= position::max_slots,
                   "a 32-bit position ref must name every slot of the largest generation");
-    static_assert(2 * max_capacity * (key::max_size / 8) + stripe_count * 512 < key_arena<Atomic>::at_mask,
+    static_assert(2 * max_capacity * key_arena<Atomic>::entry_words + stripe_count * 512 < key_arena<Atomic>::at_mask,
                   "a key reference's 40 bits must name every word of the largest key arena");
 
     engine(options opts, Clock clock, transition_sink* sink) : opts_(std::move(opts)), clock_(clock), sink_(sink) {
@@ -193,10 +193,21 @@ public:
             throw error(errc::invalid_argument, "options.lease must be positive");
         if (opts_.retention < std::chrono::nanoseconds::zero())
             throw error(errc::invalid_argument, "options.retention must not be negative");
+        if (opts_.max_payload > options::max_payload_limit)
+            throw error(errc::invalid_argument, "options.max_payload " + std::to_string(opts_.max_payload) +
+                                                    " exceeds the hard maximum of 1 MiB (1048576 bytes)");
+        if (opts_.payload_budget != 0 && opts_.payload_budget < opts_.max_payload)
+            throw error(errc::invalid_argument, "options.payload_budget " + std::to_string(opts_.payload_budget) +
+                                                    " is below options.max_payload " +
+                                                    std::to_string(opts_.max_payload) +
+                                                    "; it must hold one payload of the largest size (or be 0: no payloads)");
+        if (opts_.payload_budget > (std::size_t{1} << 40))
+            throw error(errc::invalid_argument, "options.payload_budget " + std::to_string(opts_.payload_budget) +
+                                                    " exceeds the limit of 2^40 bytes");
         std::size_t slots = 2;
         while (slots < 2 * opts_.capacity) slots <<= 1;
-        gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
-        gens_[1] = std::make_unique<generation<Atomic>>(slots, opts_.prefault);
+        gens_[0] = std::make_unique<generation<Atomic>>(slots, opts_.prefault, opts_.payload_budget, opts_.max_payload);
+        gens_[1] = std::make_unique<generation<Atomic>>(slots, opts_.prefault, opts_.payload_budget, opts_.max_payload);
         std::random_device rd;
         for (auto& b : secret_) b = static_cast<unsigned char>(rd());
         for (auto& st : stripes_)
@@ -208,10 +219,14 @@ public:
                 // it is small enough to be in huge pages (a few dozen claims would touch all of it).
                 generation<Atomic>& g0 = *gens_[0];
                 const bool small_index = g0.index_bytes() <= huge_index_limit;
-                toucher_ = std::make_unique<arena_toucher>(
-                    std::vector<arena_toucher::span>{g0.slots().span(), g0.keys().span(), gens_[1]->slots().span(),
-                                                     gens_[1]->keys().span()},
-                    2, small_index ? g0.index_memory() : nullptr, small_index ? g0.index_bytes() : 0);
+                // The payload arenas come last: not populated now (a guard may never store a
+                // payload); the toucher keeps one ahead once it is in use.
+                std::vector<arena_toucher::span> spans{g0.slots().span(), g0.keys().span(), gens_[1]->slots().span(),
+                                                       gens_[1]->keys().span()};
+                for (auto& g : gens_)
+                    if (g->payloads().capacity_bytes() != 0) spans.push_back(g->payloads().span());
+                toucher_ = std::make_unique<arena_toucher>(std::move(spans), 2, small_index ? g0.index_memory() : nullptr,
+                                                           small_index ? g0.index_bytes() : 0);
             }
         }
     }
@@ -270,6 +285,7 @@ public:
         claim_ref<Atomic> claim;
         std::uint64_t outcome = 0;
         std::uint64_t fence = 0;
+        std::string payload{};  ///< a duplicate's replayed response bytes (empty: none; no allocation)
     };
 
     /// Progress: lock-free (a retry happens only when another thread's CAS or a rotation succeeded).
@@ -346,8 +362,10 @@ public:
                                 return *a;
                             continue;
                         }
-                        return existing(snap, fingerprint);
-                    default: return existing(snap, fingerprint);
+                        return *existing(snap, fingerprint);  // processing: no payload to copy
+                    default:
+                        if (auto a = existing(snap, fingerprint, s, &cur)) return std::move(*a);
+                        continue;  // the record changed while its payload was copied
                 }
             }
             // Not claimed in the current generation: the previous generation may know the key
@@ -365,7 +383,8 @@ public:
                         next_fence = state_word::fence(ps.word) + 1;
                         from = record_state::released;
                     } else if (pst != slot_state::vacant && pst != slot_state::recycling) {
-                        return existing(ps, fingerprint);
+                        if (auto a = existing(ps, fingerprint, p, gens_[(epoch + 1) & 1].get())) return std::move(*a);
+                        continue;  // the record changed while its payload was copied
                     }
                 }
             }
@@ -405,9 +424,18 @@ public:
     /// for the commit; readers answer in_progress (in_doubt once the owner gave up waiting) until
     /// the sink says the row is durable, then the recorded outcome. The owner clears the mark after
     /// its commit; a reader that finds the row durable answers from the record either way.
+    ///
+    /// Response payload (a terminal `to` only; ignored otherwise): errc::invalid_argument when it is
+    /// over options.max_payload, errc::capacity_exhausted when the payload budget of the claim's
+    /// generation is spent; either changes nothing (the claim stays held: retry or complete
+    /// without it). The bytes are copied into the arena while the record is completing, and the
+    /// transition offered carries a view of them there.
     std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
-                             transition_cause cause, bool check_lease = false, bool await = true) noexcept {
+                             transition_cause cause, bool check_lease = false, bool await = true,
+                             std::string_view payload = {}) noexcept {
         slot_type& s = *c.s;
+        const bool with_payload = !payload.empty() && is_terminal(to);
+        if (with_payload && payload.size() > opts_.max_payload) return errc::invalid_argument;
         admission room(sink_);
         if (!room.take()) {  // before anything changes: a refusal leaves the claim as it was
             count(c_backpressure);
@@ -420,10 +448,18 @@ public:
             s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
             return errc::busy;
         }
-        const std::uint64_t seq =
-            room.offer(transition{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
-                                  outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                                  std::chrono::nanoseconds(0), now});
+        transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
+                     outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                     std::chrono::nanoseconds(0), now};
+        if (with_payload) [[unlikely]] {
+            // Only now, holding completing: the generation cannot be recycled (its arenas reset)
+            // while one of its records is not terminal, so the units are ours alone.
+            if (!attach_payload(s, payload, t)) {
+                s.word.store(replaced, std::memory_order_release);  // (5) undo: nothing changed
+                return errc::capacity_exhausted;
+            }
+        }
+        const std::uint64_t seq = room.offer(t);
         const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
         s.outcome.store(outcome, seqlock::field_store);  // field_store: published by (5)
         s.updated.store(now.count(), seqlock::field_store);
@@ -476,6 +512,9 @@ public:
                     v.state = record_state::processing;
                     v.outcome = 0;
                     v.in_doubt = *hidden == begin_status::in_doubt;
+                } else if (is_terminal(st) && !copy_payload(*s, *gens_[g], snap, v.payload)) {
+                    retry = true;  // the record changed while its payload was copied
+                    break;
                 }
                 return v;
             }
@@ -601,6 +640,7 @@ public:
         // epoch check, which fails for every thread that sees this generation as current until (7).
         prev.slots().reset();
         prev.keys().reset();
+        prev.payloads().reset();
         // The recycled generation's fill restarts from here. Its counters are not reset: only their
         // owners write them. Nobody counts a fill there now (a claimer counts while it holds a
         // claiming slot or a pending position, and every one of them blocked the scan above).
@@ -613,12 +653,18 @@ public:
         return true;
     }
 
-    /// Loads a record during recovery. Only before the guard is shared (single-threaded).
+    /// Loads a record during recovery. Only before the guard is shared (single-threaded). The
+    /// payload of a succeeded or failed record is copied into the generation's payload arena
+    /// (ignored for other states); capacity_exhausted when it does not fit there (over
+    /// options.max_payload, or the budget is spent).
     begin_status restore(const key& k, record_state state, std::uint64_t fence, std::uint64_t outcome,
                          std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                         std::chrono::nanoseconds updated) noexcept {
+                         std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
         if (fence == 0 || fence > state_word::max_fence || state == record_state::absent)
             return begin_status::payload_mismatch;
+        const bool with_payload =
+            !payload.empty() && (state == record_state::succeeded || state == record_state::failed);
+        if (with_payload && payload.size() > opts_.max_payload) return begin_status::capacity_exhausted;
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         generation<Atomic>& cur = *gens_[epoch & 1];
         const hash128 h = hash(k);
@@ -648,6 +694,15 @@ public:
             if (ref == 0) return begin_status::capacity_exhausted;
             s->key_ref.store(ref, std::memory_order_relaxed);  // relaxed: published by (5)
         }
+        const std::uint64_t key_ref = s->key_ref.load(std::memory_order_relaxed) & ~key_arena<Atomic>::has_payload;  // relaxed: single-threaded here
+        if (with_payload) {
+            const std::uint64_t pref = cur.payloads().append(payload, my_stripe());
+            if (pref == 0) return begin_status::capacity_exhausted;
+            cur.keys().set_payload(key_ref, pref);
+            s->key_ref.store(key_ref | key_arena<Atomic>::has_payload, std::memory_order_relaxed);  // relaxed: published by (5)
+        } else {
+            s->key_ref.store(key_ref, std::memory_order_relaxed);  // relaxed: published by (5); a second restore without one
+        }
         s->outcome.store(outcome, std::memory_order_relaxed);  // relaxed: published by (5)
         s->fingerprint.store(fingerprint, std::memory_order_relaxed);
         s->lease_until.store(lease_until.count(), std::memory_order_relaxed);
@@ -670,9 +725,12 @@ public:
                 const slot_state st = state_word::state(snap.word);
                 if (!snap.valid || st == slot_state::vacant || st == slot_state::recycling) continue;
                 std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
+                record_view v = view_of(snap);
+                // copy_payload validates the word too (after both reads); without a payload, (8) below
+                if (is_terminal(st) && !copy_payload(s, *g, snap, v.payload)) continue;  // changed meanwhile: skip
                 seqlock::reader_fence();  // (8)
                 if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
-                fn(std::move(text), view_of(snap));
+                fn(std::move(text), std::move(v));
             }
         }
     }
@@ -838,30 +896,71 @@ private:
         }
     }
 
-    begin_answer existing(const snapshot& snap, std::uint64_t fingerprint) noexcept {
+    /// The answer for a record found published: a duplicate, in progress, a mismatch. A terminal
+    /// record's payload is copied from slot s of generation g (none without them); nullopt when the
+    /// word changed while it was copied (the caller looks again).
+    std::optional<begin_answer> existing(const snapshot& snap, std::uint64_t fingerprint, const slot_type* s = nullptr,
+                                         const generation<Atomic>* g = nullptr) noexcept {
         const slot_state st = state_word::state(snap.word);
         const std::uint64_t fence = state_word::fence(snap.word);
         const bool published = st == slot_state::processing || is_terminal(st);
         if (published && fingerprint != 0 && snap.fingerprint != 0 && fingerprint != snap.fingerprint) {
             count(c_mismatch);
-            return {begin_status::payload_mismatch, {}, 0, fence};
+            return begin_answer{begin_status::payload_mismatch, {}, 0, fence};
         }
         if (const auto hidden = unconfirmed(snap)) {  // sync mode: not durable yet, so not visible
             count(c_in_progress);
-            return {*hidden, {}, 0, fence};
+            return begin_answer{*hidden, {}, 0, fence};
         }
-        if (st == slot_state::succeeded) {
+        if (is_terminal(st)) {
+            begin_answer a{st == slot_state::succeeded ? begin_status::succeeded : begin_status::failed, {}, snap.outcome,
+                           fence};
+            if (s != nullptr && !copy_payload(*s, *g, snap, a.payload)) return std::nullopt;
             count(c_duplicates);
-            return {begin_status::succeeded, {}, snap.outcome, fence};
-        }
-        if (st == slot_state::failed) {
-            count(c_duplicates);
-            return {begin_status::failed, {}, snap.outcome, fence};
+            return a;
         }
         count(c_in_progress);
         if (st == slot_state::processing && state_word::in_doubt(snap.word))
-            return {begin_status::in_doubt, {}, 0, fence};
-        return {begin_status::in_progress, {}, 0, fence};
+            return begin_answer{begin_status::in_doubt, {}, 0, fence};
+        return begin_answer{begin_status::in_progress, {}, 0, fence};
+    }
+
+    /// Copies the payload of the record seen as `snap` (a valid snapshot of slot s, in generation
+    /// g) into out; true when it belongs to that record (or it has none), false when the word
+    /// changed meanwhile (out is then garbage: the caller looks again or skips).
+    ///
+    /// Why a validated copy is the record's payload: the bytes and the payload word were written
+    /// by the completer holding completing, before the release store (5) of the terminal word that
+    /// snap saw, into arena units handed to nobody else; they do not change until the generation is
+    /// recycled. The recycle moves every slot of the generation to recycling (incarnation + 1)
+    /// before it resets the arenas, and only a claimer that learns of the recycle through the
+    /// epoch (7)/(6) can be handed those units again and write over them, after a CAS into a
+    /// transient state and (9). So a field load here that reads such a newer store synchronizes
+    /// (9) with (8) below (under TSan: release field store, acquire field load), the slot's
+    /// recycling store happens-before the validation load, and the validation fails: the word
+    /// cannot come back to snap.word (the incarnation only grows, 8 bits: 256 recycles of this
+    /// slot during one read, as for every seqlock read here). A torn payload reference is
+    /// bounds-checked by the arena before it is followed.
+    bool copy_payload(const slot_type& s, const generation<Atomic>& g, const snapshot& snap, std::string& out) const {
+        if ((snap.key_ref & key_arena<Atomic>::has_payload) == 0) [[likely]] return true;
+        out = g.payloads().read(g.keys().payload_of(snap.key_ref));
+        seqlock::reader_fence();  // (8)
+        return s.word.load(std::memory_order_relaxed) == snap.word;  // relaxed: ordered by (8)
+    }
+
+    /// Copies `payload` into the payload arena of s's generation and records its reference in s
+    /// (the caller holds completing; published by its (5)); the transition `t` gets a view of the
+    /// bytes there. False when the budget is spent (nothing written in s).
+    bool attach_payload(slot_type& s, std::string_view payload, transition& t) noexcept {
+        generation<Atomic>& g = gens_[0]->holds(&s) ? *gens_[0] : *gens_[1];
+        const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold completing
+        if ((key_ref & key_arena<Atomic>::at_mask) < 2) return false;  // no key entry: never expected
+        const std::uint64_t pref = g.payloads().append(payload, my_stripe());
+        if (pref == 0) return false;
+        g.keys().set_payload(key_ref, pref);
+        s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
+        t.payload = g.payloads().view(pref);
+        return true;
     }
 
     /// CAS `seen` -> claiming(fence). nullopt: the CAS lost or the claim was withdrawn (retry).
@@ -1025,6 +1124,21 @@ private:
             }
             s.key_ref.store(ref, seqlock::field_store);  // field_store: published by (5)
         }
+        // The store's payload goes to this generation's arena with the record. When it cannot (its
+        // budget is spent, or the store holds more than options.max_payload), the record is not
+        // installed: the store's answer is given as it is, and the next duplicate asks again.
+        const bool terminal = r.state == record_state::succeeded || r.state == record_state::failed;
+        if (terminal && !r.payload.empty()) {
+            const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold claiming
+            const std::uint64_t pref =
+                r.payload.size() <= opts_.max_payload ? gen.payloads().append(r.payload, my_stripe()) : 0;
+            if (pref == 0) {
+                s.word.store(seen, std::memory_order_release);  // (5) undo: nothing installed
+                return answer_recalled(r, fingerprint);
+            }
+            gen.keys().set_payload(key_ref, pref);
+            s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
+        }
         const slot_state st = r.state == record_state::processing  ? slot_state::processing
                               : r.state == record_state::succeeded ? slot_state::succeeded
                                                                    : slot_state::failed;
@@ -1044,7 +1158,9 @@ private:
         if (st == slot_state::processing) count(c_restored_processing);  // compensation looks at it
         s.word.store(snap.word, std::memory_order_release);  // (5)
         count(c_recalled);
-        return existing(snap, fingerprint);
+        begin_answer a = *existing(snap, fingerprint);  // no slot given: the payload is r's
+        if (a.status == begin_status::succeeded || a.status == begin_status::failed) a.payload = r.payload;
+        return a;
     }
 
     /// The table is full and key k may be in the cold window: the store's record, if it is in the
@@ -1058,6 +1174,11 @@ private:
             return begin_answer{begin_status::store_unavailable, {}, 0, 0};
         }
         if (r.found != recalled::kind::record || r.state == record_state::released) return std::nullopt;
+        return answer_recalled(r, fingerprint);
+    }
+
+    /// The answer a store's record (processing, succeeded or failed) gives, without installing it.
+    begin_answer answer_recalled(const recalled& r, std::uint64_t fingerprint) {
         count(c_recalled);
         if (r.state != record_state::processing && fingerprint != 0 && r.fingerprint != 0 &&
             fingerprint != r.fingerprint) {
@@ -1070,7 +1191,7 @@ private:
         }
         count(c_duplicates);
         return begin_answer{r.state == record_state::succeeded ? begin_status::succeeded : begin_status::failed, {},
-                            r.outcome, r.fence};
+                            r.outcome, r.fence, r.payload};
     }
 
     /// Applies the resolver's answer to the claim seen as `seen` (processing, expired).

@@ -1,5 +1,5 @@
-// idem/detail/index.hpp: a generation: the index of 8-byte positions in front of its slot and key
-// arenas, and the keyed hash that places a key in it.
+// idem/detail/index.hpp: a generation: the index of 8-byte positions in front of its slot, key and
+// payload arenas, and the keyed hash that places a key in it.
 //
 // Position word, 64 bits: tag << 32 | ref (bit map at index_entry below).
 //
@@ -70,8 +70,9 @@ void withdraw(Entry& e, hash128 h) noexcept {
 template <template <class> class Atomic>
 class generation {
 public:
-    generation(std::size_t positions, bool prefault)
-        : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault) {
+    generation(std::size_t positions, bool prefault, std::size_t payload_budget = 0, std::size_t max_payload = 0)
+        : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault),
+          payloads_(payload_budget, max_payload) {
         index_ = map_words<index_entry<Atomic>>(
             positions, prefault,
             positions * sizeof(index_entry<Atomic>) <= huge_index_limit ? backing::huge : backing::small);
@@ -85,6 +86,10 @@ public:
     [[nodiscard]] slot_arena<Atomic>& slots() noexcept { return slots_; }
     [[nodiscard]] key_arena<Atomic>& keys() noexcept { return keys_; }
     [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
+    [[nodiscard]] payload_arena<Atomic>& payloads() noexcept { return payloads_; }
+    [[nodiscard]] const payload_arena<Atomic>& payloads() const noexcept { return payloads_; }
+    /// True when s is one of this generation's slots (a claim's generation, from its ticket's slot).
+    [[nodiscard]] bool holds(const slot<Atomic>* s) const noexcept { return slots_.holds(s); }
     /// The index's memory (the toucher populates a small index at construction).
     [[nodiscard]] char* index_memory() noexcept { return reinterpret_cast<char*>(index_); }
     [[nodiscard]] std::size_t index_bytes() const noexcept { return size() * sizeof(index_entry<Atomic>); }
@@ -156,6 +161,7 @@ private:
     std::size_t mask_;
     slot_arena<Atomic> slots_;
     key_arena<Atomic> keys_;
+    payload_arena<Atomic> payloads_;
 };
 
 }  // namespace idem::detail

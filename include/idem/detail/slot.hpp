@@ -27,6 +27,9 @@
 //   processing --CAS--> processing+doubt                        (resolver answered unknown)
 //   terminal --CAS--> recycling --store--> vacant(incarnation+1) (generation recycle, identity reset)
 //
+// The response payload of a terminal record lives in the generation's payload arena; its reference
+// lives in the key arena's entry of the record, flagged in key_ref (no room is left in the line).
+//
 // Fields other than the word (lease, outcome, fingerprint, updated, key_ref) are written only while the
 // writer holds a transient state (claiming / completing / recycling) and are published by the
 // release store that leaves it; readers validate with a seqlock read (word, fields, fence, word).
@@ -99,7 +102,9 @@ struct alignas(64) slot {
     Atomic<std::uint64_t> outcome{0};      // recorded outcome code (success value or failure code)
     Atomic<std::uint64_t> fingerprint{0};  // request fingerprint of the claim; 0 = none given
     Atomic<std::int64_t> updated{0};       // nanoseconds on the guard's clock of the last transition
-    Atomic<std::uint64_t> key_ref{0};      // where the key text lives in the generation's arena; 0 = none
+    Atomic<std::uint64_t> key_ref{0};      // where the key text lives in the generation's arena; 0 = none.
+                                           // Bit 63: the word before the text holds the record's payload
+                                           // reference (arenas.hpp, key_arena::has_payload)
 };
 
 static_assert(sizeof(slot<std::atomic>) == 64, "a slot is exactly one cache line: one miss per lookup");

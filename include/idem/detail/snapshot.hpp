@@ -9,6 +9,9 @@
 // * The fields of a valid snapshot of a transient word (claiming, completing, recycling) may be
 //   half written.
 // * The reader writes nothing: a lookup never contends with the writers' cache lines.
+// * Bytes a valid snapshot refers to outside the slot (key text, payload) are read after it and
+//   validated again by the caller (engine.hpp, copy_payload): they are immutable until their
+//   generation is recycled, and the recycle changes the word first.
 #pragma once
 
 #include <atomic>
@@ -27,6 +30,7 @@ struct snapshot {
     std::uint64_t fingerprint = 0;
     std::int64_t lease_until = 0;
     std::int64_t updated = 0;
+    std::uint64_t key_ref = 0;     ///< where the key text (and the payload reference) live
     std::uint64_t lo = 0, hi = 0;  ///< the identity that goes with `word`
     bool valid = false;
     [[nodiscard]] bool is(hash128 h) const noexcept { return valid && lo == h.lo && hi == h.hi; }
@@ -42,6 +46,7 @@ snapshot read_slot(const slot<Atomic>& s) noexcept {
     r.fingerprint = s.fingerprint.load(seqlock::field_load);  // field_load: validated below
     r.lease_until = s.lease_until.load(seqlock::field_load);  // field_load: validated below
     r.updated = s.updated.load(seqlock::field_load);          // field_load: validated below
+    r.key_ref = s.key_ref.load(seqlock::field_load);          // field_load: validated below (same line)
     seqlock::reader_fence();                                  // (8)
     r.valid = s.word.load(std::memory_order_relaxed) == r.word;  // relaxed: ordered by (8)
     return r;
