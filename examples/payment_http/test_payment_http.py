@@ -131,7 +131,9 @@ def check(cond, what):
 
 
 def post(url, key, body, **kw):
-    headers = {"Content-Type": "application/json"}
+    # One request per connection: cpp-httplib serves a kept-alive connection on one pool thread until
+    # the client closes it, and these clients are threads that each send one request at a time.
+    headers = {"Content-Type": "application/json", "Connection": "close"}
     if key is not None:
         headers["Idempotency-Key"] = '"%s"' % key
     headers.update(kw.pop("headers", {}))
@@ -158,7 +160,7 @@ def test_refusals(url, ledger):
     before = ledger.total()
     r = post(url, None, {"amount": 100, "currency": "EUR"})
     check(r.status_code == 400 and "Idempotency-Key" in r.json()["title"], "missing key -> 400 (%s)" % r.status_code)
-    r = requests.post(url, data="{}", headers={"Idempotency-Key": "not-quoted"}, timeout=30)
+    r = requests.post(url, data="{}", headers={"Idempotency-Key": "not-quoted", "Connection": "close"}, timeout=30)
     check(r.status_code == 400 and "RFC 8941" in r.json()["detail"], "unquoted key -> 400 naming RFC 8941 (%s %s)" % (r.status_code, r.text))
     r = post(url, "k-" + uuid.uuid4().hex, {"amount": -5, "currency": "EUR"})
     check(r.status_code == 400 and "amount" in r.json()["detail"], "negative amount -> 400 naming amount")
