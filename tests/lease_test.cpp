@@ -68,6 +68,30 @@ TEST_F(Lease, LeaseDeadlineIsNowPlusLeaseInNanoseconds) {
     EXPECT_GT(v.fence, 0u);
 }
 
+// abandon(): the claim is left as it is (not released: its effect may have happened), so a retry
+// is refused until the lease expires, and then the resolver decides: here, that it never ran.
+TEST_F(Lease, AbandonedClaimStaysUntilTheResolverDecides) {
+    scripted_resolver res{{resolution::not_executed, 0}};
+    manual_guard g(opts(&res), clock);
+    auto r = g.begin(k, fp);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    const auto fence = r.ticket.fence();
+    r.ticket.abandon();
+    EXPECT_FALSE(r.ticket.valid());
+    EXPECT_EQ(r.ticket.succeed(1), errc::empty_ticket);
+    EXPECT_EQ(g.query(k).state, record_state::processing) << "abandon() recorded something";
+    EXPECT_EQ(g.begin(k, fp).status, begin_status::in_progress);
+    clock.advance(lease - std::chrono::nanoseconds(1));
+    EXPECT_EQ(g.compensate(), 0u);
+    clock.advance(std::chrono::nanoseconds(1));
+    EXPECT_EQ(g.compensate(), 1u);
+    ASSERT_EQ(res.keys.size(), 1u);
+    EXPECT_EQ(res.fences[0], fence);
+    auto again = g.begin(k, fp);
+    ASSERT_EQ(again.status, begin_status::acquired) << "the resolver said it never ran: claimable again";
+    EXPECT_GT(again.ticket.fence(), fence);
+}
+
 TEST_F(Lease, UnexpiredClaimIsNotCompensated) {
     scripted_resolver res{{resolution::succeeded, 1}};
     manual_guard g(opts(&res), clock);

@@ -290,6 +290,12 @@ public:
                              code);
     }
 
+    /// Gives the claim up without recording anything: the record stays PROCESSING until its lease
+    /// expires, and then compensation asks options.resolve what happened. For an operation whose
+    /// effect is unknown (a call to a payment processor that timed out): fail() would release the
+    /// key, and a retry could run the effect twice. The ticket is empty afterwards.
+    void abandon() noexcept { self().forget(); }
+
 protected:
     ticket_contract() = default;
     ~ticket_contract() = default;
