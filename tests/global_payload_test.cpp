@@ -9,7 +9,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <atomic>
 #include <cstdlib>
+#include <latch>
+#include <thread>
 #include <optional>
 #include <random>
 #include <string>
@@ -157,6 +160,36 @@ TEST_F(GlobalPayloads, TypedRunReplaysOnAnotherNodeWithoutRunning) {
     EXPECT_EQ(qb.qty, 7u);
     EXPECT_EQ(qb.side, 'S');
     EXPECT_EQ(runs, 1);
+}
+
+TEST_F(GlobalPayloads, RacingRunsOnTwoNodesRunOnceAndAllGetTheBytes) {
+    idem::global_guard a(uri_, opts(), gopts("node-a"));
+    idem::global_guard b(uri_, opts(), gopts("node-b"));
+    const std::string bytes = raw_bytes() + std::string(300, '\0') + "end";  // past the small buffer
+    constexpr int threads = 16;
+    constexpr int keys = 20;
+    std::atomic<int> runs{0};
+    std::vector<std::vector<std::string>> got(threads);
+    std::latch start(threads);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            idem::global_guard& g = t % 2 == 0 ? a : b;
+            idem::run_options ro;
+            ro.wait = 10s;  // a loser waits for the winner's success, then replays it
+            start.arrive_and_wait();
+            for (int i = 0; i < keys; ++i)
+                got[t].push_back(g.run(idem::key("race-" + std::to_string(i)),
+                                       [&] {
+                                           runs.fetch_add(1);
+                                           return bytes + std::to_string(i);
+                                       },
+                                       ro));
+        });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(runs.load(), keys) << "a key ran more than once across the two nodes";
+    for (int t = 0; t < threads; ++t)
+        for (int i = 0; i < keys; ++i) ASSERT_EQ(got[t][i], bytes + std::to_string(i)) << "thread " << t << " key " << i;
 }
 
 TEST_F(GlobalPayloads, EmptyPayloadReplaysEmpty) {
