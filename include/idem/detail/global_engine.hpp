@@ -33,6 +33,11 @@
 //     a completion the store refused or never received leaves the claim released locally (the
 //     next begin asks the store), never SUCCEEDED or FAILED. Compensation never writes the local
 //     table: a duplicate learns its result from the store, after it committed.
+//   * Response payloads: a success's bytes go in the completion's fenced UPDATE (hex text[] ->
+//     BYTEA, as postgres_store writes them) and come back in the loser read; the local table
+//     caches a terminal record with its payload, or, when it cannot keep the payload (its payload
+//     budget spent), not at all (released locally: the next begin asks the store). A claim resets
+//     the payload, so bytes never outlive the claim that recorded them.
 //   * Compensation (the maintenance thread, own connection; only with a resolver): SELECT expired
 //     PROCESSING rows (a partial index), skip those this process holds a live local claim on, ask
 //     the resolver, then one fenced UPDATE batch that also re-checks the lease under the row lock.
