@@ -243,6 +243,29 @@ TEST_F(GlobalPayloads, OverMaxIsRefusedAndChangesNothing) {
     EXPECT_EQ(b.begin(idem::key("big-3")).status, begin_status::failed);
 }
 
+TEST_F(GlobalPayloads, APayloadTheLocalTableCannotCacheIsAskedOfTheStore) {
+    auto o = opts();
+    o.max_payload = 64 << 10;
+    o.payload_budget = 64 << 10;  // one chunk: the local table caches one 40 KB payload, not two
+    idem::global_guard a(uri_, o, gopts("node-a"));
+    const std::string big1(40 << 10, '\x01'), big2(40 << 10, '\x02');
+    auto r1 = a.begin(idem::key("cache-1"));
+    ASSERT_EQ(r1.status, begin_status::acquired);
+    ASSERT_FALSE(r1.ticket.succeed(1, big1));
+    auto r2 = a.begin(idem::key("cache-2"));
+    ASSERT_EQ(r2.status, begin_status::acquired);
+    EXPECT_FALSE(r2.ticket.succeed(2, big2)) << "global scope answered a local budget refusal";
+    for (int i = 0; i < 2; ++i) {
+        auto d1 = a.begin(idem::key("cache-1"));
+        ASSERT_EQ(d1.status, begin_status::succeeded);
+        EXPECT_EQ(d1.payload, big1);
+        auto d2 = a.begin(idem::key("cache-2"));
+        ASSERT_EQ(d2.status, begin_status::succeeded);
+        EXPECT_EQ(d2.payload, big2);
+        EXPECT_NE(d2.fence, 0u) << "not cached: the store answers";
+    }
+}
+
 TEST_F(GlobalPayloads, AKeyClaimedAgainDoesNotKeepOldBytes) {
     idem::global_guard a(uri_, opts(), gopts("node-a"));
     idem::global_guard b(uri_, opts(), gopts("node-b"));
