@@ -22,3 +22,13 @@ target_link_libraries(global_version_test PRIVATE idem::idem idem::postgres GTes
 target_compile_options(global_version_test PRIVATE -Wall -Wextra -Werror=return-type)
 add_test(NAME global_version_test COMMAND global_version_test)
 set_tests_properties(global_version_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 300)
+
+# Response payloads in scope::global: two guards as two nodes, exact bytes (NUL, 0xFF, invalid
+# UTF-8) replayed by begin/begin_wait/typed run, over-maximum refusals, a claim resetting the payload,
+# a restart, a database from before payloads, racing runs on both nodes (a latch). Uses
+# IDEM_TEST_PG_URI only (fresh database per test).
+add_executable(global_payload_test ${CMAKE_CURRENT_LIST_DIR}/global_payload_test.cpp)
+target_link_libraries(global_payload_test PRIVATE idem::idem idem::postgres GTest::gtest GTest::gtest_main)
+target_compile_options(global_payload_test PRIVATE -Wall -Wextra -Werror=return-type)
+add_test(NAME global_payload_test COMMAND global_payload_test)
+set_tests_properties(global_payload_test PROPERTIES LABELS "postgres;concurrency" TIMEOUT 300)

@@ -826,7 +826,7 @@ TEST_F(Global, InDoubtProbeWaitsForABlockedCompletionBatch) {
         return n.exec_prepared(name, std::int64_t{4343}, std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{1,1}"),
                                std::string("{SUCCESS,SUCCESS}"), std::string("{7,7}"),
                                std::string("{\"succeed outcome=7\",\"succeed outcome=7\"}"), std::string("probe"),
-                               false);
+                               false, std::string("{\"\",\"\"}"));  // $9: no payloads
     };
     const auto p = probe_blocked_batch(hold, gsql::complete_name, gsql::complete, 4343, complete);
     EXPECT_TRUE(p.batch_blocked) << "the completion batch never blocked on the locked row";

@@ -57,6 +57,10 @@ class global_guard;
 /// the drop are the ones of every scope (guard_contract.hpp).
 class [[nodiscard]] global_ticket : public detail::ticket_contract<global_ticket> {
 public:
+    /// succeed(outcome, payload) stores the response payload with the record, in the store, and
+    /// every node replays it (ticket_contract; typed run() results stored as payloads work here).
+    static constexpr bool carries_payloads = true;
+
     global_ticket() noexcept = default;
     global_ticket(global_ticket&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)), claim_(std::move(o.claim_)) {}
     global_ticket& operator=(global_ticket&& o) noexcept {
@@ -89,6 +93,11 @@ public:
     // (other processes: in_progress, in_doubt once the lease expired), never succeeded. The ticket is
     // empty afterwards in every case: this scope never answers backpressure or busy. A terminal
     // failure is FAILED (replayed); a retryable one RELEASED (claimable again, fence + 1).
+    // succeed(outcome, payload) also answers invalid_argument when payload.size() >
+    // options.max_payload (nothing changed, the ticket stays valid: succeed again, or fail); the
+    // payload is written by the same fenced UPDATE as SUCCESS, so a duplicate on any node gets both
+    // or neither. It never answers capacity_exhausted: options.payload_budget bounds only this
+    // process's cache of terminal records, and a payload it cannot cache is asked of the store.
 
     /// Renews the lease in the store to now + by (server clock). stale_ticket empties the ticket.
     std::error_code extend(std::chrono::nanoseconds by) noexcept {
@@ -117,12 +126,14 @@ private:
     [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
     void forget() noexcept { engine_ = nullptr; }
 
-    std::error_code finish(transition_cause cause, std::uint64_t outcome) noexcept {
+    std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
+        // Refused before anything is queued: the ticket stays valid (ticket_contract's rule).
+        if (payload.size() > engine_->opts().max_payload) return errc::invalid_argument;
         const record_state to = cause == transition_cause::succeed ? record_state::succeeded
                                 : cause == transition_cause::fail  ? record_state::failed
                                                                    : record_state::released;
         detail::global_engine* e = std::exchange(engine_, nullptr);
-        return e->complete(claim_->k, claim_->fence, to, outcome, cause, std::move(claim_->local));
+        return e->complete(claim_->k, claim_->fence, to, outcome, cause, std::move(claim_->local), payload);
     }
 
     detail::global_engine* engine_ = nullptr;
@@ -164,7 +175,7 @@ public:
             return {begin_status::invalid_key, global_ticket(), 0, 0};
         // The local table answers what this process knows (inline: no call, no intermediate answer).
         auto lr = engine_->local().begin(k, fingerprint);
-        if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0};
+        if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0, std::move(lr.payload)};
         auto a = engine_->claim(k, fingerprint, std::move(lr));
         if (a.status == begin_status::acquired) {
             std::unique_ptr<global_ticket::claim> c;
@@ -177,7 +188,7 @@ public:
             }
             return {a.status, global_ticket(engine_.get(), std::move(c)), 0, a.fence};
         }
-        return {a.status, global_ticket(), a.outcome, a.fence};
+        return {a.status, global_ticket(), a.outcome, a.fence, std::move(a.payload)};
     }
 
     // begin_wait(key, fingerprint, timeout) and run(key, fn, run_options) come from

@@ -125,8 +125,8 @@ public:
     /// always; bool is integral: true is 1); std::string, std::vector<std::byte>, byte spans,
     /// trivially copyable classes and types with an idem::codec are stored as the response payload
     /// and run() returns the type (a span: std::vector<std::byte>). Anything else, double
-    /// included, does not compile. Payload results need a scope that stores payloads (process
-    /// scope; global scope not yet: a static_assert says so).
+    /// included, does not compile. Payload results need a scope whose ticket stores payloads
+    /// (process and global scope do; a static_assert says so for any other).
     ///
     /// A duplicate of a success returns the recorded result, or throws errc::duplicate_request
     /// when ro.on_duplicate == raise; a key whose operation failed terminally throws
@@ -155,8 +155,8 @@ public:
                                                             : g.begin(k, ro.fingerprint);
         if constexpr (as_payload)
             static_assert(detail::carries_payloads_v<typename decltype(r)::ticket_type>,
-                          "idem::run: results stored as a payload are not yet in global scope; return an "
-                          "integral outcome there");
+                          "idem::run: this scope's ticket does not store payloads; return an integral "
+                          "outcome there");
         if constexpr (detail::trivial_result<R> && !has_codec<R>)
             static_assert(sizeof(R) <= options::max_payload_limit,
                           "idem::run: this trivially copyable result is larger than the 1 MiB payload limit");
@@ -265,8 +265,9 @@ public:
     /// answers: errc::invalid_argument when payload.size() > options.max_payload, and
     /// errc::capacity_exhausted when options.payload_budget is spent (retryable once a rotation
     /// recycled a generation); both change nothing and leave the ticket valid, the payload is
-    /// never truncated. A scope that cannot store payloads yet (global_ticket) answers
-    /// errc::invalid_argument for a non-empty payload, and changes nothing.
+    /// never truncated. A scope whose ticket cannot store payloads answers
+    /// errc::invalid_argument for a non-empty payload, and changes nothing (global_ticket stores
+    /// them, and never answers capacity_exhausted: global_guard.hpp).
     std::error_code succeed(std::uint64_t outcome, std::string_view payload) noexcept {
         if (!self().valid()) return errc::empty_ticket;
         if constexpr (carries_payloads_v<Ticket>) {

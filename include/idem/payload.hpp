@@ -101,8 +101,8 @@ concept storable = payload_result<T> || detail::outcome_result<T>;
 
 namespace detail {
 
-/// Whether a ticket type can record a payload (its class says so: basic_ticket does,
-/// global_ticket not yet).
+/// Whether a ticket type can record a payload (its class says so: basic_ticket and
+/// global_ticket do).
 template <class Ticket>
 inline constexpr bool carries_payloads_v = requires { requires Ticket::carries_payloads; };
 

@@ -33,6 +33,11 @@
 //     a completion the store refused or never received leaves the claim released locally (the
 //     next begin asks the store), never SUCCEEDED or FAILED. Compensation never writes the local
 //     table: a duplicate learns its result from the store, after it committed.
+//   * Response payloads: a success's bytes go in the completion's fenced UPDATE (hex text[] ->
+//     BYTEA, as postgres_store writes them) and come back in the loser read; the local table
+//     caches a terminal record with its payload, or, when it cannot keep the payload (its payload
+//     budget spent), not at all (released locally: the next begin asks the store). A claim resets
+//     the payload, so bytes never outlive the claim that recorded them.
 //   * Compensation (the maintenance thread, own connection; only with a resolver): SELECT expired
 //     PROCESSING rows (a partial index), skip those this process holds a live local claim on, ask
 //     the resolver, then one fenced UPDATE batch that also re-checks the lease under the row lock.
@@ -112,6 +117,7 @@ struct global_claim {
     std::uint64_t outcome = 0;  ///< lost: the row's outcome; superseded: the pair's newest version
     std::uint64_t row_fp = 0;
     bool expired = false;
+    std::string payload;  ///< lost: the row's response payload (bytes; empty for none)
 };
 
 /// One completion, release or lease renewal on its way through the completion batcher.
@@ -122,6 +128,7 @@ struct global_completion {
     std::uint64_t fence = 0;
     record_state to = record_state::succeeded;
     std::uint64_t outcome = 0;
+    std::string payload;  ///< a success's response payload (bytes), written with the state
     transition_cause cause = transition_cause::succeed;
     std::chrono::milliseconds extend_by{0};  ///< > 0: a lease renewal, not a transition
     ticket local;                            ///< the local claim, finalised by the batcher (empty for renewals)
@@ -197,6 +204,7 @@ public:
         std::optional<ticket> local;  ///< acquired only (optional: an empty ticket zeroes a whole key)
         std::uint64_t fence = 0;
         std::uint64_t outcome = 0;
+        std::string payload{};  ///< succeeded: the record's response payload
     };
 
     /// Whether scope::global can hold `k` at all: not the placeholder key{}, and valid UTF-8 (the
@@ -260,8 +268,11 @@ public:
         }
         switch (c->row_state) {
             case record_state::succeeded:  // final: cache it, later duplicates never leave the process
-                (void)lr.ticket.succeed(c->outcome);
-                return {begin_status::succeeded, {}, c->fence, c->outcome};
+                // With its payload; one the local table cannot keep (over max_payload, or its
+                // payload budget spent) is not cached: the next begin asks the store again.
+                (void)lr.ticket.succeed(c->outcome, c->payload);
+                if (lr.ticket) (void)lr.ticket.fail(0, failure_policy::retryable);
+                return {begin_status::succeeded, {}, c->fence, c->outcome, std::move(c->payload)};
             case record_state::failed:
                 (void)lr.ticket.fail(c->outcome, failure_policy::terminal);
                 return {begin_status::failed, {}, c->fence, c->outcome};
@@ -279,11 +290,21 @@ public:
     /// store_unavailable when the store did not answer within wait_timeout (the completion stays
     /// queued and owns the local claim until the store takes it) or when it could not be queued
     /// (no memory, or the guard is closing: `local` is released, the next begin asks the store).
+    /// `payload` (a success's response; the caller checked it against options.max_payload) is
+    /// copied before this returns and written by the same fenced UPDATE as the state.
     std::error_code complete(const key& k, std::uint64_t fence, record_state to, std::uint64_t outcome,
-                             transition_cause cause, ticket&& local) noexcept {
+                             transition_cause cause, ticket&& local, std::string_view payload = {}) noexcept {
+        std::string bytes;
+        try {
+            bytes.assign(payload);
+        } catch (...) {  // out of memory: nothing is queued, nothing written
+            (void)local.fail(0, failure_policy::retryable);
+            return errc::store_unavailable;
+        }
         const std::error_code ec = submit_completion(k, fence, [&](global_completion& r) {
             r.to = to;
             r.outcome = outcome;
+            r.payload = std::move(bytes);
             r.cause = cause;
             r.local = std::move(local);
         });
@@ -459,7 +480,14 @@ private:
         record_state to;
         std::uint64_t outcome;
         transition_cause cause;
+        std::string_view payload{};  ///< a completion's (global_completion::payload, alive for the batch)
     };
+
+    /// The audit detail of a completion, as postgres_store writes it (store_rows.hpp): the cause, the
+    /// outcome, and the payload's size and hash when it has one. Also what completed_before matches.
+    static std::string detail_of(const item& it) {
+        return std::string(to_string(it.cause)) + " outcome=" + std::to_string(it.outcome) + payload_detail(it.payload);
+    }
 
     static options local_options(options o) {
         // The local table never decides a lease: the store does. Its claims live until the caller
@@ -594,6 +622,7 @@ private:
         record_state state;
         std::uint64_t fence, outcome, fp;
         bool expired;
+        std::string payload;
     };
 
     /// "TXID_OPERATION" of a key that splits (the ordered-versions pair), with its version.
@@ -751,10 +780,15 @@ private:
                         if (row[1].is_null()) continue;  // no record
                     }
                     const auto st = parse_status(row[1].c_str());
-                    rows[row[0].c_str()] = {st.value_or(record_state::processing),
-                                            static_cast<std::uint64_t>(row[2].as<std::int64_t>()),
-                                            static_cast<std::uint64_t>(row[3].as<std::int64_t>()),
-                                            static_cast<std::uint64_t>(row[4].as<std::int64_t>()), row[5].as<bool>()};
+                    row_read rr{st.value_or(record_state::processing),
+                                static_cast<std::uint64_t>(row[2].as<std::int64_t>()),
+                                static_cast<std::uint64_t>(row[3].as<std::int64_t>()),
+                                static_cast<std::uint64_t>(row[4].as<std::int64_t>()), row[5].as<bool>(), {}};
+                    const pqxx::field hex = row[newest ? 7 : 6];  // encode(payload, 'hex')
+                    if (!pg::from_hex(std::string_view(hex.c_str(), hex.size()), rr.payload))
+                        throw error(errc::store_error, "global guard " + name_ + ": the payload of key '" +
+                                                           key::printable(row[0].c_str()) + "' came back as text that is not hex");
+                    rows[row[0].c_str()] = std::move(rr);
                 }
             });
             if (r == global_session::result::ok) return true;
@@ -790,6 +824,7 @@ private:
                     c->outcome = rr->second.outcome;
                     c->row_fp = rr->second.fp;
                     c->expired = rr->second.expired;
+                    c->payload = rr->second.payload;  // copied: a retried batch may read the map again
                     count(n_lost_);
                 } else if (const std::uint64_t n = superseding(c->k, newest); n != 0) {
                     c->v = global_claim::verdict::superseded;
@@ -872,7 +907,7 @@ private:
                 ext_ms.add_int(r->extend_by.count());
                 ++extends;
             } else {
-                items.push_back({r->k, r->fence, r->to, r->outcome, r->cause});
+                items.push_back({r->k, r->fence, r->to, r->outcome, r->cause, r->payload});
             }
         }
         std::unordered_set<std::string> won;
@@ -892,9 +927,12 @@ private:
             if (r->extend_by.count() == 0) {
                 if (w) {
                     count(n_completions_);
-                    if (r->to == record_state::succeeded)
-                        (void)r->local.succeed(r->outcome);
-                    else
+                    if (r->to == record_state::succeeded) {
+                        // Cached with its payload; one the local table cannot keep (its payload
+                        // budget spent) is released locally instead: the next begin asks the store.
+                        (void)r->local.succeed(r->outcome, r->payload);
+                        if (r->local) (void)r->local.fail(0, failure_policy::retryable);
+                    } else
                         (void)r->local.fail(r->outcome, r->to == record_state::failed ? failure_policy::terminal
                                                                                       : failure_policy::retryable);
                 } else {
@@ -936,13 +974,14 @@ private:
                                        pg::array_literal& ext_fences, pg::array_literal& ext_ms, std::size_t extends) {
         won.clear();
         if (!items.empty()) {
-            pg::array_literal keys, fences, states, outcomes, details;
+            pg::array_literal keys, fences, states, outcomes, details, payloads;
             for (const item& it : items) {
                 keys.add_text(it.k.view());
                 fences.add_uint(it.fence);
                 states.add_text(status_text(it.to));
                 outcomes.add_uint(it.outcome);
-                details.add_text(std::string(to_string(it.cause)) + " outcome=" + std::to_string(it.outcome));
+                details.add_text(detail_of(it));
+                payloads.add_hex(it.payload);
             }
             const std::int64_t batch_id = next_batch_id();
             auto r = db.run(compensation ? "compensation batch" : "completion batch", [&](pqxx::connection& conn) {
@@ -950,7 +989,8 @@ private:
                 pqxx::nontransaction n(conn);
                 db.committing(true);  // autocommit: the statement is its own COMMIT
                 const auto res = n.exec_prepared(std::string(gsql::complete_name), batch_id, keys.str(), fences.str(),
-                                                 states.str(), outcomes.str(), details.str(), node_, compensation);
+                                                 states.str(), outcomes.str(), details.str(), node_, compensation,
+                                                 payloads.str());
                 db.committing(false);
                 for (const auto& row : res) won.insert(row[0].c_str());
             });
@@ -977,7 +1017,7 @@ private:
                     lk.add_text(it.k.view());
                     lf.add_uint(it.fence);
                     ls.add_text(status_text(it.to));
-                    ld.add_text(std::string(to_string(it.cause)) + " outcome=" + std::to_string(it.outcome));
+                    ld.add_text(detail_of(it));
                 }
                 std::unordered_set<std::string> before;
                 const auto rb = db.run("completion check", [&](pqxx::connection& conn) {

@@ -50,7 +50,8 @@ inline constexpr std::string_view processing_index =
 // Claim batch, statement 1. $1 batch id; $2 keys (sorted), $3 biz_types, $4 fingerprints;
 // $5 lease (ms); $6 node. Returns (key, fence, from) for every claim this batch won: new rows (fence
 // 1 above the largest fence a prune removed, so a key claimed again after its record was pruned
-// still gets a fence above its old ones; 1 on a store never pruned; from ABSENT) and RELEASED rows taken again (fence + 1, from RELEASED). Keys whose row exists in
+// still gets a fence above its old ones; 1 on a store never pruned; from ABSENT) and RELEASED rows taken again (fence + 1, from RELEASED; payload reset to '', so a key claimed again never replays
+// the bytes of an earlier completion: a RELEASED row has none today, the reset keeps it so). Keys whose row exists in
 // another state are losers; statement 2 reads them. The audit detail of a claim is
 // "claim outcome=0 batch=<batch id>" (the batch id tells an unanswered commit's claims apart).
 inline constexpr std::string_view claim_name = "idem_g_claim";
@@ -69,7 +70,7 @@ WITH b AS (
 ), re AS (
   UPDATE idempotent_record AS r
      SET status = 'PROCESSING', fencing_token = r.fencing_token + 1, lease_until = )sql" IDEM_GSQL_NOW R"sql( + $5,
-         outcome = 0, request_fingerprint = u.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+         outcome = 0, request_fingerprint = u.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(, payload = ''::bytea
     FROM u
    WHERE r.idempotent_key = u.k AND r.status = 'RELEASED'
   RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'RELEASED'::text AS fr
@@ -148,7 +149,7 @@ WITH b AS (
 ), re AS (
   UPDATE idempotent_record AS r
      SET status = 'PROCESSING', fencing_token = r.fencing_token + 1, lease_until = )sql" IDEM_GSQL_NOW R"sql( + $5,
-         outcome = 0, request_fingerprint = ok.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+         outcome = 0, request_fingerprint = ok.fp, updated_time = )sql" IDEM_GSQL_NOW R"sql(, payload = ''::bytea
     FROM ok
    WHERE r.idempotent_key = ok.k AND r.status = 'RELEASED'
   RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'RELEASED'::text AS fr
@@ -169,15 +170,16 @@ SELECT k, f, fr FROM won
 inline constexpr std::string_view read_rows_ordered_name = "idem_g_read_ordered";
 inline const std::string read_rows_ordered =
     "SELECT u.k, r.status, r.fencing_token, r.outcome, r.request_fingerprint, r.lease_until < " IDEM_GSQL_NOW
-    ", COALESCE(v.version, 0) FROM unnest($1::text[], $2::text[]) AS u(k, p) "
+    ", COALESCE(v.version, 0), encode(r.payload, 'hex') FROM unnest($1::text[], $2::text[]) AS u(k, p) "
     "LEFT JOIN idempotent_record AS r ON r.idempotent_key = u.k LEFT JOIN idempotent_version AS v ON v.txid_op = u.p";
 
 // Claim batch, statement 2 (only when some key lost): the winners' rows as committed now. A fresh
-// READ COMMITTED snapshot, so a row whose insert made ours conflict is visible.
+// READ COMMITTED snapshot, so a row whose insert made ours conflict is visible. The payload comes
+// hex-encoded, as postgres_store reads it (pg::from_hex on the client).
 inline constexpr std::string_view read_rows_name = "idem_g_read";
 inline const std::string read_rows =
     "SELECT idempotent_key, status, fencing_token, outcome, request_fingerprint, lease_until < " IDEM_GSQL_NOW
-    " FROM idempotent_record WHERE idempotent_key = ANY($1::text[])";
+    ", encode(payload, 'hex') FROM idempotent_record WHERE idempotent_key = ANY($1::text[])";
 
 // After a claim batch whose commit went unanswered turned out to have committed: which of its keys
 // it won (the RETURNING rows died with the connection). The claim statement wrote one audit row per
@@ -190,7 +192,9 @@ SELECT a.idempotent_key, a.fencing_token FROM idempotent_audit a
 
 // Completion and compensation batch. $1 batch id; $2 keys (sorted, each once), $3 fences, $4 new
 // status, $5 outcomes, $6 audit details; $7 node; $8 true for compensation: the lease must have
-// expired (re-checked under the row lock: the owner may have renewed it since the scan).
+// expired (re-checked under the row lock: the owner may have renewed it since the scan); $9 the
+// payloads, hex-encoded as postgres_store writes them ('' for none: compensations, failures,
+// releases, doubt marks), written by the same fenced UPDATE as the state.
 // A doubt mark is the same statement with status PROCESSING (an audited no-op on the record).
 // Returns the keys whose fenced UPDATE won. The rows are locked first, in key order (`lk`, which
 // joins b like `u`: see the header): the UPDATE's join would lock them in whatever order its plan
@@ -202,13 +206,13 @@ inline const std::string complete = R"sql(
 WITH b AS (
   INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, )sql" IDEM_GSQL_NOW R"sql() RETURNING batch_id
 ), u AS (
-  SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[]) AS u(k, f, st, oc, d)
+  SELECT u.* FROM b, unnest($2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], $9::text[]) AS u(k, f, st, oc, d, p)
 ), lk AS MATERIALIZED (
   SELECT r.idempotent_key AS k FROM b CROSS JOIN idempotent_record AS r
    WHERE r.idempotent_key = ANY($2::text[]) ORDER BY r.idempotent_key FOR UPDATE OF r
 ), upd AS (
   UPDATE idempotent_record AS r
-     SET status = u.st, outcome = u.oc, updated_time = )sql" IDEM_GSQL_NOW R"sql(
+     SET status = u.st, outcome = u.oc, payload = decode(u.p, 'hex'), updated_time = )sql" IDEM_GSQL_NOW R"sql(
     FROM u JOIN lk ON lk.k = u.k
    WHERE r.idempotent_key = u.k AND r.fencing_token = u.f AND r.status = 'PROCESSING'
      AND (NOT $8::boolean OR r.lease_until < )sql" IDEM_GSQL_NOW R"sql()
