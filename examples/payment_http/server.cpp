@@ -55,46 +55,57 @@ struct charge_result {
 class processor {
 public:
     virtual ~processor() = default;
-    virtual charge_result charge(const std::string& key, std::int64_t amount, const std::string& currency) = 0;
-    /// What the processor knows about a key's charge (the resolver asks after a crash).
-    virtual charge_result lookup(const std::string& key) = 0;
+    /// Charges once for this attempt: the claim's fence names the attempt, so the processor can
+    /// refuse an attempt the resolver has voided (void_attempt).
+    virtual charge_result charge(const std::string& key, std::uint64_t attempt, std::int64_t amount,
+                                 const std::string& currency) = 0;
+    /// The resolver's question about an attempt whose claim expired: charged (its charge), or
+    /// declined, in which case the processor has voided the attempt: a charge request of it that is
+    /// still on its way is refused, so the key can be released without risking a second charge.
+    virtual charge_result void_attempt(const std::string& key, std::uint64_t attempt) = 0;
 };
 
 /// Charges nothing real: ids from a counter. Declines amounts above 1,000,000 (a card limit), so
 /// the stored-decline path can be tried without a remote processor.
 class local_processor final : public processor {
 public:
-    charge_result charge(const std::string&, std::int64_t amount, const std::string&) override {
+    charge_result charge(const std::string&, std::uint64_t, std::int64_t amount, const std::string&) override {
         if (amount > 1'000'000) return {charge_result::kind::declined, 0, "amount above the card limit"};
         return {charge_result::kind::charged, next_.fetch_add(1, std::memory_order_relaxed), {}};
     }
-    charge_result lookup(const std::string&) override { return {charge_result::kind::unknown, 0, "no remote processor"}; }
+    charge_result void_attempt(const std::string&, std::uint64_t) override {
+        return {charge_result::kind::unknown, 0, "no remote processor"};
+    }
 
 private:
     std::atomic<std::uint64_t> next_{1};
 };
 
-/// A processor behind HTTP: POST /charges {"idempotency_key", "amount", "currency"} answers 200
-/// {"charge_id": N} or 402 {"reason": "..."}; GET /charges?key=K answers 200 {"charge_id": N} or 404.
+/// A processor behind HTTP: POST /charges {"idempotency_key", "attempt", "amount", "currency"}
+/// answers 200 {"charge_id": N}, 402 {"reason": "..."} (declined), or 409 (the attempt was voided);
+/// POST /charges/void {"idempotency_key", "attempt"} answers 200 {"charge_id": N} when the attempt
+/// charged, else voids it and answers 404.
 class remote_processor final : public processor {
 public:
     explicit remote_processor(const std::string& url) : url_(url) {}
 
-    charge_result charge(const std::string& key, std::int64_t amount, const std::string& currency) override {
+    charge_result charge(const std::string& key, std::uint64_t attempt, std::int64_t amount,
+                         const std::string& currency) override {
         httplib::Client cli(url_);
         cli.set_tcp_nodelay(true);
-        const json body = {{"idempotency_key", key}, {"amount", amount}, {"currency", currency}};
+        const json body = {{"idempotency_key", key}, {"attempt", attempt}, {"amount", amount}, {"currency", currency}};
         auto res = cli.Post("/charges", body.dump(), "application/json");
         if (!res) return {charge_result::kind::unknown, 0, "processor unreachable: " + httplib::to_string(res.error())};
         return parse(res->status, res->body);
     }
 
-    charge_result lookup(const std::string& key) override {
+    charge_result void_attempt(const std::string& key, std::uint64_t attempt) override {
         httplib::Client cli(url_);
         cli.set_tcp_nodelay(true);
-        auto res = cli.Get("/charges", httplib::Params{{"key", key}}, httplib::Headers{});
+        const json body = {{"idempotency_key", key}, {"attempt", attempt}};
+        auto res = cli.Post("/charges/void", body.dump(), "application/json");
         if (!res) return {charge_result::kind::unknown, 0, "processor unreachable: " + httplib::to_string(res.error())};
-        if (res->status == 404) return {charge_result::kind::declined, 0, "no charge for this key"};
+        if (res->status == 404) return {charge_result::kind::declined, 0, "no charge for this attempt; voided"};
         return parse(res->status, res->body);
     }
 
@@ -218,7 +229,7 @@ public:
         const auto p = parse_payment(req.body, res);
         if (!p) return;
         if (!cfg_.use_idem) {  // the benchmark's baseline: the same work, no deduplication
-            const charge_result c = proc_.charge(*text, p->amount, p->currency);
+            const charge_result c = proc_.charge(*text, 0, p->amount, p->currency);
             return send_stored(res, *decode_response(respond(*text, *p, c)), false);
         }
         const auto k = idem::key::parse(*text, &why);
@@ -245,10 +256,11 @@ public:
                 return problem(res, 503, "Try again", std::string("not processed now (") + idem::to_string(r.status) + ")");
         }
         crash_point(cfg_, req, "before-charge");
-        const charge_result c = proc_.charge(*text, p->amount, p->currency);
+        const charge_result c = proc_.charge(*text, r.ticket.fence(), p->amount, p->currency);
         if (c.result == charge_result::kind::unknown) {
-            // The charge may or may not have happened: releasing the key could charge twice.
-            // Leave the claim to its lease; the resolver asks the processor.
+            // The charge may or may not have happened (or the resolver voided this attempt after
+            // its lease ran out): releasing the key could charge twice. Leave the claim to its
+            // lease; the resolver asks the processor.
             r.ticket.abandon();
             res.set_header("Retry-After", "1");
             return problem(res, 503, "Payment outcome unknown", c.reason + "; retry with the same Idempotency-Key");
@@ -348,11 +360,13 @@ int main(int argc, char** argv) {
             idem::options opts;
             opts.lease = cfg->lease;
             opts.maintenance_interval = std::chrono::milliseconds(200);
-            // An expired claim is a request that crashed between its claim and its recorded
-            // response. The processor knows whether it charged: record that charge (duplicates
-            // then get a response rebuilt from it), or release the key so a retry charges once.
+            // An expired claim is a request that crashed (or stalled past its lease) between its
+            // claim and its recorded response. The processor knows whether that attempt (the
+            // claim's fence) charged: record that charge (duplicates then get a response rebuilt
+            // from it), or, once the processor has voided the attempt so that a charge request of
+            // it still on its way is refused, release the key so a retry charges once.
             opts.resolve = [p = proc.get()](const idem::expired_claim& c) {
-                const charge_result r = p->lookup(std::string(c.key));
+                const charge_result r = p->void_attempt(std::string(c.key), c.fence);
                 switch (r.result) {
                     case charge_result::kind::charged: return idem::resolver_answer{idem::resolution::succeeded, r.charge_id};
                     case charge_result::kind::declined: return idem::resolver_answer{idem::resolution::not_executed, 0};

@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import requests
 
@@ -36,21 +35,39 @@ CARD_LIMIT = 1_000_000
 
 
 class Ledger:
-    """Every charge the processor was asked to make, by idempotency key."""
+    """Every charge the processor was asked to make, by idempotency key.
+
+    An attempt (key, the claim's fence) that the server's resolver voided is refused if its charge
+    request arrives later, as a processor's void of an authorisation would; every other charge
+    request is a charge, even a second one for a key."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.charges = {}  # key -> [charge ids]
+        self.attempts = {}  # (key, attempt) -> charge id
+        self.voided = set()  # (key, attempt)
         self.next_id = 1
 
-    def charge(self, key, amount):
+    def charge(self, key, attempt, amount):
+        """The charge id, "declined" or "voided"."""
         with self.lock:
+            if (key, attempt) in self.voided:
+                return "voided"
             if amount > CARD_LIMIT:
-                return None
+                return "declined"
             cid = self.next_id
             self.next_id += 1
             self.charges.setdefault(key, []).append(cid)
+            self.attempts[(key, attempt)] = cid
             return cid
+
+    def void(self, key, attempt):
+        """The attempt's charge id, or None after voiding it."""
+        with self.lock:
+            if (key, attempt) in self.attempts:
+                return self.attempts[(key, attempt)]
+            self.voided.add((key, attempt))
+            return None
 
     def of(self, key):
         with self.lock:
@@ -76,19 +93,20 @@ def start_ledger(ledger):
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            cid = ledger.charge(req["idempotency_key"], req["amount"])
-            if cid is None:
+            if self.path == "/charges/void":
+                cid = ledger.void(req["idempotency_key"], req["attempt"])
+                if cid is None:
+                    self.reply(404, {"reason": "no charge; attempt voided"})
+                else:
+                    self.reply(200, {"charge_id": cid})
+                return
+            cid = ledger.charge(req["idempotency_key"], req["attempt"], req["amount"])
+            if cid == "declined":
                 self.reply(402, {"reason": "amount above the card limit"})
+            elif cid == "voided":
+                self.reply(409, {"reason": "attempt voided"})
             else:
                 self.reply(200, {"charge_id": cid})
-
-        def do_GET(self):
-            key = parse_qs(urlparse(self.path).query)["key"][0]
-            ids = ledger.of(key)
-            if ids:
-                self.reply(200, {"charge_id": ids[0]})
-            else:
-                self.reply(404, {"reason": "no charge"})
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
