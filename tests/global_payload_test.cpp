@@ -20,17 +20,14 @@
 
 #include "idem/global_guard.hpp"
 
+#include "support/pg_database.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
 
 namespace pg = idem::detail::pg;
 using idem::begin_status;
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-}
 
 /// Bytes no text column could hold: NUL, 0xFF, a lone continuation byte, a truncated sequence.
 std::string raw_bytes() {
@@ -41,32 +38,15 @@ std::string raw_bytes() {
 class GlobalPayloads : public ::testing::Test {
 protected:
     void SetUp() override {
-        server_ = env("IDEM_TEST_PG_URI");
-        ASSERT_FALSE(server_.empty()) << "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
-                                         "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
-        std::random_device rd;
-        char name[32];
-        std::snprintf(name, sizeof name, "idem_gp_%08x%08x", rd(), rd());
-        db_ = name;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("CREATE DATABASE " + db_);  // hex digits only
-            created_ = true;
-        } catch (const std::exception& e) {
-            FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
-        }
-        uri_ = pg::with_database(server_, db_);
+        std::string why;
+        ASSERT_TRUE(database_.create(&why)) << why;
+        server_ = database_.server();
+        db_ = database_.name();
+        uri_ = database_.uri();
     }
     void TearDown() override {
-        if (!created_) return;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
-        } catch (const std::exception& e) {
-            ADD_FAILURE() << "cannot drop test database " << db_ << ": " << e.what();
-        }
+        std::string why;
+        EXPECT_TRUE(database_.drop(&why)) << why;
     }
 
     void sql(const std::string& text) {
@@ -89,8 +69,8 @@ protected:
         return g;
     }
 
+    idem_test::pg_database database_;
     std::string server_, db_, uri_;
-    bool created_ = false;
 };
 
 TEST_F(GlobalPayloads, AnotherNodeGetsTheExactBytes) {

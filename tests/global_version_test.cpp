@@ -24,6 +24,8 @@
 #include "idem/global_guard.hpp"
 #include "idem/verify.hpp"
 
+#include "support/pg_database.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -31,40 +33,18 @@ namespace {
 namespace pg = idem::detail::pg;
 using idem::begin_status;
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v ? v : "";
-}
-
 class GlobalVersions : public ::testing::Test {
 protected:
     void SetUp() override {
-        server_ = env("IDEM_TEST_PG_URI");
-        ASSERT_FALSE(server_.empty()) << "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
-                                         "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
-        std::random_device rd;
-        char name[32];
-        std::snprintf(name, sizeof name, "idem_gv_%08x%08x", rd(), rd());
-        db_ = name;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("CREATE DATABASE " + db_);  // hex digits only
-            created_ = true;
-        } catch (const std::exception& e) {
-            FAIL() << "cannot create a test database on " << pg::redact(server_) << ": " << e.what();
-        }
-        uri_ = pg::with_database(server_, db_);
+        std::string why;
+        ASSERT_TRUE(database_.create(&why)) << why;
+        server_ = database_.server();
+        db_ = database_.name();
+        uri_ = database_.uri();
     }
     void TearDown() override {
-        if (!created_) return;
-        try {
-            pqxx::connection c(server_);
-            pqxx::nontransaction n(c);
-            n.exec("DROP DATABASE IF EXISTS " + db_ + " WITH (FORCE)");
-        } catch (const std::exception& e) {
-            ADD_FAILURE() << "cannot drop test database " << db_ << ": " << e.what();
-        }
+        std::string why;
+        EXPECT_TRUE(database_.drop(&why)) << why;
     }
 
     std::int64_t sql_int(const std::string& text) {
@@ -98,8 +78,8 @@ protected:
         }
     }
 
+    idem_test::pg_database database_;
     std::string server_, db_, uri_;
-    bool created_ = false;
 };
 
 std::string answer(const idem::global_begin_result& r) {
