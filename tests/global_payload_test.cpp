@@ -223,6 +223,43 @@ TEST_F(GlobalPayloads, OverMaxIsRefusedAndChangesNothing) {
     EXPECT_EQ(b.begin(idem::key("big-3")).status, begin_status::failed);
 }
 
+// The resolver's response is written with its verdict by the compensation statement, and every
+// node replays it; one over options.max_payload is not written without it: the claim goes in doubt
+// and the next pass asks again.
+TEST_F(GlobalPayloads, TheResolversPayloadIsRecordedAndOneOverTheMaximumLeavesTheClaimInDoubt) {
+    std::atomic<int> asked{0};
+    auto ro = opts();
+    ro.max_payload = 16;
+    ro.resolve = [&](const idem::expired_claim&) {
+        const bool first = asked++ == 0;
+        return idem::resolver_answer{idem::resolution::succeeded, 201, first ? std::string(17, 'x') : raw_bytes()};
+    };
+    idem::global_guard owner(uri_, opts(), gopts("owner"));
+    idem::global_guard resolver(uri_, ro, gopts("resolver"));
+    const idem::key k("TXR_PAY_v1");
+    auto r = owner.begin(k);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    sql("UPDATE idempotent_record SET lease_until = 0 WHERE idempotent_key = 'TXR_PAY_v1'");  // expired
+    EXPECT_EQ(resolver.compensate(), 0u) << "a 17-byte response over max_payload 16 was recorded";
+    EXPECT_EQ(asked.load(), 1);
+    EXPECT_EQ(resolver.begin(k).status, begin_status::in_doubt);
+    const auto trail = resolver.audit("TXR_PAY_v1");
+    ASSERT_FALSE(trail.empty());
+    EXPECT_EQ(trail.back().detail.rfind("doubt", 0), 0u) << "not marked in doubt: " << trail.back().detail;
+    const auto doubted = resolver.lookup("TXR_PAY_v1");
+    ASSERT_TRUE(doubted);
+    EXPECT_EQ(doubted->state, idem::record_state::processing);
+    EXPECT_TRUE(doubted->payload.empty());
+    EXPECT_EQ(resolver.compensate(), 1u);
+    EXPECT_EQ(asked.load(), 2);
+    EXPECT_EQ(r.ticket.succeed(5, "late"), idem::errc::stale_ticket);
+    auto d = owner.begin(k);
+    ASSERT_EQ(d.status, begin_status::succeeded);
+    EXPECT_EQ(d.outcome, 201u);
+    EXPECT_EQ(d.payload, raw_bytes());
+    EXPECT_EQ(resolver.begin(k).payload, raw_bytes());
+}
+
 TEST_F(GlobalPayloads, APayloadTheLocalTableCannotCacheIsAskedOfTheStore) {
     auto o = opts();
     o.max_payload = 64 << 10;

@@ -135,6 +135,49 @@ TEST_F(Lease, ResolverSucceededWinsOverTheStaleOwner) {
     EXPECT_EQ(res.keys.size(), 1u);
 }
 
+// The resolver found the response (at the processor, in a ledger): it is recorded with the outcome
+// and replayed byte for byte, as if the owner had called succeed(outcome, payload).
+TEST_F(Lease, ResolverPayloadIsRecordedAndReplayed) {
+    const std::string body("{\"id\":\"ch_1\"}\0\xff\xfe tail", 20);
+    scripted_resolver res{{resolution::succeeded, 201, body}};
+    manual_guard g(opts(&res), clock);
+    auto r = g.begin(k, fp);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    clock.advance(lease);
+    EXPECT_EQ(g.compensate(), 1u);
+    auto dup = g.begin(k, fp);
+    EXPECT_EQ(dup.status, begin_status::succeeded);
+    EXPECT_EQ(dup.outcome, 201u);
+    EXPECT_EQ(dup.payload, body);
+    EXPECT_EQ(g.query(k).payload, body);
+    EXPECT_EQ(r.ticket.succeed(5, "late"), errc::stale_ticket);
+    EXPECT_EQ(g.begin(k, fp).payload, body) << "the stale owner replaced the resolver's response";
+}
+
+// A response the guard cannot hold is neither truncated nor dropped: the claim goes in doubt, and
+// the next pass asks again; a response that fits is then recorded.
+TEST_F(Lease, ResolverPayloadOverTheMaximumLeavesTheClaimInDoubt) {
+    scripted_resolver res{{resolution::succeeded, 1, std::string(17, 'x')}, {resolution::succeeded, 2, std::string(16, 'y')}};
+    auto o = opts(&res);
+    o.max_payload = 16;
+    o.payload_budget = 1 << 20;
+    manual_guard g(o, clock);
+    auto r = g.begin(k, fp);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    clock.advance(lease);
+    EXPECT_EQ(g.compensate(), 0u);
+    EXPECT_EQ(res.keys.size(), 1u);
+    EXPECT_EQ(g.begin(k, fp).status, begin_status::in_doubt) << "a 17-byte response over max_payload 16";
+    EXPECT_EQ(g.query(k).state, record_state::processing);
+    EXPECT_EQ(g.snapshot().compensated, 0u);
+    EXPECT_EQ(g.compensate(), 1u);
+    EXPECT_EQ(res.keys.size(), 2u);
+    auto dup = g.begin(k, fp);
+    EXPECT_EQ(dup.status, begin_status::succeeded);
+    EXPECT_EQ(dup.outcome, 2u);
+    EXPECT_EQ(dup.payload, std::string(16, 'y'));
+}
+
 // The owner completes while compensation is asking the resolver about its expired claim (the
 // resolver runs between compensation's read of the claim and its compare-and-swap). The owner's
 // completion is first, so it stands; compensation must notice and resolve nothing.

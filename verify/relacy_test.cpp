@@ -135,7 +135,7 @@ inline rl::debug_info info(const std::source_location& l) noexcept {
 /// Relacy's memory model (a relaxed load may read an old value), so the seqlock that validates the
 /// key bytes in compensation is still checked. Set IDEM_RELACY_ALL_POINTS=1 to preempt everywhere.
 inline bool classify(std::string_view f) noexcept {
-    for (std::string_view name : {"::count(", "::sum(", "::note_probe(", "key_arena<", "chunk_allocator<", "::snapshot_stats(",
+    for (std::string_view name : {"::count(", "::count_here(", "::sum(", "::note_probe(", "key_arena<", "chunk_allocator<", "::snapshot_stats(",
                                   "this_thread_stripe"})
         if (f.find(name) != std::string_view::npos) return true;
     return false;

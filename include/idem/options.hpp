@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <string>
 #include <string_view>
 
 #include "idem/error.hpp"
@@ -73,9 +74,16 @@ inline std::ostream& operator<<(std::ostream& os, resolution r) {
     return detail::print_enum(os, detail::name_of(r), "resolution", r);
 }
 
+/// A resolver's verdict on an expired claim. With succeeded or failed, `outcome` and `payload` are
+/// recorded as a completion would record them (ticket.succeed(outcome, payload)), so duplicates
+/// replay the response the resolver found (at the processor, in a ledger). A payload the guard
+/// cannot hold (over options.max_payload; process scope also: payload budget spent) is never
+/// truncated or dropped: the claim is marked in doubt instead, as for `unknown`, and asked again
+/// on the next pass.
 struct resolver_answer {
     resolution verdict = resolution::unknown;
     std::uint64_t outcome = 0;
+    std::string payload{};  ///< the response, for succeeded or failed; ignored otherwise
 };
 
 /// What a resolver is told about an expired claim.

@@ -67,9 +67,10 @@ struct record_view {
     std::uint64_t fingerprint = 0;
     bool in_doubt = false;
     std::chrono::nanoseconds lease_until{0};
-    /// The response payload of a succeeded or failed record that has one (process scope: query()
-    /// and for_each() copy it; empty otherwise, and hidden like the outcome in sync mode until
-    /// durable). Global scope leaves it empty for now.
+    /// The response payload of a succeeded or failed record that has one (query() and for_each()
+    /// copy it; empty otherwise, and hidden like the outcome in sync mode until durable). Global
+    /// scope's query() answers from this process's table, so it has the payload of a record that
+    /// table holds; global_guard::lookup() reads the store's row, payload included.
     std::string payload{};
 };
 

@@ -14,9 +14,11 @@
 // * Key text is written once per record, by the claimer holding claiming, and published by the
 //   word's release store (5); a reader of the text validates it against the slot's word. A key
 //   reference is size << 40 | (first word + 1); 0 means none. Bit 63 of the slot's key_ref says
-//   the word just before the key text holds a payload reference (key_arena::has_payload).
-// * Payload bytes are written once per record, by the completer holding completing, into units
-//   of the record's own generation that nobody else was handed, and published by (5). They do not
+//   the record has a payload, whose reference is in the payload arena's table under the slot's
+//   number (key_arena::has_payload, payload_arena::ref_of).
+// * Payload bytes and their reference are written once per record, by the completer holding
+//   completing, into units of the record's own generation that nobody else was handed (and the
+//   table entry of its own slot), and published by (5). They do not
 //   change until the generation is recycled, and the recycle changes every slot word of the
 //   generation (recycling, incarnation + 1) before it resets the arena: a reader that copied
 //   bytes and then validated its snapshot's word copied the bytes of that word's record.
@@ -143,26 +145,24 @@ struct arena_span {
 
 /// The key text of one generation's records, written once per record when it is first claimed and
 /// read only by compensation, for_each and recovery (never by lookups, which compare hashes).
-/// An entry is one payload word, then the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4
-/// KiB chunks per stripe: a claim writes its key into lines its own thread wrote a moment ago. Its
-/// size travels in the reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the
-/// first word of the text + 1, so an entry needs no size word of its own. The payload word is the
-/// record's payload reference (payload_arena), written only by a completion that carries a payload
-/// (before it sets has_payload in the slot's key_ref): a record without one never touches it, so the
-/// slot stays one cache line and a completion without a payload writes nothing more than before. It
-/// holds at least max_size bytes and a payload word for every index position, plus a chunk per
-/// stripe, so it cannot fill before the index does.
+/// An entry is the key's bytes in whole words (8 * ceil(n / 8) bytes), in 4 KiB chunks per stripe:
+/// a claim writes its key into lines its own thread wrote a moment ago. Its size travels in the
+/// reference (the slot's key_ref): bits 40-47 the size (1 to 128), bits 0-39 the first word of the
+/// text + 1, so an entry needs no size word of its own. Bit 63 of key_ref (has_payload) says the
+/// record has a response payload, whose reference is in the payload arena's table (payload_arena,
+/// by slot number): a record without one costs nothing more here. It holds at least max_size bytes
+/// for every index position, plus a chunk per stripe, so it cannot fill before the index does.
 template <template <class> class Atomic>
 class key_arena {
 public:
     static constexpr bool zero_pages_ok = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
     static constexpr std::uint64_t max_words = key::max_size / 8;
-    static constexpr std::uint64_t entry_words = max_words + 1;  ///< the text and the payload word
+    static constexpr std::uint64_t entry_words = max_words;
     static constexpr std::uint64_t chunk_words = zero_pages_ok ? 512 : entry_words;
     static constexpr unsigned size_shift = 40;
     static constexpr std::uint64_t at_mask = (std::uint64_t{1} << size_shift) - 1;
     static constexpr std::uint64_t size_mask = 0xff;
-    /// In the slot's key_ref: the payload word of the entry holds the record's payload reference.
+    /// In the slot's key_ref: the record has a payload (payload_arena::ref_of its slot number).
     static constexpr std::uint64_t has_payload = std::uint64_t{1} << 63;
     static_assert(key::max_size % 8 == 0 && key::max_size < 256, "a key's size must fit the reference's 8 size bits");
 
@@ -179,9 +179,8 @@ public:
     /// arena is full.
     [[nodiscard]] std::uint64_t append(const key& k, stripe_ref stripe) noexcept {
         const std::uint64_t n = (k.size() + 7) / 8;
-        const std::uint64_t word = alloc_.alloc(n + 1, stripe);  // the payload word, then the text
-        if (word == alloc_.npos) return 0;
-        const std::uint64_t at = word + 1;
+        const std::uint64_t at = alloc_.alloc(n, stripe);
+        if (at == alloc_.npos) return 0;
         if constexpr (zero_pages_ok)  // the next keys' line
             if (at + n + 16 < chunks_ * chunk_words) __builtin_prefetch(words_ + at + n + 16, 1);
         // Whole words straight from the key's buffer: it holds max_size bytes, zero past size().
@@ -200,25 +199,12 @@ public:
         const std::uint64_t total = chunks_ * chunk_words;
         const std::uint64_t size = (ref >> size_shift) & size_mask;
         const std::uint64_t n = (size + 7) / 8;
-        if ((ref & at_mask) < 2 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
+        if ((ref & at_mask) == 0 || size == 0 || size > key::max_size || (ref & at_mask) - 1 + n > total) return {};
         const std::uint64_t at = (ref & at_mask) - 1;
         std::uint64_t bytes[max_words];
         for (std::uint64_t i = 0; i < n; ++i)
             bytes[i] = words_[at + i].load(seqlock::field_load);  // field_load: the caller validates
         return std::string(reinterpret_cast<const char*>(bytes), size);
-    }
-
-    /// Records the payload reference of the entry at key_ref (written by the completer holding
-    /// completing, or by recovery; published by (5)). The caller then sets has_payload in key_ref.
-    void set_payload(std::uint64_t key_ref, std::uint64_t payload_ref) noexcept {
-        words_[(key_ref & at_mask) - 2].store(payload_ref, seqlock::field_store);  // field_store: published by (5)
-    }
-    /// The payload reference of the entry at key_ref (with has_payload set), or 0 when key_ref is
-    /// out of range (a torn read: the caller validates the slot word afterwards).
-    [[nodiscard]] std::uint64_t payload_of(std::uint64_t key_ref) const noexcept {
-        const std::uint64_t at = key_ref & at_mask;
-        if (at < 2 || at - 2 >= chunks_ * chunk_words) return 0;
-        return words_[at - 2].load(seqlock::field_load);  // field_load: the caller validates
     }
 
     void reset() noexcept { alloc_.reset(); }
@@ -230,7 +216,9 @@ public:
 private:
     std::uint64_t chunks_;
     chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
+    std::uint64_t slots_;
     Atomic<std::uint64_t>* words_ = nullptr;
+    Atomic<std::uint64_t>* refs_ = nullptr;  ///< by slot number: the record's payload reference
 };
 
 /// The response payloads of one generation's records, in whole words (8 * ceil(n / 8) bytes), in
@@ -240,8 +228,10 @@ private:
 /// to whole chunks; a payload that does not fit the rest of its thread's chunk starts a new one
 /// (the rest stays unused until the recycle), so the budget holds at least half its bytes in
 /// payloads whatever their sizes. A reference is size << 40 | (first word + 1); 0 means none (the
-/// empty payload is no payload). Mapped lazily: a guard that never stores a payload commits none
-/// of it, and it is never prefaulted.
+/// empty payload is no payload). A record's reference is kept in a table by slot number (set_ref,
+/// ref_of), read only when the slot's key_ref says has_payload, so a record without a payload
+/// touches neither. Both are mapped lazily: a guard that never stores a payload commits none of
+/// them, and they are never prefaulted.
 template <template <class> class Atomic>
 class payload_arena {
 public:
@@ -254,18 +244,23 @@ public:
     /// one instead of mapped, the arena is one chunk of at most 64 bytes per index position (and
     /// at most max_payload): enough for their tests, and a guard of a model checker does not
     /// construct millions of its atomics.
-    payload_arena(std::size_t positions, std::size_t budget, std::size_t max_payload)
+    payload_arena(std::size_t positions, std::size_t slots, std::size_t budget, std::size_t max_payload)
         : chunk_words_(zero_pages_ok ? (std::max<std::uint64_t>(min_chunk_bytes, max_payload) + 7) / 8
                                      : std::min<std::uint64_t>((std::max<std::uint64_t>(8, max_payload) + 7) / 8,
                                                                8 * std::max<std::size_t>(positions, 1))),
           chunks_(budget == 0      ? 0
                   : zero_pages_ok ? (budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8)
                                   : 1),
-          alloc_(chunk_words_, chunks_) {
-        if (chunks_ != 0) words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words_, /*prefault=*/false);
+          alloc_(chunk_words_, chunks_),
+          slots_(chunks_ == 0 ? 0 : slots) {
+        if (chunks_ != 0) {
+            words_ = map_words<Atomic<std::uint64_t>>(chunks_ * chunk_words_, /*prefault=*/false);
+            refs_ = map_words<Atomic<std::uint64_t>>(slots_, /*prefault=*/false);
+        }
     }
     ~payload_arena() {
         if (words_ != nullptr) unmap_words(words_, chunks_ * chunk_words_);
+        if (refs_ != nullptr) unmap_words(refs_, slots_);
     }
     payload_arena(const payload_arena&) = delete;
     payload_arena& operator=(const payload_arena&) = delete;
@@ -325,6 +320,19 @@ public:
         }
     }
 
+    /// Records the payload reference of the record in slot number n (by its completer holding
+    /// completing, or by recovery or a recall holding claiming; published by (5)). The caller then
+    /// sets has_payload in the slot's key_ref. Never reset: an entry is read only under that bit,
+    /// which only a new set_ref() sets again after a recycle.
+    void set_ref(std::uint64_t n, std::uint64_t ref) noexcept {
+        if (n < slots_) refs_[n].store(ref, seqlock::field_store);  // field_store: published by (5)
+    }
+    /// The payload reference of the record in slot number n, or 0 (out of range, or no payload
+    /// arena). Read under a snapshot: the caller validates the slot word afterwards.
+    [[nodiscard]] std::uint64_t ref_of(std::uint64_t n) const noexcept {
+        return n < slots_ ? refs_[n].load(seqlock::field_load) : 0;  // field_load: the caller validates
+    }
+
     /// Bytes handed out since the last reset, in whole chunks (a statistic; relaxed).
     [[nodiscard]] std::uint64_t used_bytes() const noexcept { return alloc_.taken() * chunk_words_ * 8; }
     [[nodiscard]] std::uint64_t capacity_bytes() const noexcept { return chunks_ * chunk_words_ * 8; }
@@ -345,7 +353,9 @@ private:
     std::uint64_t chunk_words_;
     std::uint64_t chunks_;
     chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
+    std::uint64_t slots_;
     Atomic<std::uint64_t>* words_ = nullptr;
+    Atomic<std::uint64_t>* refs_ = nullptr;  ///< by slot number: the record's payload reference
 };
 
 /// The slots of one generation's records, handed out in chunks per stripe (consecutive claims of a
@@ -378,6 +388,10 @@ public:
         return n;
     }
     [[nodiscard]] slot<Atomic>& at(std::uint64_t n) noexcept { return slots_[n]; }
+    /// The number of a slot of this arena (holds(s)).
+    [[nodiscard]] std::uint64_t number_of(const slot<Atomic>& s) const noexcept {
+        return static_cast<std::uint64_t>(&s - slots_);
+    }
     [[nodiscard]] bool holds(const slot<Atomic>* s) const noexcept {
         return std::less_equal<>{}(slots_, s) && std::less<>{}(s, slots_ + size());
     }

@@ -454,9 +454,25 @@ public:
     std::error_code complete(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
                              transition_cause cause, bool check_lease = false, bool await = true,
                              std::string_view payload = {}) noexcept {
+        if (!payload.empty() && is_terminal(to)) [[unlikely]]
+            return complete_with_payload(k, c, to, outcome, cause, check_lease, await, payload);
+        return complete_as<false>(k, c, to, outcome, cause, check_lease, await, {});
+    }
+
+private:
+    /// complete() with a payload to attach. Out of line, and complete_as<false> has no payload
+    /// code at all: a completion without one costs what it cost before payloads existed.
+    [[gnu::noinline]] std::error_code complete_with_payload(const key& k, claim_ref<Atomic>& c, slot_state to,
+                                                            std::uint64_t outcome, transition_cause cause,
+                                                            bool check_lease, bool await, std::string_view payload) noexcept {
+        if (payload.size() > opts_.max_payload) return errc::invalid_argument;
+        return complete_as<true>(k, c, to, outcome, cause, check_lease, await, payload);
+    }
+
+    template <bool WithPayload>
+    std::error_code complete_as(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
+                                transition_cause cause, bool check_lease, bool await, std::string_view payload) noexcept {
         slot_type& s = *c.s;
-        const bool with_payload = !payload.empty() && is_terminal(to);
-        if (with_payload && payload.size() > opts_.max_payload) return errc::invalid_argument;
         admission room(sink_);
         if (!room.take()) {  // before anything changes: a refusal leaves the claim as it was
             count(c_backpressure);
@@ -472,7 +488,7 @@ public:
         transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
                      outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                      std::chrono::nanoseconds(0), now};
-        if (with_payload) [[unlikely]] {
+        if constexpr (WithPayload) {
             // Only now, holding completing: the generation cannot be recycled (its arenas reset)
             // while one of its records is not terminal, so the units are ours alone.
             if (!attach_payload(s, payload, t)) {
@@ -489,13 +505,15 @@ public:
         if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), seqlock::field_store);
         const std::uint64_t done = state_word::with_state(c.word, to) | (unconfirmed ? state_word::doubt_bit : 0);
         s.word.store(done, std::memory_order_release);  // (5)
-        count(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
+        count_here(to == slot_state::succeeded ? c_succeeded : to == slot_state::failed ? c_failed : c_released);
         if (!await || seq == 0 || !sink_->synchronous()) return {};
         const durability_wait w = sink_->await(seq);
         if (unconfirmed) confirm(s, done, seq, w == durability_wait::committed);
         if (w == durability_wait::committed) return {};
         return w == durability_wait::rejected ? errc::store_error : errc::store_unavailable;
     }
+
+public:
 
     /// Renews a claim's lease (and clears a doubt mark: the owner is alive). Progress: lock-free.
     std::error_code extend(claim_ref<Atomic>& c, std::chrono::nanoseconds by) noexcept {
@@ -729,7 +747,7 @@ public:
         if (with_payload) {
             const std::uint64_t pref = cur.payloads().append(payload, my_stripe());
             if (pref == 0) return begin_status::capacity_exhausted;
-            cur.keys().set_payload(key_ref, pref);
+            cur.set_payload_ref(*s, pref);
             s->key_ref.store(key_ref | key_arena<Atomic>::has_payload, std::memory_order_relaxed);  // relaxed: published by (5)
         } else {
             s->key_ref.store(key_ref, std::memory_order_relaxed);  // relaxed: published by (5); a second restore without one
@@ -770,12 +788,18 @@ public:
     /// (detail/lease_histogram.hpp). Off, one predictable branch.
     [[nodiscard]] std::chrono::nanoseconds lease_for(const key& k) const noexcept {
         if (leases_ == nullptr) [[likely]] return opts_.lease;
+        return adaptive_lease_for(k);
+    }
+    /// lease_for() with options.adaptive. Out of line, like every step of an option that is off by
+    /// default: inlined, its key parsing would make the claim too large for the compiler to inline
+    /// the claim's own small steps (measured with callgrind: the counters' adds became calls).
+    [[gnu::noinline]] [[nodiscard]] std::chrono::nanoseconds adaptive_lease_for(const key& k) const noexcept {
         const auto parts = k.split();
         const auto l = parts ? leases_->lease(parts->operation) : std::chrono::nanoseconds::zero();
         return l.count() != 0 ? l : opts_.lease;
     }
     /// Records a terminal completion's claim-to-completion time (options.adaptive).
-    void observe(const key& k, std::chrono::nanoseconds took) noexcept {
+    [[gnu::noinline]] void observe(const key& k, std::chrono::nanoseconds took) noexcept {
         if (const auto parts = k.split()) leases_->record(parts->operation, took);
     }
     /// Recomputes the adaptive leases (guard::maintain()); nothing when options.adaptive is off.
@@ -818,8 +842,12 @@ public:
         return s;
     }
 
-    void count(unsigned c, std::uint64_t n = 1) noexcept {
-        const stripe_ref st = my_stripe();
+    void count(unsigned c, std::uint64_t n = 1) noexcept { count_here(c, n); }
+    /// count(), always inlined: for the steps every claim and completion takes (grant, complete),
+    /// where a call costs more than the count (the compiler stopped inlining it there once the
+    /// engine grew; measured with callgrind).
+    [[gnu::always_inline]] void count_here(unsigned c, std::uint64_t n = 1) noexcept {
+        const stripe_ref st = my_stripe_here();
         stripe_add(stripes_[st.index].v[c], n, st.owned);
     }
 
@@ -838,7 +866,8 @@ public:
     /// visibility: both copies may give index 0 to one of their threads). Threads of the other
     /// copy use the shared stripes (RMWs), so no owned stripe or arena cursor of this engine ever
     /// has two plain writers.
-    [[nodiscard]] stripe_ref my_stripe() noexcept {
+    [[nodiscard]] stripe_ref my_stripe() noexcept { return my_stripe_here(); }
+    [[gnu::always_inline]] [[nodiscard]] stripe_ref my_stripe_here() noexcept {
         const stripe_ref st = stripe();
         if (!st.owned) return st;
         const void* const mine = stripe_owner::registry();
@@ -1013,7 +1042,7 @@ private:
     /// The version step (version_map.hpp) of a claim that would be granted in epoch `epoch`:
     /// nullopt to go on claiming, or superseded (a newer version was claimed), or capacity_exhausted
     /// (the current map has no room for the identity; nothing changed).
-    std::optional<begin_answer> version_step_of(const key& k, ordered_key& o, std::uint64_t epoch) noexcept {
+    [[gnu::noinline]] std::optional<begin_answer> version_step_of(const key& k, ordered_key& o, std::uint64_t epoch) noexcept {
         if (!o.known) {
             o.claim = version_claim_of(k);
             o.known = true;
@@ -1038,7 +1067,7 @@ private:
     /// granted after our step took its own step there: a step in a later epoch follows the rotation
     /// (7) that this load (6) would see, and a step in an earlier epoch fails its epoch check and is
     /// taken again here. Otherwise the other map is read too.
-    [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept {
+    [[gnu::noinline]] [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept {
         const auto c = version_claim_of(k);
         if (!c) return std::nullopt;
         const unsigned g = &gen == gens_[0].get() ? 0 : 1;
@@ -1053,7 +1082,7 @@ private:
     /// g) into out; true when it belongs to that record (or it has none), false when the word
     /// changed meanwhile (out is then garbage: the caller looks again or skips).
     ///
-    /// Why a validated copy is the record's payload: the bytes and the payload word were written
+    /// Why a validated copy is the record's payload: the bytes and their reference (the slot's entry in the payload table) were written
     /// by the completer holding completing, before the release store (5) of the terminal word that
     /// snap saw, into arena units handed to nobody else; they do not change until the generation is
     /// recycled. The recycle moves every slot of the generation to recycling (incarnation + 1)
@@ -1069,7 +1098,7 @@ private:
     /// bounds-checked by the arena before it is followed.
     bool copy_payload(const slot_type& s, const generation<Atomic>& g, const snapshot& snap, std::string& out) const {
         if ((snap.key_ref & key_arena<Atomic>::has_payload) == 0) [[likely]] return true;
-        out = g.payloads().read(g.keys().payload_of(snap.key_ref));
+        out = g.payloads().read(g.payload_ref_of(s));
         seqlock::reader_fence();  // (8)
         return s.word.load(std::memory_order_relaxed) == snap.word;  // relaxed: ordered by (8)
     }
@@ -1080,10 +1109,10 @@ private:
     [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload, transition& t) noexcept {
         generation<Atomic>& g = gens_[0]->holds(&s) ? *gens_[0] : *gens_[1];
         const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold completing
-        if ((key_ref & key_arena<Atomic>::at_mask) < 2) return false;  // no key entry: never expected
+        if ((key_ref & key_arena<Atomic>::at_mask) == 0) return false;  // no key entry: never expected
         const std::uint64_t pref = g.payloads().append(payload, my_stripe());
         if (pref == 0) return false;
-        g.keys().set_payload(key_ref, pref);
+        g.set_payload_ref(s, pref);
         s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
         t.payload = g.payloads().view(pref);
         return true;
@@ -1207,7 +1236,7 @@ private:
         // point (the key text just appended; on a fresh slot its claiming word (4') and identity)
         // are in lines this thread wrote a moment ago. Counting before publishing only makes
         // outstanding() err on scanning.
-        count(granted);
+        count_here(granted);
         const auto lease_until = now + lease_for(k);
         s.fingerprint.store(fingerprint, seqlock::field_store);  // field_store: published by (5)
         s.lease_until.store(lease_until.count(), seqlock::field_store);
@@ -1274,7 +1303,7 @@ private:
                 s.word.store(seen, std::memory_order_release);  // (5) undo: nothing installed
                 return answer_recalled(r, fingerprint, payload);
             }
-            gen.keys().set_payload(key_ref, pref);
+            gen.set_payload_ref(s, pref);
             s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
         }
         const slot_state st = r.state == record_state::processing  ? slot_state::processing
@@ -1335,10 +1364,25 @@ private:
                             r.outcome, r.fence};
     }
 
-    /// Applies the resolver's answer to the claim seen as `seen` (processing, expired).
+    /// Applies the resolver's answer to the claim seen as `seen` (processing, expired). A succeeded
+    /// or failed answer is completed with its payload; one whose payload the guard cannot hold
+    /// (over options.max_payload, budget spent) is marked in doubt, like unknown.
     bool resolve_claim(slot_type& s, std::uint64_t seen, const key& k, const resolver_answer& answer) {
         claim_ref<Atomic> ref{&s, seen & ~state_word::doubt_bit};
-        if (answer.verdict == resolution::unknown) {
+        if (answer.verdict != resolution::unknown) {
+            const slot_state to = answer.verdict == resolution::succeeded ? slot_state::succeeded
+                                  : answer.verdict == resolution::failed  ? slot_state::failed
+                                                                          : slot_state::released;
+            const std::error_code ec =
+                complete(k, ref, to, answer.outcome, transition_cause::compensate, /*check_lease=*/true, true, answer.payload);
+            if (!ec) {
+                count(c_compensated);
+                return true;
+            }
+            // A response the guard cannot hold is not recorded without it: in doubt, asked again.
+            if (ec != errc::invalid_argument && ec != errc::capacity_exhausted) return false;
+        }
+        {
             if (state_word::in_doubt(seen)) return false;  // already marked and audited
             admission room(sink_);
             if (!room.take()) return false;  // the queue is full: asked again next pass
@@ -1356,12 +1400,6 @@ private:
             count(c_in_doubt);
             return false;
         }
-        const slot_state to = answer.verdict == resolution::succeeded ? slot_state::succeeded
-                              : answer.verdict == resolution::failed  ? slot_state::failed
-                                                                      : slot_state::released;
-        if (complete(k, ref, to, answer.outcome, transition_cause::compensate, /*check_lease=*/true)) return false;
-        count(c_compensated);
-        return true;
     }
 
     options opts_;

@@ -347,31 +347,39 @@ public:
             return 0;
         }
         std::vector<item> items;
+        std::vector<resolver_answer> answers;  // their payloads, viewed by items until written
+        answers.reserve(rows.size());          // never reallocated: the views stay valid
         std::set<std::pair<std::string, std::uint64_t>> still_expired;
         for (const expired_row& e : rows) {
             const auto k = key::parse(e.k);
             if (!k) continue;
             // A live local claim: a thread of this process is executing it (or asking about it).
             if (local_.query(*k).state == record_state::processing) continue;
-            resolver_answer a{resolution::unknown, 0};
+            resolver_answer& a = answers.emplace_back();
             try {
                 a = opts_.resolve(expired_claim{e.k, e.fence, e.fp});
             } catch (...) {
-                a = {resolution::unknown, 0};  // a throwing resolver decides nothing
+                a = {};  // a throwing resolver decides nothing
             }
-            item it{*k, e.fence, record_state::processing, a.outcome, transition_cause::compensate};
+            // A response over options.max_payload is not recorded without it: in doubt, asked again.
+            if ((a.verdict == resolution::succeeded || a.verdict == resolution::failed) &&
+                a.payload.size() > opts_.max_payload)
+                a = {};
+            item it{*k, e.fence, record_state::processing, a.outcome, transition_cause::compensate, a.payload};
             switch (a.verdict) {
                 case resolution::succeeded: it.to = record_state::succeeded; break;
                 case resolution::failed: it.to = record_state::failed; break;
                 case resolution::not_executed:
                     it.to = record_state::released;
                     it.outcome = 0;
+                    it.payload = {};
                     break;
                 case resolution::unknown:
                     still_expired.insert({e.k, e.fence});
                     if (doubted_.contains({e.k, e.fence})) continue;  // marked and audited already
                     it.cause = transition_cause::doubt;
                     it.outcome = 0;
+                    it.payload = {};
                     break;
             }
             items.push_back(std::move(it));

@@ -72,7 +72,7 @@ class generation {
 public:
     generation(std::size_t positions, bool prefault, std::size_t payload_budget = 0, std::size_t max_payload = 0)
         : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault),
-          payloads_(positions, payload_budget, max_payload) {
+          payloads_(positions, slots_.size(), payload_budget, max_payload) {
         index_ = map_words<index_entry<Atomic>>(
             positions, prefault,
             positions * sizeof(index_entry<Atomic>) <= huge_index_limit ? backing::huge : backing::small);
@@ -88,6 +88,11 @@ public:
     [[nodiscard]] const key_arena<Atomic>& keys() const noexcept { return keys_; }
     [[nodiscard]] payload_arena<Atomic>& payloads() noexcept { return payloads_; }
     [[nodiscard]] const payload_arena<Atomic>& payloads() const noexcept { return payloads_; }
+    /// The payload reference of the record in slot s of this generation (read under has_payload).
+    [[nodiscard]] std::uint64_t payload_ref_of(const slot<Atomic>& s) const noexcept {
+        return payloads_.ref_of(slots_.number_of(s));
+    }
+    void set_payload_ref(const slot<Atomic>& s, std::uint64_t ref) noexcept { payloads_.set_ref(slots_.number_of(s), ref); }
     /// True when s is one of this generation's slots (a claim's generation, from its ticket's slot).
     [[nodiscard]] bool holds(const slot<Atomic>* s) const noexcept { return slots_.holds(s); }
     /// The index's memory (the toucher populates a small index at construction).

@@ -103,8 +103,8 @@ struct alignas(64) slot {
     Atomic<std::uint64_t> fingerprint{0};  // request fingerprint of the claim; 0 = none given
     Atomic<std::int64_t> updated{0};       // nanoseconds on the guard's clock of the last transition
     Atomic<std::uint64_t> key_ref{0};      // where the key text lives in the generation's arena; 0 = none.
-                                           // Bit 63: the word before the text holds the record's payload
-                                           // reference (arenas.hpp, key_arena::has_payload)
+                                           // Bit 63: the record has a response payload, its reference in
+                                           // the generation's payload table (arenas.hpp, key_arena::has_payload)
 };
 
 static_assert(sizeof(slot<std::atomic>) == 64, "a slot is exactly one cache line: one miss per lookup");
