@@ -324,7 +324,6 @@ public:
         if (k.empty()) return {begin_status::invalid_key, {}, 0, 0};
         admission room(sink_);
         bool checked = false;
-        ordered_key ordered;
         // Before any claim: the store must be able to hold the key, and the queue must have room for
         // the claim's row. Refusals change nothing (no position, no slot, no sequence number). With
         // ordered versions, then the version step (version_map.hpp), whose refusal gives the room back.
@@ -338,7 +337,7 @@ public:
                 return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
             if (versions_[0] == nullptr) [[likely]] return std::nullopt;
-            return version_step_of(k, ordered, epoch);
+            return version_step_of(k, epoch);
         };
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
@@ -485,18 +484,22 @@ private:
             s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
             return errc::busy;
         }
-        transition t{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
-                     outcome, s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                     std::chrono::nanoseconds(0), now};
+        std::string_view stored{};  // the payload's bytes in the arena, for the sink
         if constexpr (WithPayload) {
             // Only now, holding completing: the generation cannot be recycled (its arenas reset)
             // while one of its records is not terminal, so the units are ours alone.
-            if (!attach_payload(s, payload, t)) {
+            if (!attach_payload(s, payload, stored)) {
                 s.word.store(replaced, std::memory_order_release);  // (5) undo: nothing changed
                 return errc::capacity_exhausted;
             }
         }
-        const std::uint64_t seq = room.offer(t);
+        // The transition (a copy of the key among its fields) is built only for a sink to take.
+        const std::uint64_t seq =
+            sink_ == nullptr ? 0
+                             : room.offer(transition{k, record_state::processing, durable_state(to), cause,
+                                                     state_word::fence(c.word), outcome,
+                                                     s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                                     std::chrono::nanoseconds(0), now, stored});
         const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
         if (leases_ != nullptr && (cause == transition_cause::succeed || cause == transition_cause::fail)) [[unlikely]]
             observe(k, now - std::chrono::nanoseconds(s.updated.load(std::memory_order_relaxed)));  // relaxed: we hold completing; the claim time
@@ -1022,13 +1025,6 @@ private:
         return {begin_status::in_progress, {}, 0, fence};
     }
 
-    /// Ordered versions: what claim() learnt of its key's version, once (split and hash, only when a
-    /// claim would be granted and ordered versions are on).
-    struct ordered_key {
-        bool known = false;
-        std::optional<version_claim> claim;  ///< nullopt: the key is not composed (no ordering)
-    };
-
     /// The key's (txid, operation) identity and version, or nullopt for a key key::compose could
     /// not have made. The identity hashes "TXID_OPERATION", the key up to its last '_'.
     [[nodiscard]] std::optional<version_claim> version_claim_of(const key& k) const noexcept {
@@ -1042,14 +1038,13 @@ private:
     /// The version step (version_map.hpp) of a claim that would be granted in epoch `epoch`:
     /// nullopt to go on claiming, or superseded (a newer version was claimed), or capacity_exhausted
     /// (the current map has no room for the identity; nothing changed).
-    [[gnu::noinline]] std::optional<begin_answer> version_step_of(const key& k, ordered_key& o, std::uint64_t epoch) noexcept {
-        if (!o.known) {
-            o.claim = version_claim_of(k);
-            o.known = true;
-        }
-        if (!o.claim) return std::nullopt;
+    /// The key is split and hashed on each call (a claim retried after a lost race calls it again):
+    /// nothing is kept on the stack of a claim that never asks.
+    [[gnu::noinline]] std::optional<begin_answer> version_step_of(const key& k, std::uint64_t epoch) noexcept {
+        const std::optional<version_claim> claim = version_claim_of(k);  // nullopt: not composed, no ordering
+        if (!claim) return std::nullopt;
         const version_map<Atomic>* previous = epoch != 0 ? versions_[(epoch + 1) & 1].get() : nullptr;
-        const auto r = version_step(*versions_[epoch & 1], previous, *o.claim, opts_.max_probe);
+        const auto r = version_step(*versions_[epoch & 1], previous, *claim, opts_.max_probe);
         switch (r.what) {
             case version_map<Atomic>::raised::granted: return std::nullopt;
             case version_map<Atomic>::raised::superseded:
@@ -1104,9 +1099,9 @@ private:
     }
 
     /// Copies `payload` into the payload arena of s's generation and records its reference in s
-    /// (the caller holds completing; published by its (5)); the transition `t` gets a view of the
-    /// bytes there. False when the budget is spent (nothing written in s).
-    [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload, transition& t) noexcept {
+    /// (the caller holds completing; published by its (5)); `stored` gets a view of the bytes
+    /// there, for the transition. False when the budget is spent (nothing written in s).
+    [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload, std::string_view& stored) noexcept {
         generation<Atomic>& g = gens_[0]->holds(&s) ? *gens_[0] : *gens_[1];
         const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold completing
         if ((key_ref & key_arena<Atomic>::at_mask) == 0) return false;  // no key entry: never expected
@@ -1114,7 +1109,7 @@ private:
         if (pref == 0) return false;
         g.set_payload_ref(s, pref);
         s.key_ref.store(key_ref | key_arena<Atomic>::has_payload, seqlock::field_store);  // field_store: published by (5)
-        t.payload = g.payloads().view(pref);
+        stored = g.payloads().view(pref);
         return true;
     }
 
@@ -1241,8 +1236,8 @@ private:
         s.fingerprint.store(fingerprint, seqlock::field_store);  // field_store: published by (5)
         s.lease_until.store(lease_until.count(), seqlock::field_store);
         s.updated.store(now.count(), seqlock::field_store);
-        const std::uint64_t seq =
-            room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
+        const std::uint64_t seq =  // the transition is built only for a sink to take
+            sink_ == nullptr ? 0 : room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
         const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
         s.word.store(processing, std::memory_order_release);  // (5)
         claim_ref<Atomic> ref{&s, processing};
