@@ -13,6 +13,8 @@
 // * Recovery (durable_guard over SQLite): decided records come back into memory with their
 //   payloads; one whose payload is over options.max_payload, or past options.payload_budget, goes
 //   to the cold window instead (the store answers for it), never into memory without its bytes.
+// * idem::verify: a record whose outcome or payload differs from what its completing audit row
+//   names (outcome, size and hash) is a violation naming the key and both values.
 // * The cold window: a duplicate of a key recovery left in the store (older than the hot window)
 //   reads the record back (transition_sink::recall) and is answered with its payload, byte for byte,
 //   including one larger than options.max_payload, which memory would not hold.
@@ -20,6 +22,7 @@
 #include <idem/detail/rocksdb_codec.hpp>
 #include <idem/durable.hpp>
 #include <idem/sqlite_store.hpp>
+#include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
 
@@ -183,6 +186,48 @@ TEST(SqlitePayload, AStoredPayloadAboveTheHardMaximumIsCorruptNamingTheKey) {
     // Exactly the maximum is a payload like any other.
     idem_test::sqlite_exec(db, "UPDATE idempotent_record SET payload = zeroblob(1048576)");
     EXPECT_EQ(st.get("BIG_PAY_v1")->payload, std::string(idem::detail::payload_hard_max, '\0'));
+}
+
+// idem::verify checks a decided record against the audit row that decided it: the outcome it names,
+// and the payload's size and hash. Bytes or an outcome changed in the store afterwards show, each
+// naming the key and both values; an untouched store shows nothing.
+TEST(VerifyPayload, ARecordWhoseOutcomeOrPayloadDiffersFromItsCompletingRowIsAViolation) {
+    idem_test::temp_dir dir("idem-payload");
+    const std::string db = dir.file("p.db");
+    const std::int64_t at = 1'700'000'000'000;
+    std::uint64_t batch = 0;
+    for (const auto& [k, payload] : std::vector<std::pair<std::string, std::string>>{
+             {"SAME_PAY_v1", any_bytes}, {"BYTES_PAY_v1", any_bytes}, {"GONE_PAY_v1", "abc"},
+             {"ADDED_PAY_v1", ""}, {"OUT_PAY_v1", ""}})
+        write_record(db, k, payload, at, ++batch);
+    {
+        idem::sqlite_store st(db);
+        const auto clean = idem::verify(st);
+        EXPECT_EQ(clean.keys, 5u);
+        EXPECT_TRUE(clean.violations.empty()) << clean.violations.front();
+    }
+    idem_test::sqlite_exec(db, "UPDATE idempotent_record SET payload = X'00' WHERE idempotent_key = 'BYTES_PAY_v1'");
+    idem_test::sqlite_exec(db, "UPDATE idempotent_record SET payload = X'' WHERE idempotent_key = 'GONE_PAY_v1'");
+    idem_test::sqlite_exec(db, "UPDATE idempotent_record SET payload = X'41' WHERE idempotent_key = 'ADDED_PAY_v1'");
+    idem_test::sqlite_exec(db, "UPDATE idempotent_record SET outcome = 4 WHERE idempotent_key = 'OUT_PAY_v1'");
+    idem::sqlite_store st(db);
+    const auto r = idem::verify(st);
+    ASSERT_EQ(r.violations.size(), 4u);
+    const auto said = [&](const std::string& k) {
+        for (const auto& v : r.violations)
+            if (v.find("'" + k + "'") != std::string::npos) return v;
+        return std::string("(no violation names " + k + ")");
+    };
+    const std::string hash_of_17 = idem::payload_detail(any_bytes).substr(9);
+    EXPECT_NE(said("BYTES_PAY_v1").find("payload is 1B fnv="), std::string::npos) << said("BYTES_PAY_v1");
+    EXPECT_NE(said("BYTES_PAY_v1").find("audit row says " + hash_of_17), std::string::npos) << said("BYTES_PAY_v1");
+    EXPECT_NE(said("GONE_PAY_v1").find("payload is empty but its completing audit row says 3B fnv="), std::string::npos)
+        << said("GONE_PAY_v1");
+    EXPECT_NE(said("ADDED_PAY_v1").find("payload is 1B fnv="), std::string::npos) << said("ADDED_PAY_v1");
+    EXPECT_NE(said("ADDED_PAY_v1").find("audit row says none"), std::string::npos) << said("ADDED_PAY_v1");
+    EXPECT_NE(said("OUT_PAY_v1").find("outcome is 4 but its completing audit row says 3"), std::string::npos)
+        << said("OUT_PAY_v1");
+    EXPECT_EQ(said("SAME_PAY_v1"), "(no violation names SAME_PAY_v1)");
 }
 
 TEST(SqlitePayload, APayloadStoredAsTextByHandIsReadAsItsBytes) {

@@ -10,7 +10,10 @@
 //     higher fence);
 //   * every claim's fence is strictly greater than every earlier fence of the key; every
 //     completion carries the fence of the claim it completes;
-//   * the last row matches the record (status and fence), and no record lacks a trail.
+//   * the last row matches the record (status and fence), and no record lacks a trail;
+//   * a SUCCESS or FAILED record has the outcome its completing row names (" outcome=N") and the
+//     response payload it names (" payload=NB fnv=H": the size and the FNV-1a hash of the bytes;
+//     no payload part: none), so a response changed in the store after it was recorded shows.
 //
 // A pruned store (store::prune, store::horizon) is read with its horizon. Legal, and counted:
 //   * a trail whose first remaining row does not start at ABSENT, when audit rows were pruned (the
@@ -24,6 +27,7 @@
 // time order leaves such rows, so that is not checked.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -89,13 +93,14 @@ public:
         }
         state_ = a.to;
         fence_ = std::max(fence_, a.fence);
-        last_[a.key] = {state_, fence_, a.at_ms};
+        last_[a.key] = {state_, fence_, a.at_ms, a.to == record_state::succeeded || a.to == record_state::failed ? a.detail : std::string()};
     }
 
     struct last_state {
         record_state state;
         std::uint64_t fence;
         std::int64_t at_ms;
+        std::string completion;  ///< the detail of the row that made the record terminal (empty otherwise)
     };
     std::map<std::string, last_state>& last() { return last_; }
 
@@ -111,6 +116,33 @@ private:
     std::uint64_t fence_ = 0;
     std::map<std::string, last_state> last_;
 };
+
+/// A terminal record against the detail of the row that completed it: the outcome the row names,
+/// and the payload's size and hash it names (none named: the record has no payload). A detail
+/// without " outcome=" (a row written by hand) is not checked.
+inline void check_completion(const stored_record& r, const std::string& detail, verify_report& report) {
+    const auto at = detail.find(" outcome=");
+    if (at == std::string::npos) return;
+    const auto named = detail.find(" payload=", at);
+    std::uint64_t outcome = 0;
+    const char* first = detail.data() + at + 9;
+    const char* last = detail.data() + (named == std::string::npos ? detail.size() : named);
+    const auto [end, ec] = std::from_chars(first, last, outcome);
+    const std::string name = "key '" + key::printable(r.key) + "': ";
+    if (ec != std::errc{} || end != last) {
+        report.violations.push_back(name + "its completing audit row names no readable outcome: '" + detail + "'");
+        return;
+    }
+    if (outcome != r.outcome)
+        report.violations.push_back(name + "record's outcome is " + std::to_string(r.outcome) +
+                                    " but its completing audit row says " + std::to_string(outcome));
+    const std::string want = named == std::string::npos ? std::string() : detail.substr(named);
+    const std::string have = payload_detail(r.payload);
+    if (have != want)
+        report.violations.push_back(name + "record's payload is" + (have.empty() ? std::string(" empty") : " " + have.substr(9)) +
+                                    " but its completing audit row says" +
+                                    (want.empty() ? std::string(" none") : " " + want.substr(9)));
+}
 
 }  // namespace detail
 
@@ -147,6 +179,8 @@ inline verify_report verify(store& st) {
                                             " fence " + std::to_string(r.fence) + " but its last audit row says " +
                                             to_string(it->second.state) + " fence " +
                                             std::to_string(it->second.fence));
+            else if (!it->second.completion.empty())
+                detail::check_completion(r, it->second.completion, report);
             last.erase(it);
         });
         for (auto& [k, s] : last) {
