@@ -172,6 +172,32 @@ TEST_F(GlobalPayloads, RacingRunsOnTwoNodesRunOnceAndAllGetTheBytes) {
         for (int i = 0; i < keys; ++i) ASSERT_EQ(got[t][i], bytes + std::to_string(i)) << "thread " << t << " key " << i;
 }
 
+// A terminal failure's error response is written by the same UPDATE as FAILED and replayed on
+// every node with the failure code; a retryable failure cannot keep one and changes nothing.
+TEST_F(GlobalPayloads, ATerminalFailuresResponseIsReplayedOnAnotherNode) {
+    idem::global_guard a(uri_, opts(), gopts("node-a"));
+    idem::global_guard b(uri_, opts(), gopts("node-b"));
+    const idem::key k("TXD_PAY_v1");
+    auto r = a.begin(k);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    EXPECT_EQ(r.ticket.fail(402, idem::failure_policy::retryable, raw_bytes()), idem::errc::invalid_argument);
+    ASSERT_TRUE(r.ticket.valid());
+    EXPECT_EQ(b.begin(k).status, begin_status::in_progress);
+    ASSERT_FALSE(r.ticket.fail(402, idem::failure_policy::terminal, raw_bytes()));
+    for (auto* g : {&b, &a}) {
+        for (int again = 0; again < 2; ++again) {  // the second answer comes from the node's table
+            const auto d = g->begin(k);
+            ASSERT_EQ(d.status, begin_status::failed);
+            EXPECT_EQ(d.outcome, 402u);
+            EXPECT_EQ(d.payload, raw_bytes());
+        }
+    }
+    const auto row = b.lookup("TXD_PAY_v1");
+    ASSERT_TRUE(row);
+    EXPECT_EQ(row->state, idem::record_state::failed);
+    EXPECT_EQ(row->payload, raw_bytes());
+}
+
 TEST_F(GlobalPayloads, EmptyPayloadReplaysEmpty) {
     idem::global_guard a(uri_, opts(), gopts("node-a"));
     idem::global_guard b(uri_, opts(), gopts("node-b"));

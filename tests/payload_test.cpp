@@ -120,6 +120,33 @@ TEST(Payload, MaximumSizeIsTakenAndOneMoreIsRefusedWithoutChange) {
     EXPECT_EQ(d.payload, exact);
 }
 
+// A terminal failure keeps its error response (a declined payment's body), replayed with the
+// failure code; a retryable one cannot keep one, since its retry runs again: refused, nothing changed.
+TEST(Payload, TerminalFailureKeepsItsResponseAndARetryableOneIsRefused) {
+    manual_guard g(test_options());
+    const idem::key k("DECLINED");
+    auto r = g.begin(k);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    const std::string body = pattern(300, 9);
+    EXPECT_EQ(r.ticket.fail(402, idem::failure_policy::retryable, body), errc::invalid_argument);
+    ASSERT_TRUE(r.ticket.valid()) << "a refused payload leaves the claim held";
+    EXPECT_EQ(g.query(k).state, record_state::processing);
+    EXPECT_EQ(r.ticket.fail(402, idem::failure_policy::terminal, pattern(g.opts().max_payload + 1, 3)),
+              errc::invalid_argument);
+    ASSERT_TRUE(r.ticket.valid());
+    ASSERT_FALSE(r.ticket.fail(402, idem::failure_policy::terminal, body));
+    EXPECT_FALSE(r.ticket.valid());
+    const auto d = g.begin(k);
+    EXPECT_EQ(d.status, begin_status::failed);
+    EXPECT_EQ(d.outcome, 402u);
+    EXPECT_EQ(d.payload, body);
+    EXPECT_EQ(g.query(k).payload, body);
+    // Without a payload, fail(code, policy, "") is fail(code, policy): a retryable failure releases.
+    auto r2 = g.begin(idem::key("RETRY"));
+    ASSERT_FALSE(r2.ticket.fail(7, idem::failure_policy::retryable, ""));
+    EXPECT_EQ(g.begin(idem::key("RETRY")).status, begin_status::acquired);
+}
+
 TEST(Payload, HardMaximumIsOneMebibyte) {
     auto o = test_options();
     o.max_payload = idem::options::max_payload_limit;

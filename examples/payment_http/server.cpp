@@ -241,6 +241,9 @@ public:
         switch (r.status) {
             case idem::begin_status::acquired: break;
             case idem::begin_status::succeeded: return replay(res, *text, *p, r.outcome, r.payload);
+            case idem::begin_status::failed:  // a declined payment: its 402 is stored with the failure
+                if (const auto stored = decode_response(r.payload)) return send_stored(res, *stored, true);
+                return problem(res, 500, "Stored response unreadable", "the failed payment has no stored response");
             case idem::begin_status::in_progress:
             case idem::begin_status::in_doubt:
                 res.set_header("Retry-After", "1");
@@ -268,12 +271,18 @@ public:
         crash_point(cfg_, req, "after-charge");
         const std::string stored = respond(*text, *p, c);
         // The response is recorded with the completion, in one commit (sync mode: durable when
-        // succeed() returns). Retried while the queue is full: the charge happened, so only a
-        // recorded success may answer.
-        std::error_code ec = r.ticket.succeed(c.charge_id, stored);
+        // succeed() returns): a charge as a success, a decline as a terminal failure with its 402
+        // (the processor voided the attempt: a retry must get the decline, not charge). Retried
+        // while the queue is full: the decision was made, so only a recorded one may answer.
+        const bool charged = c.result == charge_result::kind::charged;
+        const auto record = [&] {
+            return charged ? r.ticket.succeed(c.charge_id, stored)
+                           : r.ticket.fail(402, idem::failure_policy::terminal, stored);
+        };
+        std::error_code ec = record();
         for (int i = 0; i < 1000 && (ec == idem::errc::backpressure || ec == idem::errc::busy); ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            ec = r.ticket.succeed(c.charge_id, stored);
+            ec = record();
         }
         if (ec) {
             // The charge happened but its record is not confirmed: a retry is answered from the

@@ -13,7 +13,7 @@ Checks (each failure names the case):
   * 50 concurrent POSTs with one key charge once; every answer is the first response or a 409;
     retries after completion get identical bytes and Idempotent-Replayed: true;
   * the key reused with another body gets 422 and charges nothing;
-  * a declined charge (402) is stored and replayed like a success;
+  * a declined charge (402) is stored with a terminal failure (fail(402, terminal, response)) and replayed;
   * 300 keys posted by 30 threads, each key three times: 300 charges;
   * SIGKILL of the server before the charge, after the charge and after its record, restart, retry:
     the client gets the stored response or a retryable status, and the ledger has one charge.

@@ -291,6 +291,22 @@ public:
                              code);
     }
 
+    /// Records a terminal failure with a response payload (an error response: a declined payment's
+    /// 402 and its body), both replayed to duplicates like a success's. Only terminal failures
+    /// keep a response: with failure_policy::retryable the key is released and its retry runs
+    /// again, so a non-empty payload there is errc::invalid_argument. Otherwise the answers of
+    /// succeed(outcome, payload); every refusal changes nothing and leaves the ticket valid.
+    std::error_code fail(std::uint64_t code, failure_policy policy, std::string_view payload) noexcept {
+        if (!self().valid()) return errc::empty_ticket;
+        if (payload.empty()) return fail(code, policy);
+        if (policy != failure_policy::terminal) return errc::invalid_argument;
+        if constexpr (carries_payloads_v<Ticket>) {
+            return self().finish(transition_cause::fail, code, payload);
+        } else {
+            return errc::invalid_argument;
+        }
+    }
+
     /// Gives the claim up without recording anything: the record stays PROCESSING until its lease
     /// expires, and then compensation asks options.resolve what happened. For an operation whose
     /// effect is unknown (a call to a payment processor that timed out): fail() would release the

@@ -140,7 +140,10 @@ public:
                 break;
             case 2: with_ticket(r, [&](std::size_t i) {
                     const std::uint8_t b = r.byte();
-                    complete(i, b & 1 ? mst::failed : mst::released, b >> 1, !(b & 2));
+                    // An explicit terminal failure with bit 2 set carries an error response.
+                    const bool response = (b & 1) && (b & 2) && (b & 4);
+                    complete(i, b & 1 ? mst::failed : mst::released, b >> 1, !(b & 2),
+                             response ? payload_of(b, steps_) : std::string());
                 });
                 break;
             case 3: with_ticket(r, [&](std::size_t i) { extend(i, std::chrono::milliseconds(250 * (r.byte() % 8))); }); break;
@@ -355,7 +358,10 @@ private:
         }
         if (payload.size() > max_payload) {
             // Refused before anything is looked at: nothing changes, stale or not.
-            EXPECT(t.t.succeed(outcome, payload) == errc::invalid_argument, "a payload over max_payload is refused");
+            const std::error_code refused = to == mst::succeeded
+                                                ? t.t.succeed(outcome, payload)
+                                                : t.t.fail(outcome, idem::failure_policy::terminal, payload);
+            EXPECT(refused == errc::invalid_argument, "a payload over max_payload is refused");
             EXPECT(t.t.valid(), "a refused payload leaves the ticket valid");
             return;
         }
@@ -366,11 +372,13 @@ private:
             ec = payload.empty() && (outcome & 1) ? t.t.succeed(outcome) : t.t.succeed(outcome, payload);
         else if (default_policy)
             ec = t.t.fail(outcome);
+        else if (to == mst::failed && !payload.empty())
+            ec = t.t.fail(outcome, idem::failure_policy::terminal, payload);
         else
             ec = t.t.fail(outcome, to == mst::failed ? idem::failure_policy::terminal : idem::failure_policy::retryable);
         if (m) {
             EXPECT(!ec, "completion of a current ticket: " + ec.message());
-            finish_model(*m, to, outcome, to == mst::succeeded ? payload : std::string());
+            finish_model(*m, to, outcome, to != mst::released ? payload : std::string());
         } else {
             EXPECT(ec == errc::stale_ticket, "completion of a stale ticket: " + ec.message());
             ++c_.stale;

@@ -204,7 +204,7 @@ public:
         std::optional<ticket> local;  ///< acquired only (optional: an empty ticket zeroes a whole key)
         std::uint64_t fence = 0;
         std::uint64_t outcome = 0;
-        std::string payload{};  ///< succeeded: the record's response payload
+        std::string payload{};  ///< succeeded or failed: the record's response payload
     };
 
     /// Whether scope::global can hold `k` at all: not the placeholder key{}, and valid UTF-8 (the
@@ -273,9 +273,10 @@ public:
                 (void)lr.ticket.succeed(c->outcome, c->payload);
                 if (lr.ticket) (void)lr.ticket.fail(0, failure_policy::retryable);
                 return {begin_status::succeeded, {}, c->fence, c->outcome, std::move(c->payload)};
-            case record_state::failed:
-                (void)lr.ticket.fail(c->outcome, failure_policy::terminal);
-                return {begin_status::failed, {}, c->fence, c->outcome};
+            case record_state::failed:  // final too, with the error response it may carry
+                (void)lr.ticket.fail(c->outcome, failure_policy::terminal, c->payload);
+                if (lr.ticket) (void)lr.ticket.fail(0, failure_policy::retryable);
+                return {begin_status::failed, {}, c->fence, c->outcome, std::move(c->payload)};
             default:  // PROCESSING elsewhere (or RELEASED again after our retries): ask again next time
                 (void)lr.ticket.fail(0, failure_policy::retryable);
                 return {c->expired ? begin_status::in_doubt : begin_status::in_progress, {}, c->fence, 0};
@@ -290,7 +291,8 @@ public:
     /// store_unavailable when the store did not answer within wait_timeout (the completion stays
     /// queued and owns the local claim until the store takes it) or when it could not be queued
     /// (no memory, or the guard is closing: `local` is released, the next begin asks the store).
-    /// `payload` (a success's response; the caller checked it against options.max_payload) is
+    /// `payload` (a success's or a terminal failure's response; the caller checked it against
+    /// options.max_payload) is
     /// copied before this returns and written by the same fenced UPDATE as the state.
     std::error_code complete(const key& k, std::uint64_t fence, record_state to, std::uint64_t outcome,
                              transition_cause cause, ticket&& local, std::string_view payload = {}) noexcept {
@@ -940,9 +942,12 @@ private:
                         // budget spent) is released locally instead: the next begin asks the store.
                         (void)r->local.succeed(r->outcome, r->payload);
                         if (r->local) (void)r->local.fail(0, failure_policy::retryable);
-                    } else
-                        (void)r->local.fail(r->outcome, r->to == record_state::failed ? failure_policy::terminal
-                                                                                      : failure_policy::retryable);
+                    } else if (r->to == record_state::failed) {
+                        (void)r->local.fail(r->outcome, failure_policy::terminal, r->payload);  // as above
+                        if (r->local) (void)r->local.fail(0, failure_policy::retryable);
+                    } else {
+                        (void)r->local.fail(r->outcome, failure_policy::retryable);
+                    }
                 } else {
                     if (ok) count(n_stale_);
                     (void)r->local.fail(0, failure_policy::retryable);  // ask the store next time
