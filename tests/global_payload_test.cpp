@@ -20,7 +20,7 @@
 
 #include "idem/global_guard.hpp"
 
-#include "support/pg_database.hpp"
+#include "support/pg_fixture.hpp"
 
 using namespace std::chrono_literals;
 
@@ -35,20 +35,8 @@ std::string raw_bytes() {
     return std::string(b, sizeof b);
 }
 
-class GlobalPayloads : public ::testing::Test {
+class GlobalPayloads : public idem_test::pg_fixture {
 protected:
-    void SetUp() override {
-        std::string why;
-        ASSERT_TRUE(database_.create(&why)) << why;
-        server_ = database_.server();
-        db_ = database_.name();
-        uri_ = database_.uri();
-    }
-    void TearDown() override {
-        std::string why;
-        EXPECT_TRUE(database_.drop(&why)) << why;
-    }
-
     void sql(const std::string& text) {
         pqxx::connection c(uri_);
         pqxx::nontransaction n(c);
@@ -68,9 +56,6 @@ protected:
         g.prune_interval = 0ms;
         return g;
     }
-
-    idem_test::pg_database database_;
-    std::string server_, db_, uri_;
 };
 
 TEST_F(GlobalPayloads, AnotherNodeGetsTheExactBytes) {

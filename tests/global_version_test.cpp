@@ -24,7 +24,7 @@
 #include "idem/global_guard.hpp"
 #include "idem/verify.hpp"
 
-#include "support/pg_database.hpp"
+#include "support/pg_fixture.hpp"
 
 using namespace std::chrono_literals;
 
@@ -33,20 +33,8 @@ namespace {
 namespace pg = idem::detail::pg;
 using idem::begin_status;
 
-class GlobalVersions : public ::testing::Test {
+class GlobalVersions : public idem_test::pg_fixture {
 protected:
-    void SetUp() override {
-        std::string why;
-        ASSERT_TRUE(database_.create(&why)) << why;
-        server_ = database_.server();
-        db_ = database_.name();
-        uri_ = database_.uri();
-    }
-    void TearDown() override {
-        std::string why;
-        EXPECT_TRUE(database_.drop(&why)) << why;
-    }
-
     std::int64_t sql_int(const std::string& text) {
         pqxx::connection c(uri_);
         pqxx::nontransaction n(c);
@@ -77,9 +65,6 @@ protected:
             std::this_thread::sleep_for(5ms);
         }
     }
-
-    idem_test::pg_database database_;
-    std::string server_, db_, uri_;
 };
 
 std::string answer(const idem::global_begin_result& r) {
