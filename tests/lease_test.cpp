@@ -154,6 +154,31 @@ TEST_F(Lease, ResolverPayloadIsRecordedAndReplayed) {
     EXPECT_EQ(g.begin(k, fp).payload, body) << "the stale owner replaced the resolver's response";
 }
 
+// The same with the payload budget spent (a response within max_payload that the arena has no
+// room for): in doubt, not recorded without its bytes; an answer without a payload then records.
+TEST_F(Lease, ResolverPayloadWithTheBudgetSpentLeavesTheClaimInDoubt) {
+    scripted_resolver res{{resolution::succeeded, 1, std::string(16 << 10, 'r')}, {resolution::succeeded, 2}};
+    auto o = opts(&res);
+    o.max_payload = 16 << 10;
+    o.payload_budget = 64 << 10;  // one 64 KiB chunk: four 16 KiB payloads
+    manual_guard g(o, clock);
+    for (int i = 0; i < 4; ++i) {
+        auto f = g.begin(idem_test::key_n("FILL", static_cast<std::size_t>(i)));
+        ASSERT_EQ(f.status, begin_status::acquired);
+        ASSERT_FALSE(f.ticket.succeed(1, std::string(16 << 10, 'f')));
+    }
+    auto r = g.begin(k, fp);
+    ASSERT_EQ(r.status, begin_status::acquired);
+    clock.advance(lease);
+    EXPECT_EQ(g.compensate(), 0u);
+    EXPECT_EQ(g.begin(k, fp).status, begin_status::in_doubt) << "recorded without the resolver's bytes?";
+    EXPECT_EQ(g.compensate(), 1u);
+    auto dup = g.begin(k, fp);
+    EXPECT_EQ(dup.status, begin_status::succeeded);
+    EXPECT_EQ(dup.outcome, 2u);
+    EXPECT_TRUE(dup.payload.empty());
+}
+
 // A response the guard cannot hold is neither truncated nor dropped: the claim goes in doubt, and
 // the next pass asks again; a response that fits is then recorded.
 TEST_F(Lease, ResolverPayloadOverTheMaximumLeavesTheClaimInDoubt) {

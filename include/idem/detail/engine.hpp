@@ -517,7 +517,6 @@ private:
     }
 
 public:
-
     /// Renews a claim's lease (and clears a doubt mark: the owner is alive). Progress: lock-free.
     std::error_code extend(claim_ref<Atomic>& c, std::chrono::nanoseconds by) noexcept {
         slot_type& s = *c.s;
@@ -1377,24 +1376,22 @@ private:
             // A response the guard cannot hold is not recorded without it: in doubt, asked again.
             if (ec != errc::invalid_argument && ec != errc::capacity_exhausted) return false;
         }
-        {
-            if (state_word::in_doubt(seen)) return false;  // already marked and audited
-            admission room(sink_);
-            if (!room.take()) return false;  // the queue is full: asked again next pass
-            std::uint64_t replaced = 0;
-            if (enter(ref, replaced, /*by_owner=*/false)) return false;
-            if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
-                s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
-                return false;
-            }
-            (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
-                                        state_word::fence(seen), 0,
-                                        s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                                        std::chrono::nanoseconds(0), clock_.now()});
-            s.word.store(ref.word | state_word::doubt_bit, std::memory_order_release);  // (5)
-            count(c_in_doubt);
+        if (state_word::in_doubt(seen)) return false;  // already marked and audited
+        admission room(sink_);
+        if (!room.take()) return false;  // the queue is full: asked again next pass
+        std::uint64_t replaced = 0;
+        if (enter(ref, replaced, /*by_owner=*/false)) return false;
+        if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
+            s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
             return false;
         }
+        (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
+                                    state_word::fence(seen), 0,
+                                    s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                    std::chrono::nanoseconds(0), clock_.now()});
+        s.word.store(ref.word | state_word::doubt_bit, std::memory_order_release);  // (5)
+        count(c_in_doubt);
+        return false;
     }
 
     options opts_;
