@@ -13,6 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <functional>
 #include <optional>
 #include <string>
@@ -466,3 +470,149 @@ TEST(Interleaving, LeaseRenewalPreemptedByCompensation) {
 }
 
 }  // namespace
+
+// ---- rotation racing a sync-mode confirm -------------------------------------------------------
+
+// Sync mode publishes a terminal record with the unconfirmed mark, waits for its commit, then
+// clears the mark (confirm). K's owner is blocked in that wait while K's generation is due for
+// recycling; at every point of the rotation, the owner's wait ends and its confirm runs. Whatever
+// the point, K must not leave memory without entering the cold window: afterwards begin(K) is
+// answered with K's recorded success (from memory or, after eviction, from the store), never
+// acquired. (An outside review found the rotation's pass that feeds the filter skipping a slot
+// whose read the confirm tore, while the eviction pass, reading again, recycled it.)
+namespace {
+
+/// A synchronous sink that commits every row at once, except that the wait for the row armed
+/// with hold_next() blocks until release(). recall() answers from the rows offered.
+class held_sync_sink final : public idem::transition_sink {
+public:
+    bool reserve() noexcept override { return true; }
+    void unreserve() noexcept override {}
+    std::uint64_t offer(const idem::transition& t) noexcept override {
+        std::lock_guard l(m_);
+        rows_.push_back(row{std::string(t.k.view()), t.to, t.fence, t.outcome, t.at});
+        if (hold_next_) {
+            hold_next_ = false;
+            held_ = rows_.size();
+        }
+        return rows_.size();
+    }
+    idem::durability_wait await(std::uint64_t seq) noexcept override {
+        std::unique_lock l(m_);
+        if (seq == held_) {
+            waiting_ = true;
+            cv_.notify_all();
+            cv_.wait(l, [&] { return released_; });
+        }
+        return idem::durability_wait::committed;
+    }
+    bool durable(std::uint64_t seq) const noexcept override {
+        std::lock_guard l(m_);
+        return seq != held_ || released_;
+    }
+    bool synchronous() const noexcept override { return true; }
+    idem::recalled recall(const idem::key& k) noexcept override {
+        std::lock_guard l(m_);
+        ++recalls_;
+        idem::recalled r;
+        for (auto it = rows_.rbegin(); it != rows_.rend(); ++it) {
+            if (it->k != k.view()) continue;
+            r.found = idem::recalled::kind::record;
+            r.state = it->to;
+            r.fence = it->fence;
+            r.outcome = it->outcome;
+            r.updated = it->at;
+            break;
+        }
+        return r;
+    }
+
+    void hold_next() {
+        std::lock_guard l(m_);
+        hold_next_ = true;
+    }
+    void wait_until_waiting() {
+        std::unique_lock l(m_);
+        cv_.wait(l, [&] { return waiting_; });
+    }
+    void release() {
+        std::lock_guard l(m_);
+        released_ = true;
+        cv_.notify_all();
+    }
+    std::uint64_t issued() const {
+        std::lock_guard l(m_);
+        return rows_.size();
+    }
+
+private:
+    struct row {
+        std::string k;
+        record_state to;
+        std::uint64_t fence, outcome;
+        std::chrono::nanoseconds at;
+    };
+    mutable std::mutex m_;
+    std::condition_variable cv_;
+    std::vector<row> rows_;
+    bool hold_next_ = false, waiting_ = false, released_ = false;
+    std::uint64_t held_ = 0;
+    std::size_t recalls_ = 0;
+};
+
+}  // namespace
+
+TEST(Interleaving, RotationPreemptedBySyncConfirmKeepsTheKeyInTheColdWindow) {
+    std::size_t evicted_runs = 0;
+    const auto points = sweep(8, [&](std::size_t n) {
+        idem::manual_clock clock;
+        held_sync_sink sink;
+        auto o = sweep_options();
+        o.retention = std::chrono::nanoseconds(0);
+        hooked_guard g(o, clock, &sink);
+        idem::detail::guard_access::enable_cold_window(g, std::chrono::hours(1));
+        idem::detail::guard_access::set_flush_marks(
+            g, [&] { return sink.issued(); }, [](std::uint64_t) { return true; });
+        // K and A0 are claimed in generation 0; the first rotation makes it the previous one.
+        auto k = g.begin(K);
+        EXPECT_EQ(k.status, begin_status::acquired);
+        auto a0 = g.begin(idem::key("A0"));
+        EXPECT_FALSE(a0.ticket.succeed(1));
+        EXPECT_TRUE(g.collect());
+        // K's owner completes and waits for its commit, K published with the unconfirmed mark.
+        sink.hold_next();
+        bool owner_done = false;
+        std::mutex dm;
+        std::condition_variable dcv;
+        std::thread owner([&] {
+            EXPECT_FALSE(k.ticket.succeed(42));
+            std::lock_guard l(dm);
+            owner_done = true;
+            dcv.notify_all();
+        });
+        sink.wait_until_waiting();
+        // Two claims in generation 1 make the next rotation (of generation 0) due.
+        for (int i = 1; i <= 2; ++i) {
+            auto b = g.begin(idem_test::key_n("B", i));
+            EXPECT_FALSE(b.ticket.succeed(2));
+        }
+        clock.advance(std::chrono::seconds(1));
+        access_hook::arm(n, [&] {
+            sink.release();
+            std::unique_lock l(dm);
+            dcv.wait(l, [&] { return owner_done; });
+        });
+        const bool rotated = g.collect();
+        const bool fired = access_hook::disarm();
+        if (!fired) sink.release();
+        owner.join();
+        if (rotated) ++evicted_runs;
+        auto again = g.begin(K);
+        EXPECT_EQ(again.status, begin_status::succeeded) << "K ran; rotated: " << rotated;
+        EXPECT_EQ(again.outcome, 42u);
+        return fired;
+    });
+    report("rotation preempted by an owner's sync confirm", points);
+    EXPECT_GT(points, 5u);
+    EXPECT_GT(evicted_runs, 0u) << "no run evicted K: the test did not exercise the eviction";
+}

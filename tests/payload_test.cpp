@@ -202,7 +202,8 @@ TEST(Payload, BudgetExhaustionIsRetryableAndRecoversAfterRotation) {
     ASSERT_FALSE(r.ticket.succeed(4)) << "the outcome alone still records";
     for (int i = 0; i < 4; ++i) EXPECT_EQ(g.begin(idem_test::key_n("FULL", i)).payload, pattern(16 << 10, i));
 
-    // run() never truncates: fn ran, so the key fails terminally and run() says why.
+    // run() never truncates, and never records an operation that ran as failed: the key is left
+    // in doubt for the resolver, and run() says why.
     int ran = 0;
     try {
         (void)g.run(idem::key("RUNFULL"), [&] { ++ran; return pattern(100, 9); });
@@ -210,9 +211,10 @@ TEST(Payload, BudgetExhaustionIsRetryableAndRecoversAfterRotation) {
     } catch (const idem::error& e) {
         EXPECT_EQ(e.code(), errc::capacity_exhausted);
         EXPECT_NE(std::string(e.what()).find("options.payload_budget"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("in doubt"), std::string::npos) << e.what();
     }
     EXPECT_EQ(ran, 1);
-    EXPECT_EQ(g.begin(idem::key("RUNFULL")).status, begin_status::failed);
+    EXPECT_EQ(g.begin(idem::key("RUNFULL")).status, begin_status::in_doubt) << "it ran: neither FAILED nor free";
 
     // A rotation makes the recycled (empty) generation current: new claims store payloads again.
     clock.advance(std::chrono::seconds(2));
@@ -222,7 +224,7 @@ TEST(Payload, BudgetExhaustionIsRetryableAndRecoversAfterRotation) {
     EXPECT_EQ(g.begin(idem_test::key_n("FULL", 2)).payload, pattern(16 << 10, 2)) << "the previous generation still replays";
 }
 
-TEST(Payload, RunRefusesAPayloadOverTheMaximumAndFailsTheKeyTerminally) {
+TEST(Payload, RunRefusesAPayloadOverTheMaximumAndLeavesTheKeyInDoubt) {
     auto o = test_options();
     o.max_payload = 100;
     manual_guard g(o);
@@ -235,7 +237,75 @@ TEST(Payload, RunRefusesAPayloadOverTheMaximumAndFailsTheKeyTerminally) {
         EXPECT_NE(what.find("101"), std::string::npos) << what;
         EXPECT_NE(what.find("options.max_payload = 100"), std::string::npos) << what;
     }
-    EXPECT_EQ(g.begin(idem::key("BIG")).status, begin_status::failed) << "fn ran: it must not run again";
+    EXPECT_EQ(g.begin(idem::key("BIG")).status, begin_status::in_doubt) << "fn ran: it must not run again";
+}
+
+// The budget counts the bytes payloads take, not the chunks threads carve them from: with
+// max_payload 1 MiB and a 2 MiB budget (two chunks), four threads storing 10 bytes each all
+// succeed (the review saw the third and fourth refused, and their executed operations recorded
+// as FAILED), and the budget is refused only once its bytes are really spent.
+TEST(Payload, BudgetCountsBytesNotPerThreadChunks) {
+    auto o = test_options(64);
+    o.max_payload = 1 << 20;
+    o.payload_budget = 2 << 20;
+    manual_guard g(o);
+    constexpr int threads = 4;
+    std::latch start(threads);
+    std::atomic<int> refused{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            start.arrive_and_wait();
+            try {
+                const std::string got = g.run(idem_test::key_n("SMALL", t), [&] { return pattern(10, t); });
+                EXPECT_EQ(got, pattern(10, t));
+            } catch (const idem::error& e) {
+                ++refused;
+                ADD_FAILURE() << e.what();
+            }
+        });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(refused.load(), 0);
+    for (int t = 0; t < threads; ++t) {
+        const auto r = g.begin(idem_test::key_n("SMALL", t));
+        EXPECT_EQ(r.status, begin_status::succeeded);
+        EXPECT_EQ(r.payload, pattern(10, t));
+    }
+    // 40 bytes (two words each: 64 in memory) are used; 2 MiB - 64 bytes remain. One payload of
+    // 1 MiB fits, a second one does not (the budget's bytes are spent), and 1 KiB still does.
+    ASSERT_FALSE(complete(g, idem::key("BIG1"), 1, pattern(1 << 20, 1)));
+    auto r = g.begin(idem::key("BIG2"));
+    ASSERT_EQ(r.status, begin_status::acquired);
+    EXPECT_EQ(r.ticket.succeed(2, pattern(1 << 20, 2)), errc::capacity_exhausted);
+    EXPECT_FALSE(r.ticket.succeed(2, pattern(1 << 10, 2))) << "the rest of the budget still takes a small one";
+    EXPECT_EQ(g.begin(idem::key("BIG1")).payload, pattern(1 << 20, 1));
+}
+
+// A completion the guard refused, then a dropped ticket: the caller said the effect happened, so
+// the key is left in doubt for the resolver, never released for a second run.
+TEST(Payload, DropAfterARefusedSuccessLeavesTheKeyInDoubt) {
+    auto o = test_options(64);
+    o.max_payload = 100;
+    manual_guard g(o);
+    {
+        auto r = g.begin(idem::key("CHARGED"));
+        ASSERT_EQ(r.status, begin_status::acquired);
+        EXPECT_EQ(r.ticket.succeed(1, std::string(101, 'x')), errc::invalid_argument);
+        EXPECT_TRUE(r.ticket.valid());
+    }  // dropped
+    EXPECT_EQ(g.begin(idem::key("CHARGED")).status, begin_status::in_doubt);
+    {
+        auto r = g.begin(idem::key("EXPLICIT"));
+        ASSERT_EQ(r.status, begin_status::acquired);
+        r.ticket.leave_in_doubt();
+        EXPECT_FALSE(r.ticket.valid());
+    }
+    EXPECT_EQ(g.begin(idem::key("EXPLICIT")).status, begin_status::in_doubt);
+    {
+        auto r = g.begin(idem::key("NEVER_RAN"));
+        ASSERT_EQ(r.status, begin_status::acquired);
+    }  // dropped without a completion attempt: released per options.on_failure (retryable)
+    EXPECT_EQ(g.begin(idem::key("NEVER_RAN")).status, begin_status::acquired);
 }
 
 // ---- typed run() -----------------------------------------------------------------------------

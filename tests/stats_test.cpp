@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "support/manual_guard.hpp"
 
@@ -122,6 +124,130 @@ TEST(Stats, PrometheusTextIsWellFormed) {
     }
     EXPECT_EQ(samples, names.size());
     EXPECT_GE(samples, 20u);
+}
+
+/// The sample lines of an exposition as (series, value): the series is the metric name with its
+/// label set exactly as printed (two lines with the same series are one series written twice).
+/// Checks each line's label syntax on the way: name{k="v",...}, escapes only \\ \" \n, and the
+/// whole line well-formed UTF-8 (a scraper rejects the exposition otherwise).
+std::vector<std::pair<std::string, std::string>> samples_of(const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+        const auto end = text.find('\n', pos);
+        EXPECT_NE(end, std::string::npos);
+        if (end == std::string::npos) break;
+        const std::string line = text.substr(pos, end - pos);
+        pos = end + 1;
+        EXPECT_TRUE(idem::key::is_utf8(line)) << idem::key::printable(line);
+        if (line.rfind('#', 0) == 0) continue;
+        const auto space = line.rfind(' ');  // a value has no space; a label value may
+        EXPECT_NE(space, std::string::npos) << line;
+        const std::string series = line.substr(0, space);
+        if (const auto brace = series.find('{'); brace != std::string::npos) {
+            EXPECT_EQ(series.back(), '}') << line;
+            std::size_t i = brace + 1;
+            while (i < series.size() - 1) {
+                const auto eq = series.find("=\"", i);
+                EXPECT_NE(eq, std::string::npos) << line;
+                if (eq == std::string::npos) break;
+                std::size_t j = eq + 2;
+                for (; j < series.size() && series[j] != '"'; ++j) {
+                    if (series[j] != '\\') continue;
+                    ++j;
+                    EXPECT_TRUE(j < series.size() && (series[j] == '\\' || series[j] == '"' || series[j] == 'n'))
+                        << "a bad escape in " << line;
+                }
+                EXPECT_LT(j, series.size()) << "an unterminated label value in " << line;
+                i = j + 1;
+                if (i < series.size() && series[i] == ',') ++i;
+            }
+        }
+        out.emplace_back(series, line.substr(space + 1));
+    }
+    return out;
+}
+
+/// Every series of the exposition appears once.
+void expect_unique_series(const std::string& text) {
+    std::map<std::string, int> seen;
+    for (const auto& [series, value] : samples_of(text)) ++seen[series];
+    for (const auto& [series, n] : seen) EXPECT_EQ(n, 1) << series << " is printed " << n << " times in\n" << text;
+}
+
+// Operation names are kept cut at 32 bytes (detail/lease_histogram.hpp), so two operations that
+// share their first 32 bytes come back as two rows with one name. Their series must still differ:
+// a scraper rejects an exposition that repeats a series, and two leases under one label set would
+// be indistinguishable.
+TEST(Stats, OperationsSharingTheirFirst32BytesGetDistinctSeries) {
+    idem::manual_clock clock;
+    auto opts = idem_test::test_options(64);
+    opts.adaptive.enabled = true;
+    opts.adaptive.min_samples = 1;
+    opts.adaptive.window = 0;
+    idem_test::manual_guard g(opts, clock);
+    const std::string prefix(32, 'P');  // what both names show
+    const std::string op_a = prefix + "AUTHORIZE", op_b = prefix + "CAPTURE";
+    for (const std::string& op : {op_a, op_b}) {
+        auto r = g.begin(idem::key::compose("TX1", op, 1));
+        ASSERT_EQ(r.status, begin_status::acquired) << op;
+        clock.advance(std::chrono::milliseconds(op == op_a ? 5 : 50));
+        ASSERT_FALSE(r.ticket.succeed(1));
+    }
+    g.maintain();
+    const auto rows = g.operation_latencies();
+    ASSERT_EQ(rows.size(), 2u);
+    ASSERT_EQ(rows[0].operation, rows[1].operation) << "the cause: both names are shown cut";
+    ASSERT_EQ(rows[0].operation, prefix);
+
+    const std::string text = idem::to_prometheus(g.snapshot(), rows);
+    expect_unique_series(text);
+    std::set<std::string> lease_series;
+    for (const auto& [series, value] : samples_of(text))
+        if (series.rfind("idem_operation_lease_seconds{", 0) == 0) lease_series.insert(series);
+    EXPECT_EQ(lease_series.size(), 2u) << text;
+    // The first keeps the cut name; the quantiles, count and lease of one row share one label set.
+    EXPECT_EQ(lease_series.count("idem_operation_lease_seconds{operation=\"" + prefix + "\"}"), 1u) << text;
+    for (const std::string& label : {"{operation=\"" + prefix + "\"", "{operation=\"" + prefix + "_2\""}) {
+        EXPECT_NE(text.find("idem_operation_latency_seconds" + label + ",quantile=\"0.99\"} "), std::string::npos) << text;
+        EXPECT_NE(text.find("idem_operation_latency_seconds_count" + label + "} 1\n"), std::string::npos) << text;
+        EXPECT_NE(text.find("idem_operation_lease_seconds" + label + "} "), std::string::npos) << text;
+    }
+}
+
+// to_prometheus takes any rows: equal names, a name equal to another's disambiguated form, names
+// needing every escape of the text format, and bytes that are not UTF-8 (a cut in the middle of a
+// character, or a key that is not text) all give an exposition with each series once.
+TEST(Stats, OperationLabelsAreEscapedAndUniqueForAnyRows) {
+    auto row = [](std::string name, std::uint64_t samples) {
+        idem::operation_latency o;
+        o.operation = std::move(name);
+        o.samples = samples;
+        o.p50 = std::chrono::milliseconds(1);
+        o.p99 = std::chrono::milliseconds(2);
+        o.lease = std::chrono::seconds(1);
+        return o;
+    };
+    const std::string cut_e_acute = std::string(31, 'e') + "\xc3";  // "...é" cut after its first byte
+    const std::vector<idem::operation_latency> rows{
+        row("PAY", 3), row("PAY", 0), row("PAY_2", 1), row("PAY", 2),
+        row("a\"b\\c\nd", 1), row("a\"b\\c\nd", 1),
+        row(cut_e_acute, 1), row("\xff\xfe", 1), row("", 4)};
+    const std::string text = idem::to_prometheus(idem::stats{}, rows);
+    expect_unique_series(text);
+    std::size_t leases = 0;
+    for (const auto& [series, value] : samples_of(text))
+        if (series.rfind("idem_operation_lease_seconds{", 0) == 0) ++leases;
+    EXPECT_EQ(leases, rows.size()) << "one lease series per row\n" << text;
+    // Backslash, double quote and newline are escaped as the text format says.
+    EXPECT_NE(text.find("idem_operation_lease_seconds{operation=\"a\\\"b\\\\c\\nd\"} 1.000000000\n"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("idem_operation_lease_seconds{operation=\"PAY\"} 1.000000000\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("idem_operation_lease_seconds{operation=\"PAY_2\"} 1.000000000\n"), std::string::npos) << text;
+    // A byte that is not UTF-8 is shown as the text \xHH (its backslash escaped).
+    EXPECT_NE(text.find("{operation=\"" + std::string(31, 'e') + "\\\\xc3\"}"), std::string::npos) << text;
+    EXPECT_NE(text.find("{operation=\"\\\\xff\\\\xfe\"}"), std::string::npos) << text;
+    EXPECT_NE(text.find("idem_operation_lease_seconds{operation=\"\"} 1.000000000\n"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -388,6 +388,51 @@ TEST(Versions, SurviveARestart) {
     ASSERT_TRUE(g->flush(std::chrono::seconds(10)));
 }
 
+// A version that ran and left memory (its generation recycled into the cold window) is still a
+// version that ran: once a newer version is claimed, a duplicate of it gets its recorded success
+// and payload from the store, never superseded ("not executed"). The review saw superseded with no
+// payload, and run(v1) throw "not executed", although the store held v1's SUCCESS: the version
+// step ran before the cold window was asked.
+TEST(Versions, ADuplicateOfAVersionThatRanIsReplayedFromTheColdWindow) {
+    idem_test::temp_dir dir("idem-versions-cold");
+    idem::manual_clock clock;
+    idem::options o = idem_test::durable_options(8);
+    o.ordered_versions = true;
+    o.retention = std::chrono::seconds(1);
+    idem::store_options so;
+    so.mode = idem::durability::async;
+    idem::basic_durable_guard<std::atomic, idem::manual_clock> g(
+        std::make_unique<idem::sqlite_store>((dir.path() / "v.db").string()), o, so, clock);
+    auto& guard = g.guard();
+    const key v1 = v("TX", "CHARGE", 1);
+    ASSERT_EQ(guard.run(v1, [] { return std::string("receipt-1"); }), "receipt-1");
+    // Generation 0 (v1 and three more) becomes the previous generation, generation 1 fills, and
+    // the next rotation evicts generation 0 into the cold window.
+    for (int i = 0; i < 3; ++i) ASSERT_FALSE(guard.begin(idem_test::key_n("A", i)).ticket.succeed(1));
+    ASSERT_TRUE(g.flush());
+    ASSERT_TRUE(guard.collect());
+    for (int i = 0; i < 4; ++i) ASSERT_FALSE(guard.begin(idem_test::key_n("B", i)).ticket.succeed(1));
+    ASSERT_TRUE(g.flush());
+    clock.advance(std::chrono::seconds(2));
+    ASSERT_TRUE(guard.collect());
+    ASSERT_EQ(guard.query(v1).state, idem::record_state::absent) << "v1 must have left memory for this test";
+
+    auto v2 = guard.begin(v("TX", "CHARGE", 2));
+    ASSERT_EQ(v2.status, begin_status::acquired);
+    ASSERT_FALSE(v2.ticket.succeed(2, "receipt-2"));
+
+    auto dup = guard.begin(v1);
+    EXPECT_EQ(dup.status, begin_status::succeeded) << "v1 ran: its duplicate is replayed, not superseded";
+    EXPECT_EQ(dup.payload, "receipt-1");
+    int ran = 0;
+    EXPECT_EQ(guard.run(v1, [&] { ++ran; return std::string("again"); }), "receipt-1");
+    EXPECT_EQ(ran, 0);
+    // A version that never ran is still superseded.
+    auto v0 = guard.begin(v("TX", "CHARGE", 0));
+    EXPECT_EQ(v0.status, begin_status::superseded);
+    EXPECT_EQ(v0.outcome, 2u);
+}
+
 // ---- (6) the version map full ----------------------------------------------------------------------------
 
 TEST(Versions, MapFullIsCapacityExhaustedAndChangesNothing) {

@@ -13,7 +13,9 @@
 // is in the cold window, a filter of about 1.5 bytes per key; a claim of a key the filter may hold
 // first reads the store, and a record in the window is answered from there (a duplicate with its
 // outcome, or in_progress), never granted again. A fresh key misses the filter and is granted
-// without a store read. Past the window the key is new, and the flusher prunes its record.
+// without a store read. Past the window the key is new, and the flusher prunes its record. The
+// window is judged on one clock, the guard's, mapped to Unix time once at construction: the clock
+// every stored time is written with (window_now_ms; docs/stores.md, "Which clock judges the window").
 //
 // Construction: (1) sync mode asks the store whether it can make commits durable (PostgreSQL with
 // fsync=off or synchronous_commit=off is refused); (2) recovery streams every record: claims in
@@ -72,7 +74,8 @@ public:
         pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
         recover();
         pipeline_.start();
-        detail::guard_access::set_all_flushed(guard_, [this] { return pipeline_.drained(); });
+        detail::guard_access::set_flush_marks(
+            guard_, [this] { return pipeline_.issued(); }, [this](std::uint64_t seq) { return pipeline_.decided_through(seq); });
         report_.compensated = guard_.compensate();
         detail::guard_access::start_maintenance(guard_);
     }
@@ -149,16 +152,21 @@ private:
         return so_.window != store_options::forever && updated_ms < now_ms - so_.window.count();
     }
 
-    [[nodiscard]] static std::int64_t wall_now_ms() noexcept {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count();
-    }
+    /// Now on the clock the idempotency window is judged on, in Unix ms: the guard's clock mapped to
+    /// wall time once, at construction, which is the mapping every stored time (at_ms, updated_time,
+    /// lease_until) is written with. Recovery, recalls and the flusher's prune all take "now" from
+    /// here, so each compares a record's time with a now on the clock that time was written on.
+    /// system_clock is not read again: after a suspend (the guard's steady clock stops, the wall
+    /// clock does not) or a wall-clock step it differs from this by the step, and a bound taken from
+    /// it would prune records still inside the window after a step forward (keys the cold window
+    /// still answers for would run again) and keep records past it after a step back.
+    [[nodiscard]] std::int64_t window_now_ms() const noexcept { return to_wall_ms(guard_.now()); }
 
     /// A record the store returned for a key of the cold window, as the engine takes it: a
     /// terminal or released record past the window is no record (the key is new again).
     recalled to_recalled(const stored_record& r) const {
         recalled out;
-        const std::int64_t now_ms = to_wall_ms(guard_.now());
+        const std::int64_t now_ms = window_now_ms();
         if (r.state == record_state::absent || (r.state != record_state::processing && past_window(r.updated_ms, now_ms)))
             return out;
         out.found = recalled::kind::record;
@@ -192,7 +200,7 @@ private:
     /// nowhere. So memory and start-up follow the windows, not the store's lifetime.
     void recover() {
         const auto started = std::chrono::steady_clock::now();
-        const std::int64_t now_ms = wall_base_ms_;
+        const std::int64_t now_ms = window_now_ms();  // the wall clock's now: the mapping was just taken
         const auto retention_ms = std::chrono::duration_cast<std::chrono::milliseconds>(guard_.opts().retention).count();
         const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
         std::uint64_t max_fence = 0;

@@ -62,12 +62,14 @@ public:
     static constexpr bool carries_payloads = true;
 
     global_ticket() noexcept = default;
-    global_ticket(global_ticket&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)), claim_(std::move(o.claim_)) {}
+    global_ticket(global_ticket&& o) noexcept
+        : engine_(std::exchange(o.engine_, nullptr)), claim_(std::move(o.claim_)), ran_(std::exchange(o.ran_, false)) {}
     global_ticket& operator=(global_ticket&& o) noexcept {
         if (this != &o) {
             drop();
             engine_ = std::exchange(o.engine_, nullptr);
             claim_ = std::move(o.claim_);
+            ran_ = std::exchange(o.ran_, false);
         }
         return *this;
     }
@@ -125,6 +127,12 @@ private:
 
     [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
     void forget() noexcept { engine_ = nullptr; }
+    /// leave_in_doubt(): the store's record stays PROCESSING until its lease expires and
+    /// compensation asks the resolver; this process's duplicates answer in_doubt meanwhile.
+    void hold() noexcept {
+        engine_ = nullptr;
+        claim_->local.leave_in_doubt();
+    }
 
     std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
         // Refused before anything is queued: the ticket stays valid (ticket_contract's rule).
@@ -138,6 +146,7 @@ private:
 
     detail::global_engine* engine_ = nullptr;
     std::unique_ptr<claim> claim_;
+    bool ran_ = false;  ///< a success or terminal failure was refused: a drop leaves the claim in doubt
 };
 
 /// The answer of global_guard::begin(): the result shape of every scope. fence is the store's when

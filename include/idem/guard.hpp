@@ -123,7 +123,12 @@ public:
 
     /// Recycles the previous generation if it is due (see detail/engine.hpp). Returns true on rotation.
     bool collect() {
-        return engine_.rotate_if_due([this] { return !all_flushed_ || all_flushed_(); });
+        struct marks {
+            const basic_guard& g;
+            [[nodiscard]] std::uint64_t issued() const { return g.issued_ ? g.issued_() : 1; }
+            [[nodiscard]] bool decided(std::uint64_t seq) const { return !g.decided_ || g.decided_(seq); }
+        };
+        return engine_.rotate_if_due(marks{*this});
     }
 
     /// Recomputes the adaptive leases (options.adaptive), then compensate() and collect(); what the
@@ -218,7 +223,8 @@ private:
     }
 
     detail::engine<Atomic, Clock> engine_;
-    std::function<bool()> all_flushed_;
+    std::function<std::uint64_t()> issued_;        ///< the sink's last sequence number taken (none: 1)
+    std::function<bool(std::uint64_t)> decided_;  ///< every row up to seq is committed or set aside (none: true)
     std::mutex mutex_;
     std::condition_variable cv_;
     bool stopping_ = false;
@@ -244,9 +250,20 @@ struct guard_access {
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>
     static void set_fence_floor(G& g, std::uint64_t max_seen) noexcept { g.engine_.set_fence_floor(max_seen); }
-    /// Only records `flushed()` says are durable are evicted by collect().
+    /// collect() evicts a generation only once its rows are in the store: `issued()` is the last
+    /// sequence number the sink handed out, `decided(seq)` whether every row up to seq is
+    /// committed or set aside (detail/engine.hpp, rotate_if_due).
     template <class G>
-    static void set_all_flushed(G& g, std::function<bool()> flushed) { g.all_flushed_ = std::move(flushed); }
+    static void set_flush_marks(G& g, std::function<std::uint64_t()> issued, std::function<bool(std::uint64_t)> decided) {
+        g.issued_ = std::move(issued);
+        g.decided_ = std::move(decided);
+    }
+    /// For a sink without sequence numbers (tests): records are durable when `flushed()` says
+    /// everything offered so far is.
+    template <class G>
+    static void set_all_flushed(G& g, std::function<bool()> flushed) {
+        set_flush_marks(g, [] { return std::uint64_t{1}; }, [f = std::move(flushed)](std::uint64_t) { return f(); });
+    }
     /// The cold window (detail/window_filter.hpp): keys evicted from memory that the store
     /// remembers. Enabled before the guard is shared; remember_cold() at recovery.
     template <class G>

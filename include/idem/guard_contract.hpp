@@ -209,8 +209,9 @@ public:
             const std::error_code ec = record([&] { return r.ticket.succeed(0, enc.bytes); });
             if (ec == errc::invalid_argument || ec == errc::capacity_exhausted) {
                 // Nothing was recorded and the ticket is still ours. fn ran: it must not run again,
-                // and the result must not be cut, so the claim fails terminally.
-                (void)r.ticket.fail(0, failure_policy::terminal);
+                // the result must not be cut, and it must not be recorded as a failure (every
+                // duplicate would be told it failed): the claim is left in doubt for the resolver.
+                r.ticket.leave_in_doubt();
                 const std::string why =
                     ec == errc::invalid_argument
                         ? "its result's payload of " + std::to_string(enc.bytes.size()) +
@@ -219,9 +220,14 @@ public:
                               " bytes does not fit: options.payload_budget = " +
                               std::to_string(g.opts().payload_budget) + " is spent in this generation";
                 throw error(static_cast<errc>(ec.value()),
-                            name() + ": " + why + "; recorded as failed terminally (code 0) so that it does not run again");
+                            name() + ": it ran, but " + why +
+                                "; the claim is left in doubt (duplicates answer in_doubt) until options.resolve "
+                                "decides it, so that it does not run again");
             }
-            if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            if (ec) {
+                r.ticket.leave_in_doubt();  // still held (the queue stayed full): fn ran, never release
+                throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            }
             return detail::returned<R>(std::move(value));
         } else {
             std::uint64_t outcome = 0;
@@ -231,7 +237,10 @@ public:
                 outcome = detail::outcome_of<R>(std::invoke(std::forward<Fn>(fn)));
             }
             const std::error_code ec = record([&] { return r.ticket.succeed(outcome); });
-            if (ec) throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            if (ec) {
+                r.ticket.leave_in_doubt();  // still held (the queue stayed full): fn ran, never release
+                throw error(static_cast<errc>(ec.value()), name() + ": " + ec.message());
+            }
             return outcome;
         }
     }
@@ -256,7 +265,7 @@ public:
     /// unless the answer is errc::backpressure or errc::busy (nothing changed: retry).
     std::error_code succeed(std::uint64_t outcome = 0) noexcept {
         if (!self().valid()) return errc::empty_ticket;
-        return self().finish(transition_cause::succeed, outcome);
+        return ran(self().finish(transition_cause::succeed, outcome));
     }
 
     /// Records success with an outcome and a response payload, both replayed to duplicates
@@ -271,10 +280,10 @@ public:
     std::error_code succeed(std::uint64_t outcome, std::string_view payload) noexcept {
         if (!self().valid()) return errc::empty_ticket;
         if constexpr (carries_payloads_v<Ticket>) {
-            return self().finish(transition_cause::succeed, outcome, payload);
+            return ran(self().finish(transition_cause::succeed, outcome, payload));
         } else {
-            if (!payload.empty()) return errc::invalid_argument;
-            return self().finish(transition_cause::succeed, outcome);
+            if (!payload.empty()) return ran(errc::invalid_argument);
+            return ran(self().finish(transition_cause::succeed, outcome));
         }
     }
 
@@ -287,8 +296,8 @@ public:
     /// claimed again, with a new fence).
     std::error_code fail(std::uint64_t code, failure_policy policy) noexcept {
         if (!self().valid()) return errc::empty_ticket;
-        return self().finish(policy == failure_policy::terminal ? transition_cause::fail : transition_cause::release,
-                             code);
+        if (policy != failure_policy::terminal) return self().finish(transition_cause::release, code);
+        return ran(self().finish(transition_cause::fail, code));
     }
 
     /// Records a terminal failure with a response payload (an error response: a declined payment's
@@ -301,9 +310,9 @@ public:
         if (payload.empty()) return fail(code, policy);
         if (policy != failure_policy::terminal) return errc::invalid_argument;
         if constexpr (carries_payloads_v<Ticket>) {
-            return self().finish(transition_cause::fail, code, payload);
+            return ran(self().finish(transition_cause::fail, code, payload));
         } else {
-            return errc::invalid_argument;
+            return ran(errc::invalid_argument);
         }
     }
 
@@ -313,6 +322,17 @@ public:
     /// key, and a retry could run the effect twice. The ticket is empty afterwards.
     void abandon() noexcept { self().forget(); }
 
+    /// The operation ran (or may have run) and its completion could not be recorded (succeed()
+    /// refused: backpressure that did not end, a payload the guard cannot keep): the claim is
+    /// marked in doubt now, so duplicates answer in_doubt instead of running it, and the resolver
+    /// (options.resolve) decides once the lease expires. The key is never released by it. The
+    /// ticket is empty afterwards. A ticket dropped after succeed() or a terminal fail() was
+    /// refused does the same: the caller said the effect happened, so the drop must not free the
+    /// key for a second run.
+    void leave_in_doubt() noexcept {
+        if (self().valid()) self().hold();
+    }
+
 protected:
     ticket_contract() = default;
     ~ticket_contract() = default;
@@ -321,6 +341,10 @@ protected:
     /// PROCESSING until its lease runs out. Retried briefly while compensation holds the record;
     /// under backpressure the lease and compensation take over.
     void drop() noexcept {
+        if (self().valid() && self().ran_) {  // a completion was refused: the effect happened
+            self().hold();
+            return;
+        }
         for (int i = 0; i < 64 && self().valid(); ++i) {
             if (fail(0, self().on_failure()) != errc::busy) break;
             std::this_thread::yield();
@@ -329,6 +353,13 @@ protected:
     }
 
 private:
+    /// Notes that the caller reported the effect (a success, or a terminal failure) and it was
+    /// refused with the ticket still held: from now on a drop leaves the claim in doubt.
+    std::error_code ran(std::error_code ec) noexcept {
+        if (ec && self().valid()) self().ran_ = true;
+        return ec;
+    }
+
     Ticket& self() noexcept { return static_cast<Ticket&>(*this); }
     const Ticket& self() const noexcept { return static_cast<const Ticket&>(*this); }
 };

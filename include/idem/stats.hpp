@@ -3,9 +3,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "idem/key.hpp"
 
 namespace idem {
 
@@ -51,8 +55,9 @@ struct stats {
 /// (options.adaptive; guard::operation_latencies()). p50/p99 are the upper edges of their histogram
 /// buckets: never below the true value, at most 12.5% above (detail/lease_histogram.hpp).
 struct operation_latency {
-    std::string operation;                  ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes);
-                                            ///< "" for the shared histogram of operations beyond the table's 64
+    std::string operation;                  ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes, so two
+                                            ///< operations may show one name); "" for the shared histogram of
+                                            ///< operations beyond the table's 64
     std::uint64_t samples = 0;              ///< terminal completions measured (halved by ageing)
     std::chrono::nanoseconds p50{0};        ///< 0 without samples
     std::chrono::nanoseconds p99{0};        ///< 0 without samples; nanoseconds::max(): 73 min or more
@@ -117,8 +122,18 @@ inline std::string to_prometheus(const stats& s) {
 
 /// The counters, then each operation's latency quantiles and lease (seconds):
 ///   idem_operation_latency_seconds{operation="PAY",quantile="0.99"} 0.012000000
+///   idem_operation_latency_seconds_count{operation="PAY"} 1000
 ///   idem_operation_lease_seconds{operation="PAY"} 1.000000000
-/// An operation name is a label value: backslash, double quote and newline are escaped.
+/// An operation name is a label value, written per the text format: backslash, double quote and
+/// newline are escaped, and a byte that is not part of well-formed UTF-8 (a name cut inside a
+/// character; keys need not be text) is shown as the four characters \xHH, since a scraper rejects
+/// a whole exposition with a label value that is not UTF-8.
+/// Each row gets its own label set. Names are kept cut at 32 bytes, so two operations sharing their
+/// first 32 bytes are two rows with one name: the first keeps it, the next ones get "_2", "_3", ...
+/// appended (the first suffix no row's own label holds). '_' cannot occur in an operation
+/// (key::compose refuses it), so a suffixed label never reads as another operation's name. Which
+/// of two such operations gets the suffix follows the table's order, which can differ between
+/// processes: their series are told apart in one exposition, not matched across restarts.
 inline std::string to_prometheus(const stats& s, std::span<const operation_latency> ops) {
     std::string out = to_prometheus(s);
     if (ops.empty()) return out;
@@ -129,18 +144,51 @@ inline std::string to_prometheus(const stats& s, std::span<const operation_laten
         return std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac;
     };
     auto label = [](std::string_view v) {
+        static constexpr char hex[] = "0123456789abcdef";
         std::string o;
-        for (char ch : v) {
+        for (std::size_t i = 0; i < v.size();) {
+            const auto c = static_cast<unsigned char>(v[i]);
+            // The length of the UTF-8 sequence c would start (0: none); key::is_utf8 checks the rest.
+            std::size_t n = 0;
+            if (c < 0x80) n = 1;
+            else if (c >= 0xc2 && c <= 0xdf) n = 2;
+            else if (c >= 0xe0 && c <= 0xef) n = 3;
+            else if (c >= 0xf0 && c <= 0xf4) n = 4;
+            if (n > 1 && i + n <= v.size() && key::is_utf8(v.substr(i, n))) {
+                o.append(v.substr(i, n));
+                i += n;
+                continue;
+            }
+            const char ch = v[i++];
             if (ch == '\\') o += "\\\\";
             else if (ch == '"') o += "\\\"";
             else if (ch == '\n') o += "\\n";
-            else o += ch;
+            else if (n == 1) o += ch;
+            else o.append("\\\\x").append(1, hex[c >> 4]).append(1, hex[c & 15]);
         }
         return o;
     };
+    // One label value per row, unique. `own`: every row's own label, so no suffix takes one of
+    // them (a later row named "PAY_2" keeps its name when two "PAY" rows came first).
+    std::vector<std::string> labels;
+    labels.reserve(ops.size());
+    for (const auto& o : ops) labels.push_back(label(o.operation));
+    const std::set<std::string> own(labels.begin(), labels.end());
+    std::set<std::string> used;
+    for (auto& l : labels) {
+        if (used.insert(l).second) continue;
+        for (std::size_t n = 2;; ++n) {
+            std::string again = l + "_" + std::to_string(n);
+            if (own.count(again) == 0 && used.insert(again).second) {
+                l = std::move(again);
+                break;
+            }
+        }
+    }
     out += "# TYPE idem_operation_latency_seconds summary\n";
-    for (const auto& o : ops) {
-        const std::string op = "{operation=\"" + label(o.operation) + "\"";
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+        const auto& o = ops[i];
+        const std::string op = "{operation=\"" + labels[i] + "\"";
         if (o.samples != 0) {
             out += "idem_operation_latency_seconds" + op + ",quantile=\"0.5\"} " + seconds(o.p50) + "\n";
             out += "idem_operation_latency_seconds" + op + ",quantile=\"0.99\"} " + seconds(o.p99) + "\n";
@@ -148,7 +196,8 @@ inline std::string to_prometheus(const stats& s, std::span<const operation_laten
         out += "idem_operation_latency_seconds_count" + op + "} " + std::to_string(o.samples) + "\n";
     }
     out += "# TYPE idem_operation_lease_seconds gauge\n";
-    for (const auto& o : ops) out += "idem_operation_lease_seconds{operation=\"" + label(o.operation) + "\"} " + seconds(o.lease) + "\n";
+    for (std::size_t i = 0; i < ops.size(); ++i)
+        out += "idem_operation_lease_seconds{operation=\"" + labels[i] + "\"} " + seconds(ops[i].lease) + "\n";
     return out;
 }
 

@@ -36,7 +36,14 @@ struct store_options {
     std::size_t max_batch = 1u << 16;
     std::chrono::nanoseconds offer_wait{0};                            ///< bounded wait on a full queue; 0: fail at once
     std::chrono::nanoseconds sync_timeout = std::chrono::seconds(10);  ///< longest wait for a commit in sync mode
-    std::chrono::nanoseconds idle_poll = std::chrono::microseconds(200);  ///< flusher sleep when the queue is empty
+    /// Flusher pause between two looks at an empty queue, while it found work less than 10 ms ago
+    /// (under load: rows gather for the next batch meanwhile). Then it sleeps: idle_sleep.
+    std::chrono::nanoseconds idle_poll = std::chrono::microseconds(200);
+    /// Longest sleep of an idle flusher (at least idle_poll). It sleeps until a transition, a
+    /// recall or the guard's destruction wakes it, or its next prune is due; this bound is a safety
+    /// net only (a lost wake-up would cost at most this much latency), and what an idle guard costs:
+    /// about one wake-up per idle_sleep (docs/operations.md, "An idle guard").
+    std::chrono::nanoseconds idle_sleep = std::chrono::milliseconds(100);
     std::chrono::nanoseconds max_backoff = std::chrono::seconds(1);       ///< longest pause between retries
     /// Audit node identity; empty: HOST:PID:RRRRRR (detail/node_identity.hpp). (Brace-initialized so that a designated
     /// initializer leaving it out compiles under -Wextra -Werror: -Wmissing-field-initializers.)

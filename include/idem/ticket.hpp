@@ -11,7 +11,9 @@
 //
 // A ticket is the right to execute one key's operation, held by exactly one caller. Complete it with
 // succeed() or fail(); a ticket dropped without completion is released per options.on_failure
-// (retryable: the key can be claimed again; terminal: the key becomes FAILED), and audited.
+// (retryable: the key can be claimed again; terminal: the key becomes FAILED), and audited, unless
+// a succeed() or terminal fail() was refused first (the effect happened): then it is left in doubt
+// for the resolver, like leave_in_doubt(), and never released.
 // succeed() and fail() are the ones of every scope (guard_contract.hpp); global_ticket has the
 // same surface.
 // Thread-safety: a ticket is used by one thread at a time; it may move between threads.
@@ -40,13 +42,14 @@ public:
 
     basic_ticket() noexcept = default;
     basic_ticket(basic_ticket&& o) noexcept
-        : engine_(std::exchange(o.engine_, nullptr)), ref_(o.ref_), key_(o.key_) {}
+        : engine_(std::exchange(o.engine_, nullptr)), ref_(o.ref_), key_(o.key_), ran_(std::exchange(o.ran_, false)) {}
     basic_ticket& operator=(basic_ticket&& o) noexcept {
         if (this != &o) {
             this->drop();
             engine_ = std::exchange(o.engine_, nullptr);
             ref_ = o.ref_;
             key_ = o.key_;
+            ran_ = std::exchange(o.ran_, false);
         }
         return *this;
     }
@@ -98,10 +101,13 @@ private:
         engine_ = e;
         ref_ = ref;
         key_ = k;
+        ran_ = false;
     }
 
     [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
     void forget() noexcept { engine_ = nullptr; }
+    /// leave_in_doubt(): the claim is marked in doubt for the resolver (engine::hold_in_doubt).
+    void hold() noexcept { engine_->hold_in_doubt(key_, ref_); engine_ = nullptr; }
 
     std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
         const detail::slot_state to = cause == transition_cause::succeed ? detail::slot_state::succeeded
@@ -118,6 +124,7 @@ private:
     engine_type* engine_ = nullptr;
     detail::claim_ref<Atomic> ref_{};
     key key_{};
+    bool ran_ = false;  ///< a success or terminal failure was refused: a drop leaves the claim in doubt
 };
 
 using ticket = basic_ticket<>;

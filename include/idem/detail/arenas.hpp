@@ -224,10 +224,16 @@ private:
 /// The response payloads of one generation's records, in whole words (8 * ceil(n / 8) bytes), in
 /// chunks of max(64 KiB, max_payload) per stripe, carved by the stripe's cursor and reset only when
 /// the generation is recycled (after the sink flushed everything offered, so a transition's view
-/// of the bytes stays valid until it is flushed). Its own budget: payload_budget bytes, rounded up
-/// to whole chunks; a payload that does not fit the rest of its thread's chunk starts a new one
-/// (the rest stays unused until the recycle), so the budget holds at least half its bytes in
-/// payloads whatever their sizes. A reference is size << 40 | (first word + 1); 0 means none (the
+/// of the bytes stays valid until it is flushed).
+///
+/// Its own budget: payload_budget bytes of payloads (in whole words), counted exactly by one
+/// shared counter, so a payload is refused only when the bytes stored in this generation would
+/// exceed it, however the threads' chunks are spread. (Counting whole chunks against the budget
+/// refused a 10-byte payload once as many threads as the budget had chunks had stored one each.)
+/// A payload that does not fit the rest of its thread's chunk starts a new one, and the rest
+/// stays unused until the recycle: that waste is never more than the bytes of the payloads that
+/// started new chunks, so the mapping holds twice the budget plus a chunk per cursor. It is only
+/// address space: pages are committed as payloads are written. A reference is size << 40 | (first word + 1); 0 means none (the
 /// empty payload is no payload). A record's reference is kept in a table by slot number (set_ref,
 /// ref_of), read only when the slot's key_ref says has_payload, so a record without a payload
 /// touches neither. Both are mapped lazily: a guard that never stores a payload commits none of
@@ -249,8 +255,9 @@ public:
                                      : std::min<std::uint64_t>((std::max<std::uint64_t>(8, max_payload) + 7) / 8,
                                                                8 * std::max<std::size_t>(positions, 1))),
           chunks_(budget == 0      ? 0
-                  : zero_pages_ok ? (budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8)
+                  : zero_pages_ok ? (2 * budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8) + arena_cursors<Atomic> + 2
                                   : 1),
+          budget_words_(zero_pages_ok ? (budget + 7) / 8 : chunks_ * chunk_words_),
           alloc_(chunk_words_, chunks_),
           slots_(chunks_ == 0 ? 0 : slots) {
         if (chunks_ != 0) {
@@ -266,12 +273,22 @@ public:
     payload_arena& operator=(const payload_arena&) = delete;
 
     /// Copies `bytes` (1 to max_payload of them) in; returns their reference, or 0 when the budget
-    /// is spent. Progress: lock-free.
+    /// is spent (the payloads stored in this generation and these bytes would exceed it). The
+    /// count is taken before the units and given back when they cannot be had, so racing threads
+    /// never overshoot the budget. Progress: lock-free.
     [[gnu::noinline, gnu::cold]] [[nodiscard]] std::uint64_t append(std::string_view bytes, stripe_ref stripe) noexcept {
         const std::uint64_t n = (bytes.size() + 7) / 8;
         if (n == 0 || n > chunk_words_) return 0;
+        // relaxed: a count; the bytes are published by the slot word's (5), not by this counter
+        if (spent_words_.fetch_add(n, std::memory_order_relaxed) + n > budget_words_) {
+            spent_words_.fetch_sub(n, std::memory_order_relaxed);
+            return 0;
+        }
         const std::uint64_t at = alloc_.alloc(n, stripe);
-        if (at == alloc_.npos) return 0;
+        if (at == alloc_.npos) {  // the mapping's slack is spent (see above: not expected)
+            spent_words_.fetch_sub(n, std::memory_order_relaxed);
+            return 0;
+        }
         const char* p = bytes.data();
         const std::uint64_t whole = bytes.size() / 8;
         for (std::uint64_t i = 0; i < whole; ++i) {
@@ -333,11 +350,20 @@ public:
         return n < slots_ ? refs_[n].load(seqlock::field_load) : 0;  // field_load: the caller validates
     }
 
-    /// Bytes handed out since the last reset, in whole chunks (a statistic; relaxed).
-    [[nodiscard]] std::uint64_t used_bytes() const noexcept { return alloc_.taken() * chunk_words_ * 8; }
+    /// Bytes of payloads stored since the last reset, in whole words (what the budget counts).
+    [[nodiscard]] std::uint64_t used_bytes() const noexcept {
+        return spent_words_.load(std::memory_order_relaxed) * 8;  // relaxed: a statistic
+    }
+    /// payload_budget, in whole words.
+    [[nodiscard]] std::uint64_t budget_bytes() const noexcept { return budget_words_ * 8; }
+    /// The address space mapped for payloads (committed only where written).
     [[nodiscard]] std::uint64_t capacity_bytes() const noexcept { return chunks_ * chunk_words_ * 8; }
 
-    void reset() noexcept { alloc_.reset(); }
+    /// Only while no thread can allocate (the generation's recycle); published by (7).
+    void reset() noexcept {
+        alloc_.reset();
+        spent_words_.store(0, std::memory_order_relaxed);  // relaxed: published by (7)
+    }
     [[nodiscard]] arena_span<Atomic> span() noexcept {
         return {reinterpret_cast<char*>(words_), chunks_ * chunk_words_ * sizeof(std::uint64_t),
                 chunk_words_ * sizeof(std::uint64_t), &alloc_};
@@ -352,6 +378,8 @@ private:
 
     std::uint64_t chunk_words_;
     std::uint64_t chunks_;
+    std::uint64_t budget_words_;
+    std::atomic<std::uint64_t> spent_words_{0};  ///< words of payloads stored since the last reset
     chunk_allocator<Atomic, arena_cursors<Atomic>> alloc_;
     std::uint64_t slots_;
     Atomic<std::uint64_t>* words_ = nullptr;

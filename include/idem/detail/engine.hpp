@@ -92,6 +92,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <new>
@@ -327,7 +328,8 @@ public:
         // Before any claim: the store must be able to hold the key, and the queue must have room for
         // the claim's row. Refusals change nothing (no position, no slot, no sequence number). With
         // ordered versions, then the version step (version_map.hpp), whose refusal gives the room back.
-        auto refuse = [&](std::uint64_t epoch) noexcept -> std::optional<begin_answer> {
+        // `unknown`: memory has no record of the key (a new key, or one evicted into the cold window).
+        auto refuse = [&](std::uint64_t epoch, bool unknown = false) noexcept -> std::optional<begin_answer> {
             if (!checked) {
                 if (sink_ != nullptr && !sink_->accepts(k)) return begin_answer{begin_status::invalid_key, {}, 0, 0};
                 checked = true;
@@ -337,7 +339,7 @@ public:
                 return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
             if (versions_[0] == nullptr) [[likely]] return std::nullopt;
-            return version_step_of(k, epoch);
+            return version_step_after_recall(k, h, epoch, unknown, fingerprint, payload);
         };
         for (;;) {
             const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6) pairs with (7)
@@ -407,7 +409,7 @@ public:
                     }
                 }
             }
-            if (auto no = refuse(epoch)) return *no;
+            if (auto no = refuse(epoch, from == record_state::absent)) return *no;
             if (s == nullptr) {
                 const auto t = cur.take(h, opts_.max_probe);
                 note_probe(t.probes);
@@ -527,6 +529,28 @@ public:
         return {};
     }
 
+    /// The owner says its operation ran (or may have run) and its completion could not be
+    /// recorded: the claim stays PROCESSING, marked in doubt now (duplicates answer in_doubt, the
+    /// doubt is audited), and compensation asks the resolver once the lease expires. Never
+    /// releases the key. When the mark cannot be written (the queue is full, or compensation
+    /// holds the record), the claim is left as it is: the lease and the resolver decide the same
+    /// way, only the duplicates see in_progress until then. Progress: lock-free.
+    void hold_in_doubt(const key& k, claim_ref<Atomic>& c) noexcept {
+        slot_type& s = *c.s;
+        admission room(sink_);
+        if (!room.take()) return;
+        std::uint64_t replaced = 0;
+        if (enter(c, replaced, /*by_owner=*/false)) return;  // stale or busy: someone else decides
+        const auto now = clock_.now();
+        if (sink_ != nullptr)
+            (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
+                                        state_word::fence(c.word), 0,
+                                        s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                        std::chrono::nanoseconds(0), now});
+        s.word.store(c.word | state_word::doubt_bit, std::memory_order_release);  // (5)
+        count(c_in_doubt);
+    }
+
     /// A consistent view of the key's record (absent when unknown). Progress: lock-free.
     record_view query(const key& k) const noexcept {
         const hash128 h = hash(k);
@@ -592,18 +616,34 @@ public:
     }
 
     /// Recycles the previous generation when every record in it is terminal and older than the
-    /// retention, all_flushed() says the store has everything, and the current one is at least
+    /// retention, the store has every row of it (marks, below), and the current one is at least
     /// half full. Then the recycled generation becomes the current one. Returns true on rotation.
     /// Not on the hot path; concurrent calls are serialised (a second caller returns false).
-    template <class AllFlushed>
-    bool rotate_if_due(AllFlushed&& all_flushed) {
+    ///
+    /// Memory is a cache of the idempotency window: with a cold window (a durable guard), once the
+    /// current generation holds options.capacity records, the previous one is recycled whatever
+    /// the age of its terminal records (they go to the filter and the store answers for them), so
+    /// a table full of decided records never refuses a new key; only claims in flight block a
+    /// rotation. The same when the current generation has used half its payload budget.
+    ///
+    /// Durability of the leaving rows: `marks` (flush_marks) says which rows the store has. Only
+    /// the previous generation's rows must be durable, not every row offered so far (a steady load
+    /// never lets the queue drain): once a scan found every record of the previous generation
+    /// evictable, every row of them was offered before the scan read it (a row is offered before
+    /// its record is published), so `issued()` taken after the scan covers them. That set of
+    /// records cannot change while the epoch stays (claims are decided only in the current
+    /// generation), so the mark is kept, and a later call whose scan passes again rotates as soon as
+    /// the store decided every row up to it.
+    template <class Marks>
+    bool rotate_if_due(Marks&& marks) {
         std::unique_lock lock(rotate_mutex_, std::try_to_lock);
         if (!lock.owns_lock()) return false;
         if (cold_ != nullptr) cold_->expire(clock_.now());
         const std::uint64_t epoch = epoch_.load(std::memory_order_seq_cst);  // (6)
         if (fill(epoch & 1) < std::max<std::uint64_t>(1, opts_.capacity / 2)) return false;
         generation<Atomic>& prev = *gens_[(epoch + 1) & 1];
-        const auto horizon = (clock_.now() - opts_.retention).count();
+        const bool pressed = cold_ != nullptr && under_pressure(epoch);
+        const auto horizon = pressed ? std::numeric_limits<std::int64_t>::max() : (clock_.now() - opts_.retention).count();
         auto evictable = [&](const snapshot& snap) {
             const slot_state st = state_word::state(snap.word);
             return snap.valid && (is_claimable(st) || (is_terminal(st) && snap.updated <= horizon));
@@ -623,9 +663,9 @@ public:
                 return false;
             }
         }
-        // Every record read above was offered to the sink before it was published, so a sink that
-        // is drained now has all of them.
-        if (!all_flushed()) {
+        // Every record read above was offered to the sink before it was published (see above).
+        if (mark_.epoch != epoch || mark_.seq == 0) mark_ = {epoch, std::max<std::uint64_t>(1, marks.issued())};
+        if (!marks.decided(mark_.seq)) {
             count(c_rotation_blocked);
             return false;
         }
@@ -637,9 +677,12 @@ public:
             for (std::size_t i = 0; i < prev.size(); ++i) {
                 slot_type* sp = published_slot(prev, i);
                 if (sp == nullptr) continue;
-                const snapshot snap = read_slot(*sp);
-                if (snap.valid && is_terminal(state_word::state(snap.word)))
-                    leaving.push_back({snap.lo, snap.hi, snap.updated});
+                // A torn read (an owner's sync confirm clearing the unconfirmed mark, or recording
+                // that it gave up, between the two word loads) is read again: skipping it would
+                // let the record below leave memory without entering the filter.
+                snapshot snap = read_slot(*sp);
+                while (!snap.valid) snap = read_slot(*sp);
+                if (is_terminal(state_word::state(snap.word))) leaving.push_back({snap.lo, snap.hi, snap.updated});
             }
             if (!cold_->add(leaving)) {  // no memory for the filter: keep the records in memory
                 count(c_rotation_blocked);
@@ -657,6 +700,13 @@ public:
                 slot_type& s = prev.slot_at(ref);
                 const snapshot snap = read_slot(s);
                 if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
+                // The rule this pass keeps, whatever the interleaving: a terminal record leaves
+                // memory only once the cold window holds its key. The filter has no false
+                // negatives, so a key it cannot contain was not added above: keep it.
+                if (cold_ != nullptr && is_terminal(state_word::state(snap.word)) && !cold_->may_contain(snap.lo, snap.hi)) {
+                    count(c_rotation_blocked);
+                    return false;
+                }
                 const std::uint64_t inc = state_word::incarnation(snap.word) + 1;
                 std::uint64_t expected = snap.word;
                 if (!s.word.compare_exchange_strong(expected, state_word::make(slot_state::recycling, inc, 0),
@@ -970,6 +1020,14 @@ private:
         return ((fence_base_ + epoch) << 32) | 1;
     }
 
+    /// The current generation (of `epoch`) holds options.capacity records, or has used half its
+    /// payload budget: memory is full of what the store can answer for (rotate_if_due).
+    [[nodiscard]] bool under_pressure(std::uint64_t epoch) const noexcept {
+        if (fill(epoch & 1) >= opts_.capacity) return true;
+        const auto& p = gens_[epoch & 1]->payloads();
+        return p.budget_bytes() != 0 && p.used_bytes() >= p.budget_bytes() / 2;
+    }
+
     [[nodiscard]] std::uint64_t fill(std::uint64_t g) const noexcept {
         return sum(c_fill0 + static_cast<unsigned>(g)) - fill_base_[g & 1].load(std::memory_order_relaxed);  // relaxed: a statistic
     }
@@ -1053,6 +1111,22 @@ private:
         }
         count(c_capacity);
         return begin_answer{begin_status::capacity_exhausted, {}, 0, 0};
+    }
+
+    /// The version step for a claim of a key memory may not know (`unknown`: no record in either
+    /// generation). A newer version supersedes k only if k itself never ran: a version that ran
+    /// and left memory is in the cold window, and its duplicate must get its recorded answer, not
+    /// superseded ("not executed" for a charge that ran would have it charged again by other
+    /// means). So a superseded answer for a key the cold window may hold asks the store first:
+    /// its record (replayed, nothing installed) or store_unavailable when it cannot be read.
+    [[gnu::noinline]] std::optional<begin_answer> version_step_after_recall(const key& k, hash128 h, std::uint64_t epoch,
+                                                                             bool unknown, std::uint64_t fingerprint,
+                                                                             std::string* payload) noexcept {
+        std::optional<begin_answer> v = version_step_of(k, epoch);
+        if (!v || v->status != begin_status::superseded || !unknown || cold_ == nullptr || !cold_->may_contain(h.lo, h.hi))
+            return v;
+        if (auto recalled = recall_without_slot(k, fingerprint, payload)) return recalled;
+        return v;  // the store has no record of k (or only a released one): it never ran
     }
 
     /// The recheck: the newest version of k's (txid, operation), if newer than k's own version.
@@ -1403,6 +1477,11 @@ private:
     std::atomic<const void*> registry_{nullptr};  ///< the copy of this code whose threads own stripes here (my_stripe)
     alignas(64) Atomic<std::uint64_t> epoch_{0};
     std::mutex rotate_mutex_;  // rotation only; never taken on the hot path
+    struct flush_mark {
+        std::uint64_t epoch = 0;
+        std::uint64_t seq = 0;  ///< 0: none taken in this epoch
+    };
+    flush_mark mark_;  ///< under rotate_mutex_: rotate_if_due's durability mark for the previous generation
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];

@@ -15,10 +15,37 @@
 // Pipelined stores (pipelined_store with lanes() > 1, pipeline_core.hpp "Lanes"): one flusher
 // thread per lane, each stepping the core on its lane (its own backoff and reconnect), so several
 // commits are in flight at once; the watermark still moves over a contiguous prefix only. Idle lanes
-// do not all poll: one polls the queue (sleeping idle_poll between looks), the others sleep on
-// idle_cv_ until a lane takes a job (one of them then looks, and polls if it finds nothing) or the
-// pipeline stops. So an idle pipeline costs what one flusher costs, and a busy one still starts a
-// second commit as soon as rows arrive while the first is in flight.
+// do not all look for work: one does, as the single flusher does below, the others wait on idle_cv_
+// until a lane takes a job (one of them then looks) or the pipeline stops. So an idle pipeline costs
+// what one flusher costs, and a busy one still starts a second commit as soon as rows arrive while
+// the first is in flight.
+//
+// Idle. A flusher that finds the queue empty looks again every idle_poll while it last found work
+// less than idle_linger (10 ms) ago: under a steady load it never sleeps longer, so batches fill as
+// they always did and callers never have to wake it. After that it sleeps (sleep()) until an offer,
+// a recall it must serve, stop() or a deadline wakes it: its next prune, else idle_sleep, a safety
+// net only. An idle guard thus costs about 10 wake-ups a second instead of one per idle_poll.
+//   Invariant (no lost wake-up): a row pushed while the flusher sleeps wakes it. The sleeper stores
+//   sleeping_ = true (S1, seq_cst) and then asks the core whether a row was pushed that nobody
+//   popped (P6, a seq_cst load of the sequence counter); offer() pushes (P5, a seq_cst RMW of that
+//   counter) and then loads sleeping_ (S2, seq_cst). In the single total order of those four, either
+//   (P5) precedes (P6), and the flusher sees the row coming and does not sleep, or (S1) precedes
+//   (S2), and the caller sees it asleep and wakes it: the caller that swaps sleeping_ back to false
+//   takes idle_mutex_ (which the sleeper holds from (S1) until it waits) and notifies wake_cv_.
+//   The hot path pays one plain load (x86) and a branch; a system call only when the flusher is
+//   really asleep, at most once per sleep. Recalls and stop() wake the sleeper under idle_mutex_.
+//   The timed wait stays as a safety net: a missed notification would cost latency, never a row.
+//
+// Recall requests (recall(): a duplicate of a key memory evicted reads the store). Requests queue
+// in reads_ for the reader thread (or the owner flusher, between batches); the server takes the
+// oldest, reads it, answers every waiter of it.
+//   Invariant (bounded by waiting callers): a queued request has at least one caller waiting for
+//   it. A caller whose recall_timeout passes leaves; the last one to leave a request still queued
+//   removes it, so it is never read. A caller of a key whose request is queued joins it (one read
+//   for all of them). So reads_ holds at most as many requests as callers wait, however long an
+//   outage lasts and however many calls time out meanwhile, and the first recall after the store
+//   recovers costs one read. A request already taken (being read) cannot be joined: its read may
+//   have begun before the caller came, and a caller's answer must be read after its call began.
 #pragma once
 
 #include <algorithm>
@@ -26,13 +53,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <memory>
-#include <optional>
-#include <mutex>
 #include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 #include <time.h>
 
@@ -93,10 +123,7 @@ public:
         stop_deadline_.store((std::chrono::steady_clock::now() + opts_.sync_timeout).time_since_epoch().count(),
                              std::memory_order_relaxed);  // relaxed: published by (F1)
         running_.store(false, std::memory_order_release);  // (F1) pairs with (F2)
-        {
-            std::lock_guard lock(idle_mutex_);  // a lane between its check of running_ and its wait sees the notify
-        }
-        idle_cv_.notify_all();
+        wake_idle();  // a sleeper or idle lane between its check of running_ and its wait sees the notify
         for (auto& t : threads_) t.join();
         threads_.clear();
     }
@@ -131,7 +158,10 @@ public:
         row.t = t;
         row.at_ms = to_wall_ms_(t.at);
         row.lease_until_ms = t.to == record_state::processing ? to_wall_ms_(t.lease_until) : 0;
-        return core_.push(row);
+        const std::uint64_t seq = core_.push(row);  // (P5) inside: a seq_cst RMW
+        // (S2) pairs with (S1): a flusher asleep is woken ("Idle"); an awake one costs this load.
+        if (sleeping_.load(std::memory_order_seq_cst)) [[unlikely]] wake_flusher();
+        return seq;
     }
 
     durability_wait await(std::uint64_t seq) noexcept override {
@@ -156,27 +186,31 @@ public:
 
     /// Reads the key's record on the reader thread (store::open_reader: a second connection, so
     /// the read does not wait for a batch in flight), or, for a store that cannot be opened twice,
-    /// on the flusher thread between two batches; waits up to store_options::recall_timeout.
+    /// on the flusher thread between two batches; waits up to store_options::recall_timeout. Joins
+    /// the request of the same key still queued, if any; a caller that times out leaves its request,
+    /// which is dropped unread when nobody else waits for it ("Recall requests").
     recalled recall(const key& k) noexcept override {
         recalled none;
         none.found = recalled::kind::unavailable;
         try {
-            auto req = std::make_shared<read_request>();
-            req->key.assign(k.view());
-            std::unique_lock lock(read_mutex_);
-            reads_.push_back(req);
-            reads_waiting_.store(true, std::memory_order_release);  // (R1) pairs with (R2)
-            if (reader_) {
-                read_work_.notify_one();
-            } else {
-                lock.unlock();
-                {
-                    std::lock_guard idle(idle_mutex_);  // an idle lane 0 between its check and its wait sees it
+            std::shared_ptr<read_request> req;
+            {
+                std::unique_lock lock(read_mutex_);
+                if (const auto it = queued_.find(k.view()); it != queued_.end()) {
+                    req = *it->second;
+                    ++recalls_joined_;
+                } else {
+                    req = enqueue_read(k);  // may throw: then nothing changed
+                    if (reader_) {
+                        read_work_.notify_one();
+                    } else {
+                        wake_idle();  // the owner flusher serves it; lock order: read_mutex_, then idle_mutex_
+                    }
                 }
-                idle_cv_.notify_all();
-                lock.lock();
+                waiting w(*this, *req);  // leaves (and drops an orphaned request) with the lock held
+                if (!req->answered.wait_for(lock, opts_.recall_timeout, [&] { return req->done; })) return none;
             }
-            if (!read_done_.wait_for(lock, opts_.recall_timeout, [&] { return req->done; })) return none;
+            // Answered: rec and failed are written once, before done, and only read from now on.
             if (req->failed) return none;
             if (!req->rec) return {};
             return to_recalled_ ? to_recalled_(*req->rec) : none;
@@ -187,6 +221,10 @@ public:
 
     /// True when every transition offered so far is decided (committed or set aside).
     [[nodiscard]] bool drained() const noexcept { return core_.drained(); }
+    /// The last sequence number handed out (a transition offered before this call has one <= it).
+    [[nodiscard]] std::uint64_t issued() const noexcept { return core_.issued(); }
+    /// True when every transition up to `seq` is decided (committed or set aside).
+    [[nodiscard]] bool decided_through(std::uint64_t seq) const noexcept { return core_.watermark() >= seq; }
 
     /// Blocks until drained() or the timeout passes.
     bool flush(std::chrono::nanoseconds timeout) {
@@ -200,6 +238,15 @@ public:
         std::int64_t lag_ns = 0;
         std::uint64_t cpu_ns = 0;  ///< CPU time the flusher threads have used (their thread CPU clocks, summed)
         std::uint64_t pruned_records = 0, pruned_audit_rows = 0;
+        /// Idle flusher threads' returns from a pause, a sleep or a wait (not the backoff after a
+        /// failed store call): about 10 a second when idle ("Idle").
+        std::uint64_t wakeups = 0;
+        bool sleeping = false;  ///< a flusher sleeps now, until an offer wakes it (or idle_sleep)
+        std::uint64_t recall_queue = 0;     ///< recall requests queued, not yet being read (<= recall_waiters)
+        std::uint64_t recall_waiters = 0;   ///< callers waiting in recall() now
+        std::uint64_t recall_reads = 0;     ///< store reads made for recalls
+        std::uint64_t recalls_joined = 0;   ///< recalls that joined a queued request of their key
+        std::uint64_t recalls_dropped = 0;  ///< requests dropped unread: every caller of them had timed out
         std::string last_error;
     };
     [[nodiscard]] counters snapshot() const {
@@ -216,6 +263,14 @@ public:
         out.cpu_ns = cpu_ns_.load(std::memory_order_relaxed);  // relaxed: a statistic
         out.pruned_records = pruned_records_.load(std::memory_order_relaxed);  // relaxed: statistics
         out.pruned_audit_rows = pruned_audit_.load(std::memory_order_relaxed);
+        out.wakeups = wakeups_.load(std::memory_order_relaxed);      // relaxed: a statistic
+        out.sleeping = sleeping_.load(std::memory_order_relaxed);    // relaxed: a statistic
+        std::lock_guard lock(read_mutex_);  // one instant: recall_queue <= recall_waiters holds in it
+        out.recall_queue = reads_.size();
+        out.recall_waiters = recall_waiters_;
+        out.recall_reads = recall_reads_;
+        out.recalls_joined = recalls_joined_;
+        out.recalls_dropped = recalls_dropped_;
         return out;
     }
 
@@ -256,11 +311,13 @@ private:
             switch (result) {
                 case pipeline_core::step_result::progress:
                     backoff = 1ms;
-                    if (!core_.batch_pending())
-                        lag_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - oldest)
-                                          .count(),
-                                      std::memory_order_relaxed);  // relaxed: a statistic
+                    {
+                        const auto now = std::chrono::steady_clock::now();
+                        busy_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);  // relaxed: a hint
+                        if (!core_.batch_pending())
+                            lag_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now - oldest).count(),
+                                          std::memory_order_relaxed);  // relaxed: a statistic
+                    }
                     wake_waiters();
                     continue;
                 case pipeline_core::step_result::idle:
@@ -269,8 +326,7 @@ private:
                         return;
                     }
                     if (owner && !reader_ && reads_waiting_.load(std::memory_order_acquire)) continue;  // (R2)
-                    if (one) std::this_thread::sleep_for(opts_.idle_poll);
-                    else idle_lane();
+                    idle(one, owner);
                     continue;
                 case pipeline_core::step_result::failed: break;
             }
@@ -292,12 +348,78 @@ private:
         }
     }
 
+    /// A recall request: one key, one store read, answered to every caller waiting for it. The
+    /// fields are under read_mutex_ until done; rec and failed are only read after it.
     struct read_request {
         std::string key;
         std::optional<stored_record> rec;
+        std::condition_variable answered;  // its waiters wait here (one per request: no herd)
+        std::size_t waiters = 0;           // callers waiting for it now
+        std::list<std::shared_ptr<read_request>>::iterator at;  // its place in reads_ while queued
+        bool queued = false;  // in reads_: no server took it yet, it can be joined or dropped
         bool failed = false;
         bool done = false;
     };
+
+    /// A caller waiting for a request, for one scope: leaves it at the end (also on an exception;
+    /// the lock is held then), and the last caller to leave a request still queued drops it.
+    class waiting {
+    public:
+        waiting(flush_pipeline& p, read_request& r) noexcept : p_(p), r_(r) {
+            ++r_.waiters;
+            ++p_.recall_waiters_;
+        }
+        waiting(const waiting&) = delete;
+        waiting& operator=(const waiting&) = delete;
+        ~waiting() {
+            --p_.recall_waiters_;
+            if (--r_.waiters == 0 && r_.queued) p_.drop_read(r_);
+        }
+
+    private:
+        flush_pipeline& p_;
+        read_request& r_;
+    };
+
+    /// A new request for k at the back of reads_. Under read_mutex_. Throws (bad_alloc) with
+    /// nothing changed.
+    std::shared_ptr<read_request> enqueue_read(const key& k) {
+        auto req = std::make_shared<read_request>();
+        req->key.assign(k.view());
+        reads_.push_back(req);
+        try {
+            queued_.emplace(std::string_view(req->key), std::prev(reads_.end()));
+        } catch (...) {
+            reads_.pop_back();
+            throw;
+        }
+        req->at = std::prev(reads_.end());
+        req->queued = true;
+        reads_waiting_.store(true, std::memory_order_release);  // (R1) pairs with (R2)
+        return req;
+    }
+
+    /// Removes a queued request nobody waits for: it is never read. Under read_mutex_.
+    void drop_read(read_request& r) noexcept {
+        queued_.erase(std::string_view(r.key));
+        r.queued = false;
+        ++recalls_dropped_;
+        reads_.erase(r.at);  // may release the last reference but the dropping caller's
+        if (reads_.empty()) reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+    }
+
+    /// The oldest queued request, now being read (no longer joinable nor droppable), or null.
+    /// Under read_mutex_.
+    std::shared_ptr<read_request> take_read() noexcept {
+        if (reads_.empty()) return nullptr;
+        std::shared_ptr<read_request> r = std::move(reads_.front());
+        reads_.pop_front();
+        queued_.erase(std::string_view(r->key));
+        r->queued = false;
+        ++recall_reads_;
+        if (reads_.empty()) reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+        return r;
+    }
 
     /// The reader thread: answers recall requests on reader_ as they come.
     void read_loop() {
@@ -311,22 +433,32 @@ private:
         }
     }
 
-    /// Answers the recall requests waiting now, one get each: on reader_ (the reader thread), else
-    /// on store_ (the owner flusher thread, between batches).
+    /// Answers the recall requests queued now, oldest first, one store read each: on reader_ (the
+    /// reader thread), else on store_ (the owner flusher thread, between batches). One at a time, so
+    /// a request whose callers all gave up while an earlier one was read is dropped, not read; and
+    /// no more than were queued at the start, so a stream of recalls cannot hold batches back.
     void serve_reads() {
         if (!reads_waiting_.load(std::memory_order_acquire)) return;  // (R2) pairs with (R1)
-        std::deque<std::shared_ptr<read_request>> batch;
+        store& from = reader_ ? *reader_ : store_;
+        std::size_t turn = 0;
         {
             std::lock_guard lock(read_mutex_);
-            batch.swap(reads_);
-            reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+            turn = reads_.size();
         }
-        store& from = reader_ ? *reader_ : store_;
-        for (auto& r : batch) {
+        for (; turn != 0; --turn) {
+            std::shared_ptr<read_request> r;
+            {
+                std::lock_guard lock(read_mutex_);
+                if (reader_stop_) return;  // stop(): fail_reads() answers the rest
+                r = take_read();
+            }
+            if (!r) return;
+            std::optional<stored_record> rec;
+            bool failed = false;
             try {
-                r->rec = from.get(r->key);
+                rec = from.get(r->key);  // r->key never changes: read without the lock
             } catch (const std::exception&) {
-                r->failed = true;  // the caller answers store_unavailable
+                failed = true;  // its callers answer store_unavailable
                 if (reader_) {
                     try {
                         reader_->reconnect();  // for the next request
@@ -334,36 +466,37 @@ private:
                     }
                 }
             }
+            {
+                std::lock_guard lock(read_mutex_);
+                r->rec = std::move(rec);
+                r->failed = failed;
+                r->done = true;
+            }
+            r->answered.notify_all();  // r keeps the request (and its condition variable) alive
         }
-        {
-            std::lock_guard lock(read_mutex_);
-            for (auto& r : batch) r->done = true;
-        }
-        read_done_.notify_all();
     }
 
     /// At stop: requests nobody will serve any more are answered as failed.
     void fail_reads() {
-        {
-            std::lock_guard lock(read_mutex_);
-            for (auto& r : reads_) {
-                r->failed = true;
-                r->done = true;
-            }
-            reads_.clear();
-            reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
+        std::lock_guard lock(read_mutex_);
+        for (auto& r : reads_) {
+            r->queued = false;
+            r->failed = true;
+            r->done = true;
+            r->answered.notify_all();
         }
-        read_done_.notify_all();
+        reads_.clear();
+        queued_.clear();
+        reads_waiting_.store(false, std::memory_order_relaxed);  // relaxed: under read_mutex_
     }
 
     /// Every prune_interval, one bounded store::prune between two batches, again at the next
     /// turn while the store says there is more: a prune never holds the store for longer than one
     /// call of store_options' bounds.
     void prune_if_due() {
-        if (opts_.prune_interval <= std::chrono::nanoseconds::zero()) return;
+        if (!prunes()) return;
         const bool records = opts_.window != store_options::forever;
         const bool audit = opts_.audit_window != store_options::forever;
-        if (!records && !audit) return;
         const auto now = std::chrono::steady_clock::now();
         if (now < next_prune_) return;
         const std::int64_t wall = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -383,20 +516,93 @@ private:
         }
     }
 
-    /// An idle lane: polls when no other lane does, else sleeps until a lane takes a job or stop().
-    /// The wait is bounded too (a lost wake-up costs at most that long, never a hang).
-    void idle_lane() {
-        std::unique_lock lock(idle_mutex_);
-        if (!polling_) {
+    /// Whether the owner flusher prunes in the background at all.
+    [[nodiscard]] bool prunes() const noexcept {
+        return opts_.prune_interval > std::chrono::nanoseconds::zero() &&
+               (opts_.window != store_options::forever || opts_.audit_window != store_options::forever);
+    }
+
+    /// The longest sleep: idle_sleep, at least idle_poll (a sleep shorter than the pause would be
+    /// a spin).
+    [[nodiscard]] std::chrono::nanoseconds idle_sleep() const noexcept {
+        return std::max(opts_.idle_sleep, opts_.idle_poll);
+    }
+
+    /// Nothing to write (step said idle). While some flusher found work less than idle_linger ago,
+    /// looks again after idle_poll; after that sleeps until woken or a deadline ("Idle"). Lanes: one
+    /// idle lane does that; the others wait until a lane takes a job (taken() wakes one), stop() or
+    /// idle_sleep: a wake-up they miss costs a second commit's start, never a row.
+    void idle(bool one, bool owner) {
+        if (!one) {
+            std::unique_lock lock(idle_mutex_);
+            if (polling_) {
+                if (!running_.load(std::memory_order_acquire)) return;  // (F2)
+                idle_cv_.wait_for(lock, idle_sleep());
+                wakeups_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+                return;
+            }
             polling_ = true;
-            lock.unlock();
-            std::this_thread::sleep_for(opts_.idle_poll);
-            lock.lock();
-            polling_ = false;
-            return;
         }
-        if (!running_.load(std::memory_order_acquire)) return;  // (F2)
-        idle_cv_.wait_for(lock, std::chrono::milliseconds(50));
+        const auto now = std::chrono::steady_clock::now();
+        const std::chrono::steady_clock::time_point busy{
+            std::chrono::steady_clock::duration(busy_at_.load(std::memory_order_relaxed))};  // relaxed: a hint
+        if (now - busy < idle_linger) {
+            std::this_thread::sleep_for(opts_.idle_poll);
+            wakeups_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+        } else {
+            auto deadline = now + idle_sleep();
+            if (owner && prunes()) deadline = std::min(deadline, next_prune_);
+            if (deadline > now) {  // else a prune is due: the loop does it now
+                if (sleep(owner, deadline))
+                    wakeups_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+                else
+                    busy_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);  // work: linger again
+            }
+        }
+        if (!one) {
+            std::lock_guard lock(idle_mutex_);
+            polling_ = false;
+        }
+    }
+
+    /// Sleeps until an offer (S2), a recall this thread serves, stop() or `deadline`. Returns false
+    /// at once, without sleeping, when a row was pushed that no flusher popped (it may still be on
+    /// its way into its cell) or a recall waits for this thread. One sleeper at a time: the single
+    /// flusher, or the lane that holds polling_.
+    bool sleep(bool owner, std::chrono::steady_clock::time_point deadline) {
+        std::unique_lock lock(idle_mutex_);  // held from (S1) until the wait: a waker's lock waits for it
+        sleeping_.store(true, std::memory_order_seq_cst);  // (S1) pairs with (S2) through (P5)/(P6)
+        if (core_.unpopped() ||                               // (P6) pairs with (P5)
+            !running_.load(std::memory_order_acquire) ||      // (F2); stop() wakes under idle_mutex_
+            (owner && !reader_ && reads_waiting_.load(std::memory_order_acquire))) {  // (R2); recall() too
+            sleeping_.store(false, std::memory_order_relaxed);  // relaxed: nobody waits for this
+            return false;
+        }
+        wake_cv_.wait_until(lock, deadline, [this] {
+            // relaxed: a waker clears the flag before taking idle_mutex_, which this check holds
+            return !sleeping_.load(std::memory_order_relaxed) || !running_.load(std::memory_order_acquire);  // (F2)
+        });
+        sleeping_.store(false, std::memory_order_relaxed);  // relaxed: a late waker's exchange then finds false
+        return true;
+    }
+
+    /// An offer found the flusher asleep (S2). Only the caller that swaps sleeping_ back wakes it,
+    /// so a sleep costs at most one notification. Taking idle_mutex_ first means the sleeper is
+    /// either before its predicate (it finds sleeping_ false) or waiting (it gets the notify).
+    void wake_flusher() noexcept {
+        if (!sleeping_.exchange(false, std::memory_order_acq_rel)) return;  // another caller did, or it woke
+        { std::lock_guard lock(idle_mutex_); }
+        wake_cv_.notify_one();
+    }
+
+    /// Wakes the sleeper and every idle lane: stop(), or a recall the owner flusher must serve.
+    void wake_idle() {
+        {
+            std::lock_guard lock(idle_mutex_);
+            sleeping_.store(false, std::memory_order_relaxed);  // relaxed: under idle_mutex_, which the sleeper's check holds
+        }
+        wake_cv_.notify_all();
+        idle_cv_.notify_all();
     }
 
     /// The watermark moved: every waiter re-checks its row. Taking the mutex between the core's
@@ -416,11 +622,16 @@ private:
     std::atomic<std::int64_t> stop_deadline_{0};
     std::atomic<std::int64_t> lag_ns_{0};
     std::atomic<std::uint64_t> cpu_ns_{0};  // summed over the flusher threads
+    std::atomic<std::uint64_t> wakeups_{0};  // idle wake-ups, summed over the flusher threads
+    std::atomic<std::int64_t> busy_at_{0};   // steady_clock ticks of the last progress of any lane ("Idle")
     std::atomic<std::uint64_t> abandoned_at_stop_{0};
     std::function<recalled(const stored_record&)> to_recalled_;
-    std::mutex read_mutex_;
-    std::condition_variable read_done_;
-    std::deque<std::shared_ptr<read_request>> reads_;  // under read_mutex_
+    // Recall requests ("Recall requests"). Lock order: read_mutex_, then idle_mutex_; never the reverse.
+    mutable std::mutex read_mutex_;
+    std::list<std::shared_ptr<read_request>> reads_;  // queued, oldest first; under read_mutex_
+    std::unordered_map<std::string_view, std::list<std::shared_ptr<read_request>>::iterator> queued_;  // by key
+    std::size_t recall_waiters_ = 0;                   // under read_mutex_, as the statistics below
+    std::uint64_t recall_reads_ = 0, recalls_joined_ = 0, recalls_dropped_ = 0;
     std::condition_variable read_work_;                // the reader thread waits for requests
     bool reader_stop_ = false;                         // under read_mutex_
     std::unique_ptr<store> reader_;                    // store::open_reader(), used by reader_thread_ only
@@ -429,9 +640,15 @@ private:
     std::chrono::steady_clock::time_point next_prune_{};  // owner thread only
     std::atomic<std::uint64_t> pruned_records_{0}, pruned_audit_{0};
     std::vector<std::thread> threads_;
-    std::mutex idle_mutex_;  // idle lanes (lanes > 1 only): who polls
-    std::condition_variable idle_cv_;
-    bool polling_ = false;
+    // Idle ("Idle"). After the last batch, a flusher looks at the queue every idle_poll this long
+    // before it sleeps: a steady load never meets a sleeping flusher (no caller pays a wake-up, and
+    // batches fill as before), and an idle one pauses 10 ms / idle_poll times (50) once.
+    static constexpr std::chrono::milliseconds idle_linger{10};
+    alignas(64) std::atomic<bool> sleeping_{false};  // a line of its own: offer() reads it, rarely written
+    alignas(64) std::mutex idle_mutex_;   // the sleeper's check and wait; idle lanes: who polls
+    std::condition_variable wake_cv_;     // the sleeper
+    std::condition_variable idle_cv_;     // idle lanes that do not poll (lanes > 1 only)
+    bool polling_ = false;                // under idle_mutex_: a lane looks for work (lanes > 1)
 
     std::mutex mutex_;  // flusher <-> sync waiters only; never taken on the async hot path
     std::condition_variable decided_;

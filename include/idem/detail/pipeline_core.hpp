@@ -51,6 +51,10 @@
 //        also sees the store's commit of that row (it happened before, on the flusher thread of the
 //        lane that committed it, which then took mutex_).
 //   (P4) watermark_ load, acquire.
+//   (P5) next_seq_ fetch_add in push, seq_cst: pairs with (P6) and flush_pipeline's (S1)/(S2), the
+//        producer's half of the idle flusher's lost-wake-up argument (flush_pipeline.hpp, "Idle").
+//        On x86 a seq_cst RMW is the same locked instruction as a relaxed one: push costs nothing.
+//   (P6) next_seq_ load in unpopped(), seq_cst: the sleeper's half; see (P5).
 #pragma once
 
 #include <algorithm>
@@ -141,7 +145,10 @@ public:
 
     /// Enqueues a row under a reservation; returns its sequence number (> 0). Progress: lock-free.
     std::uint64_t push(store_row row) noexcept {
-        row.seq = next_seq_.fetch_add(1, std::memory_order_relaxed) + 1;  // relaxed: only uniqueness matters
+        // seq_cst (P5): the seq is unique whatever the order; seq_cst puts this RMW in the single
+        // total order with an idle flusher's (S1) and (P6), so either the flusher sees this row
+        // coming or the caller's (S2), after this push, sees the flusher asleep.
+        row.seq = next_seq_.fetch_add(1, std::memory_order_seq_cst) + 1;
         queue_.push(row);  // the reservation guarantees its cell (flush_queue.hpp)
         return row.seq;
     }
@@ -213,6 +220,13 @@ public:
     [[nodiscard]] std::uint64_t watermark() const noexcept {
         return watermark_.load(std::memory_order_acquire);  // (P4) pairs with (P3)
     }
+    /// True when a row was pushed, or is being pushed (its seq taken, its cell not yet written), that
+    /// no flusher has popped: what an idle flusher asks after declaring itself asleep (S1). A stale
+    /// popped_ (another lane's pop not yet seen) only answers true. Progress: wait-free.
+    [[nodiscard]] bool unpopped() const noexcept {
+        return next_seq_.load(std::memory_order_seq_cst) !=  // (P6) pairs with (P5)
+               popped_.load(std::memory_order_relaxed);       // relaxed: see above; this thread's own pops are seen
+    }
     /// Sequence numbers taken so far (the last one pushed or being pushed).
     [[nodiscard]] std::uint64_t issued() const noexcept {
         // relaxed: there is nothing to pair with (push's fetch_add is relaxed) and nothing to order.
@@ -250,8 +264,10 @@ public:
             retry_.clear();  // their keys stay held: nothing of those keys may be written after them
         }
         store_row row;
-        while (queue_.try_pop(row)) ++n;
-        return n;
+        std::uint64_t popped = 0;
+        while (queue_.try_pop(row)) ++popped;
+        popped_.fetch_add(popped, std::memory_order_relaxed);  // relaxed: see unpopped(); no room given back
+        return n + popped;
     }
     /// Rows popped and not yet decided: the batch (one lane), or deferred rows and jobs waiting for
     /// a retry (lanes; jobs in flight not counted). Flusher threads only.
@@ -286,9 +302,15 @@ private:
             one_.rows.push_back(row);
             ++popped;
         }
-        if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
+        if (popped != 0) note_popped(popped);
         sort_rows(one_.rows);
         one_.width = max_batch_;
+    }
+
+    /// Rows popped: their room goes back to the producers, and unpopped() counts them.
+    void note_popped(std::int64_t n) noexcept {
+        popped_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);  // relaxed: see unpopped()
+        room_.fetch_add(n, std::memory_order_release);  // (P2) pairs with (P1)
     }
 
     static void sort_rows(std::vector<store_row>& rows) {
@@ -370,7 +392,7 @@ private:
             if (held(row)) deferred_.push_back(row);
             else j->rows.push_back(row);
         }
-        if (popped != 0) room_.fetch_add(popped, std::memory_order_release);  // (P2) pairs with (P1)
+        if (popped != 0) note_popped(popped);
         if (j->rows.empty()) return nullptr;
         sort_rows(j->rows);
         for (std::size_t i = 0; i < j->rows.size(); ++i)
@@ -455,6 +477,7 @@ private:
     alignas(64) std::atomic<std::uint64_t> next_seq_{0};
     alignas(64) std::atomic<std::uint64_t> watermark_{0};
     std::atomic<std::uint64_t> rejected_count_{0};
+    std::atomic<std::uint64_t> popped_{0};  // rows taken out of the queue (flusher threads; unpopped())
 
     // Flusher-only state.
     job one_;  // the single flusher's batch (step()); lanes leave it empty
