@@ -51,9 +51,28 @@
 //       of the key), and a claim from ABSENT of a key whose last decision the simulation saw is
 //       legal only past the window (terminal) or after a rotation or the window (released). Acks,
 //       visibility and verify accept what a prune removed (the store's horizon).
-//   Each of these checks but the refusal checks has a mutation (enum mutation) that test
-//   checker_has_teeth must see fail; the refusal checks guard the engine's admission, which no
-//   mutation of the sink can break without hanging the pipeline.
+//   The rotation (rotate_if_due) under what it once got wrong:
+//     - the guard gets the durable pipeline's flush marks (set_flush_marks: issued() and decided(seq)),
+//       as durable_guard wires them, not "everything drained";
+//     - confirms racing rotations: in some seeds the guard runs on sim_atomic, whose load() is a
+//       preemption point, and a sync owner's succeed() runs on a worker thread that holds a baton
+//       (coop: one of the two threads runs at a time, so a seed still replays exactly); the owner
+//       stops between its wait and its confirm, and the confirm runs inside a rotation at a seeded
+//       re-load of an atomic (tearing a seqlock read); the client then asks for its key again. A
+//       record the rotation lets leave memory without the cold window learning it is granted
+//       again (check_grant, observe: a claim from ABSENT inside the window);
+//     - ordered versions (options.ordered_versions) in some seeds: the keys are versions of a few
+//       (txid, operation) pairs (key::compose); superseded names a newer version some begin() of
+//       the process life asked for (or recovery restored), and is never the answer while the store
+//       holds a decision of the key inside the window; a version is not granted while a newer one
+//       granted in the process life is in memory's version maps (fewer than two rotations ago);
+//     - steady load (async seeds, at the end): rows always in the queue when collect() runs, claims
+//       of new keys in a table that holds only decided records: every claim is granted (never
+//       capacity_exhausted) and rotations happen.
+//   Each of these checks but the refusal checks and the confirm race has a mutation (enum mutation)
+//   that test checker_has_teeth must see fail; the refusal checks guard the engine's admission,
+//   which no mutation of the sink can break without hanging the pipeline, and the confirm race is
+//   inside the engine (docs/testing.md records the engine mutations the seeds catch).
 //
 // Layer B (test real_pipeline): the real durable_guard and flush_pipeline threads over the same
 // fault_store; the store answers deterministically per call index but batch contents depend on
@@ -65,7 +84,7 @@
 // --no-committed-faults (IDEM_SIM_COMMITTED_FAULTS=0) to keep store::committed() healthy,
 // --teeth-all (IDEM_SIM_TEETH_ALL=1) to run every mutation of checker_has_teeth over all 200 seeds,
 // --windows=0 (IDEM_SIM_WINDOWS=0) to run the seeds without the window features (one table size,
-// retention 3 s, nothing pruned, no long pauses),
+// retention 3 s, nothing pruned, no long pauses, and none of the rotation's features), --help,
 // IDEM_SIM_DISK=sqlite|rocksdb to run sim.seeds over a real file store, IDEM_SIM_FILE_SEEDS=N for
 // the seeds of test seeds_on_file_stores (default 100 per file store).
 #include <idem/idem.hpp>
@@ -81,6 +100,8 @@
 #include <filesystem>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +118,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -106,8 +128,6 @@ using idem::begin_status;
 using idem::errc;
 using idem::record_state;
 using idem::resolution;
-using sim_guard = idem::basic_guard<std::atomic, idem::manual_clock>;
-using sim_ticket = idem::basic_ticket<std::atomic, idem::manual_clock>;
 
 // ---- determinism of the hash secret ------------------------------------------------------------------
 // The engine draws its hash secret from std::random_device, so two runs of a seed would place keys in
@@ -159,6 +179,9 @@ enum class mutation {
     /// counts pruned records): after a prune a key can be claimed again with a fence it already had.
     /// This is what durable_guard::recover does as of ce2a4e4 (docs/testing.md, section 4, finding F6).
     loaded_fence_floor,
+    /// The guard's rotation waits until every row offered so far is decided (the guard wired with
+    /// set_all_flushed(drained), the old rotation condition): a steady load starves rotation.
+    drained_marks,
 };
 const char* to_string(mutation m) {
     switch (m) {
@@ -173,6 +196,7 @@ const char* to_string(mutation m) {
         case mutation::recall_forgets: return "recall_forgets";
         case mutation::cold_dropped: return "cold_dropped";
         case mutation::loaded_fence_floor: return "loaded_fence_floor";
+        case mutation::drained_marks: return "drained_marks";
     }
     return "?";
 }
@@ -237,6 +261,135 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
     rng r(a ^ (b * 0xff51afd7ed558ccdull) ^ (c * 0xc4ceb9fe1a85ec53ull));
     return r.next();
 }
+
+// ---- interleavings inside the engine: an owner's sync confirm racing a rotation ---------------------
+// Layer A runs one thing at a time, so a scan of the table never sees a slot change under it. In
+// sync mode an owner publishes its terminal record with the unconfirmed mark, waits for its row,
+// and then confirms (clears the mark, or records that it gave up): a rotation that reads the slot
+// in between two loads of its word sees a torn snapshot. To put that interleaving in the seeds
+// without giving up determinism, some seeds instantiate the guard with `sim_atomic`, an atomic
+// whose load() is a preemption point, and run an owner's succeed() on `coop`'s worker thread, which
+// runs only while the simulation's thread waits for it (a baton: exactly one of the two runs at any
+// time, so a seed still replays exactly):
+//   1. the owner's succeed() runs on the worker until its sync wait is over (the row decided);
+//      sim_pipeline::await then hands the baton back: the owner sits between its wait and its
+//      confirm;
+//   2. the simulation runs maintenance with the preemption point armed: at a seeded re-load of an
+//      atomic the thread loaded a moment before (the validation load of a seqlock read: the owner's
+//      confirm then tears that read) the baton goes to the owner, which confirms, returns from
+//      succeed() and hands the baton back, and the rotation goes on;
+//   3. if the point was not reached, the owner confirms after maintenance;
+//   4. the client asks for its key again at once: a record the rotation let leave memory without
+//      the cold window learning it is granted again (check_grant, observe).
+// The other seeds run the guard on std::atomic, the production instantiation.
+thread_local bool t_on_worker = false;
+
+/// The baton between the simulation's thread and one worker thread (a coroutine by other means).
+class coop {
+public:
+    coop() : th_([this] { loop(); }) {}
+    ~coop() {
+        {
+            std::lock_guard l(m_);
+            stop_ = true;
+            turn_ = worker;
+        }
+        cv_.notify_all();
+        th_.join();
+    }
+    coop(const coop&) = delete;
+    coop& operator=(const coop&) = delete;
+    /// Simulation thread: runs job on the worker until it yields or ends.
+    void run(std::function<void()> job) {
+        std::unique_lock l(m_);
+        job_ = std::move(job);
+        busy_ = true;
+        pass(l, worker);
+    }
+    /// Simulation thread: lets a yielded job go on until it yields again or ends.
+    void resume() {
+        std::unique_lock l(m_);
+        if (busy_) pass(l, worker);
+    }
+    /// Simulation thread: a job has yielded and not ended.
+    [[nodiscard]] bool suspended() {
+        std::lock_guard l(m_);
+        return busy_;
+    }
+    /// Worker: hands the baton back until resume().
+    void yield() {
+        std::unique_lock l(m_);
+        pass(l, main);
+    }
+
+private:
+    enum side { main, worker };
+    void pass(std::unique_lock<std::mutex>& l, side to) {
+        turn_ = to;
+        cv_.notify_all();
+        cv_.wait(l, [&] { return turn_ != to || (to == main && stop_); });
+    }
+    void loop() {
+        t_on_worker = true;
+        std::unique_lock l(m_);
+        for (;;) {
+            cv_.wait(l, [&] { return turn_ == worker; });
+            if (stop_) return;
+            auto job = std::move(job_);
+            l.unlock();
+            job();
+            l.lock();
+            busy_ = false;
+            turn_ = main;
+            cv_.notify_all();
+        }
+    }
+    std::mutex m_;
+    std::condition_variable cv_;
+    side turn_ = main;
+    bool busy_ = false, stop_ = false;
+    std::function<void()> job_;
+    std::thread th_;
+};
+coop& the_coop() {
+    static coop c;
+    return c;
+}
+
+/// The preemption point of sim_atomic::load (simulation thread only; the worker runs only while
+/// that thread waits in coop, so these plain variables are handed over by coop's mutex).
+struct preemption {
+    bool armed = false;
+    const void* recent[12] = {};   ///< the atomics the thread loaded last
+    unsigned at = 0;
+    std::uint64_t candidates = 0;  ///< re-loads of a recent atomic seen while armed
+    std::uint64_t target = 0;      ///< the candidate at which the worker runs
+    std::function<void()> fire;
+};
+preemption g_preempt;
+
+[[gnu::noinline]] void preemption_point(const void* a) {
+    if (t_on_worker) return;
+    bool again = false;
+    for (const void* r : g_preempt.recent) again |= r == a;
+    g_preempt.recent[g_preempt.at++ % std::size(g_preempt.recent)] = a;
+    if (again && g_preempt.candidates++ == g_preempt.target) {
+        g_preempt.armed = false;
+        g_preempt.fire();
+    }
+}
+
+/// std::atomic whose load() is a preemption point (the engine's Atomic parameter, as Relacy's).
+template <class T>
+struct sim_atomic : std::atomic<T> {
+    using std::atomic<T>::atomic;
+    using std::atomic<T>::operator=;
+    sim_atomic() noexcept = default;
+    T load(std::memory_order o = std::memory_order_seq_cst) const noexcept {
+        if (g_preempt.armed) [[unlikely]] preemption_point(this);
+        return std::atomic<T>::load(o);
+    }
+};
 
 /// The run's trace: every action, in order. Printed for --seed; its hash proves a replay is exact.
 struct trace {
@@ -451,16 +604,20 @@ public:
         // The caller blocks; here the flusher runs in its place until the row is decided or
         // sync_timeout of simulated time has gone by.
         const auto deadline = clock_.now() + o_.sync_timeout;
+        auto done = [&](idem::durability_wait w) {
+            if (after_wait) after_wait();  // a racing owner stops here, before its confirm
+            return w;
+        };
         while (core_.watermark() < seq) {
             if (clock_.now() >= deadline) {
                 if (g_mutation == mutation::leaked_reservation) (void)core_.try_reserve();  // never given back
-                return idem::durability_wait::timed_out;
+                return done(idem::durability_wait::timed_out);
             }
             if (!step()) clock_.advance(1ms);  // idle_poll
         }
-        if (g_mutation == mutation::rejected_as_committed) return idem::durability_wait::committed;
-        return core_.fate(seq) == idem::detail::row_fate::rejected ? idem::durability_wait::rejected
-                                                                    : idem::durability_wait::committed;
+        if (g_mutation == mutation::rejected_as_committed) return done(idem::durability_wait::committed);
+        return done(core_.fate(seq) == idem::detail::row_fate::rejected ? idem::durability_wait::rejected
+                                                                         : idem::durability_wait::committed);
     }
     bool durable(std::uint64_t seq) const noexcept override {
         if (g_mutation == mutation::durable_lies) return true;
@@ -517,6 +674,8 @@ public:
     std::function<void(const std::string&)> on_problem;
     /// Called before every prune (the simulation notes the fences the store holds).
     std::function<void(const idem::prune_limits&)> before_prune;
+    /// Called when a sync wait ends, before await() returns to the owner (the confirm race).
+    std::function<void()> after_wait;
 
     // the flusher ----------------------------------------------------------------------------
     /// One turn of flush_pipeline::run: one step of the core, backing off on failure. True when
@@ -537,7 +696,10 @@ public:
         return true;
     }
     [[nodiscard]] bool drained() const { return core_.drained(); }
+    /// The guard's flush marks (flush_pipeline::issued and decided_through): the last sequence
+    /// number handed out, and whether every row up to seq is decided (committed or set aside).
     [[nodiscard]] std::uint64_t issued() const { return core_.issued(); }
+    [[nodiscard]] bool decided(std::uint64_t seq) const { return core_.watermark() >= seq; }
     [[nodiscard]] std::uint64_t depth() const { return core_.depth(); }
     [[nodiscard]] std::uint64_t max_depth() const { return max_depth_; }
     [[nodiscard]] std::uint64_t in_doubt() const { return core_.snapshot().commit_unknown; }
@@ -699,6 +861,14 @@ struct outcome {
     std::uint64_t old_retries = 0;       ///< begin() of a key that completed before
     std::uint64_t old_duplicates = 0;    ///< ... answered with its decision
     std::uint64_t long_pauses = 0;       ///< clock jumps of seconds to minutes (past retention or the window)
+    // the rotation's fixes
+    bool interleaved = false;            ///< the guard ran on sim_atomic
+    bool versioned = false;              ///< ordered versions
+    std::uint64_t races = 0;             ///< sync confirms that waited while maintenance ran
+    std::uint64_t races_in_rotation = 0; ///< ... that ran inside a rotation (between two loads of one atomic)
+    std::uint64_t superseded = 0;        ///< superseded answers checked
+    std::uint64_t superseded_ran = 0;    ///< ... given while the store held the key's record (violations)
+    std::uint64_t steady_runs = 0, steady_skipped = 0, steady_claims = 0, steady_collects = 0, steady_rotations = 0;
     idem::stats guard;  ///< the guards' counters, summed over the seed's process lives
 };
 
@@ -731,12 +901,26 @@ std::string show(const idem::record_view& v) {
            " outcome " + std::to_string(v.outcome);
 }
 
+template <template <class> class Atomic>
 class simulation {
+    using sim_guard = idem::basic_guard<Atomic, idem::manual_clock>;
+    using sim_ticket = idem::basic_ticket<Atomic, idem::manual_clock>;
+
 public:
-    simulation(std::uint64_t seed, bool print) : seed_(seed), r_(seed) {
+    /// The guard runs on sim_atomic: owners' sync confirms can race rotations (see coop).
+    static constexpr bool interleaved = !std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>>;
+
+    simulation(std::uint64_t seed, bool print) : seed_(seed), r_(seed), rx_(mix(seed, 0x5eed)) {
         g_entropy = seed * 0x9e3779b97f4a7c15ull | 1;  // every guard of this seed hashes the same way
         log_.print = print;
-        for (std::size_t k = 0; k < key_count; ++k) keys_.emplace_back("TX" + std::to_string(k) + "_PAY_v1");
+        // Ordered versions (options.ordered_versions): the clients' keys are versions 1 to V of a
+        // few (txid, operation) pairs, key k being version 1 + k % V of TX<k / V>_PAY. The new
+        // features draw from rx_, so the other draws of a seed stay as they were.
+        if (g_flags.windows && rx_.chance(0.25)) versions_ = 2 + rx_.below(3);
+        for (std::size_t k = 0; k < key_count; ++k)
+            remember(versions_ != 0 ? idem::key::compose("TX" + std::to_string(k / versions_), "PAY",
+                                                         static_cast<std::uint32_t>(1 + k % versions_))
+                                    : idem::key("TX" + std::to_string(k) + "_PAY_v1"));
         sync_ = r_.chance(0.5);
         // Fault mix: some seeds are calm, some stormy.
         const auto pick = [&](std::initializer_list<double> v) { return *(v.begin() + r_.below(v.size())); };
@@ -810,6 +994,17 @@ public:
         for (std::uint64_t i = 0; i < clients_; ++i) cl_[i].spinner = r_.chance(0.35);
         spin_limit_ = 16 + r_.below(240);
         spin_step_ = pick({1.0 / 32, 1.0 / 8, 0.5});
+        // The features for the rotation's fixes (docs/testing.md): confirms racing rotations in
+        // sync seeds of the interleaving engine (mostly with retention 0, so a record whose owner
+        // is confirming is old enough to leave); ordered-version seeds mostly with small tables
+        // (versions evicted into the cold window while a newer one is in memory); and in async
+        // seeds, a steady load at the end that keeps rows in the queue while rotation must go on.
+        if (interleaved && sync_ && g_flags.windows) {
+            race_rate_ = rx_.chance(0.5) ? 1.0 : 0.5;
+            if (rx_.chance(0.7)) retention_ = 0ms;
+        }
+        if (versions_ != 0 && !out_.big_store && rx_.chance(0.7)) capacity_ = 3 + rx_.below(3);
+        steady_ = g_flags.windows && !sync_;
         out_.depth_bound = po_.queue_capacity + po_.max_batch;
         std::string poison_text;
         for (std::size_t k = 0; k < nkeys_; ++k)
@@ -824,11 +1019,15 @@ public:
              " audit window " +
              (po_.audit_window == idem::forever ? std::string("forever") : std::to_string(po_.audit_window.count()) + "ms") +
              " prune every " + std::to_string(ms_of(po_.prune_interval)) + "ms (" + std::to_string(po_.prune_rows) +
-             " rows)");
+             " rows)" + (versions_ ? " versions " + std::to_string(versions_) : std::string()) +
+             (race_rate_ > 0 ? " confirm races " + std::to_string(race_rate_) : std::string()) +
+             (interleaved ? " (interleaving engine)" : ""));
         store_ = std::make_unique<fault_store>(disk_, rates_, mix(seed, 7), &log_,
                                                [this](std::chrono::nanoseconds d) { clock_.advance(d); });
         store_->set_outage([this] { return clock_.now() < outage_until_; });
         store_->set_poison(std::move(poison), std::move(declared));
+        out_.interleaved = interleaved;
+        out_.versioned = versions_ != 0;
         start();
     }
 
@@ -900,6 +1099,7 @@ private:
         std::size_t k = 0;
         std::uint64_t fence = 0;
         bool spinner = false;  ///< retries at once on backpressure
+        std::size_t next_key = no_key;  ///< the key of its next begin() (after a confirm race)
     };
 
     void problem(const std::string& p) {
@@ -913,25 +1113,25 @@ private:
                  " fence " + std::to_string(a.fence) + " (" + a.detail + ")");
     }
 
-    /// Keys 0..key_count-1 are the clients' (TXk_PAY_v1); key_count and key_count + 1 are the
-    /// liveness probe's (NEW0_PAY_v1, NEW1_PAY_v1).
+    /// Keys 0..key_count-1 are the clients' (TXk_PAY_v1, or the versions of ordered seeds);
+    /// key_count and key_count + 1 are the liveness probe's (NEW0_PAY_v1, NEW1_PAY_v1); from
+    /// load_base on, the steady load's fresh keys (LDn_PAY_v1).
+    static constexpr std::size_t load_base = key_count + 2;
     const idem::key& key(std::size_t k) {
-        while (keys_.size() <= k) keys_.emplace_back("NEW" + std::to_string(keys_.size() - key_count) + "_PAY_v1");
+        while (keys_.size() <= k) {
+            const std::size_t n = keys_.size();
+            remember(idem::key(n < load_base ? "NEW" + std::to_string(n - key_count) + "_PAY_v1"
+                                             : "LD" + std::to_string(n - load_base) + "_PAY_v1"));
+        }
         return keys_[k];
     }
-    static std::size_t index_of(std::string_view text) {
-        std::size_t base = 0, at = 2;
-        if (text.rfind("TX", 0) == 0) {
-        } else if (text.rfind("NEW", 0) == 0) {
-            base = key_count;
-            at = 3;
-        } else {
-            return no_key;
-        }
-        std::size_t n = 0, i = at;
-        for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) n = n * 10 + static_cast<std::size_t>(text[i] - '0');
-        if (i == at || text.substr(i) != "_PAY_v1" || (base == 0 && n >= key_count)) return no_key;
-        return base + n;
+    void remember(idem::key k) {
+        index_.emplace(std::string(k.view()), keys_.size());
+        keys_.push_back(std::move(k));
+    }
+    [[nodiscard]] std::size_t index_of(std::string_view text) const {
+        const auto it = index_.find(std::string(text));
+        return it == index_.end() ? no_key : it->second;
     }
     [[nodiscard]] bool poisoned(std::size_t k) const { return k < key_count && poison_[k]; }
 
@@ -942,12 +1142,16 @@ private:
         o.retention = retention_;
         o.maintenance_interval = {};
         o.on_failure = idem::failure_policy::retryable;
+        o.ordered_versions = versions_ != 0;
         o.resolve = [this](const idem::expired_claim& c) { return resolve(c); };
         return o;
     }
 
     /// A process start: pipeline, guard, recovery (durable_guard::recover), compensation.
     void start() {
+        tried_.clear();  // memory's versions die with the process; recovery restores the store's
+        granted_.clear();
+        ++life_;
         for (int attempt = 0;; ++attempt) {
             // flush_pipeline: batch ids are a random 31-bit prefix per process | a counter
             pipe_ = std::make_unique<sim_pipeline>(*store_, po_, clock_,
@@ -957,6 +1161,9 @@ private:
             pipe_->poison = [this](const idem::key& k) { return poisoned(index_of(k.view())); };
             pipe_->on_problem = [this](const std::string& p) { problem(p); };
             pipe_->before_prune = [this](const idem::prune_limits& l) { note_before_prune(l); };
+            pipe_->after_wait = [] {
+                if (t_on_worker) the_coop().yield();  // a racing owner: its wait is over, its confirm to come
+            };
             g_.emplace(guard_options(), clock_, pipe_.get(), /*defer_maintenance=*/true);
             idem::detail::guard_access::enable_cold_window(*g_, po_.window == idem::forever ? std::chrono::nanoseconds::max()
                                                                : std::chrono::nanoseconds(po_.window));
@@ -992,6 +1199,7 @@ private:
                         decided.push_back(rec);
                         return;
                     }
+                    note_restored(rec.key);
                     const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
                                                 std::chrono::milliseconds(rec.lease_until_ms), updated);
                     if (st != begin_status::acquired)
@@ -1003,6 +1211,7 @@ private:
                 for (const auto& rec : decided) {
                     const auto k = idem::key::parse(rec.key);
                     const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
+                    note_restored(rec.key);
                     const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
                                                 std::chrono::milliseconds(rec.lease_until_ms), updated);
                     if (st == begin_status::capacity_exhausted) cold.push_back(idem::detail::guard_access::cold_entry(*g_, *k, updated));
@@ -1034,7 +1243,15 @@ private:
                 if (attempt > 50) store_->set_healthy(true);
             }
         }
-        idem::detail::guard_access::set_all_flushed(*g_, [this] { return pipe_->drained(); });
+        // The rotation's durability condition, as durable_guard wires it: a mark (issued() after a
+        // passing scan) and whether the store decided every row up to it. The mutation
+        // drained_marks wires the old condition (everything offered so far decided).
+        if (g_mutation == mutation::drained_marks)
+            idem::detail::guard_access::set_all_flushed(*g_, [this] { return pipe_->drained(); });
+        else
+            idem::detail::guard_access::set_flush_marks(
+                *g_, [this] { return pipe_->issued(); }, [this](std::uint64_t seq) { return pipe_->decided(seq); });
+
         // The simulation's view of every key restarts from the store, as the new table does.
         for (auto& [k, kl] : ledger_) {
             const auto rec = disk_.get(key(k).view());
@@ -1054,9 +1271,12 @@ private:
     /// the record: a released record after a rotation (rotation evicts it, the cold window does not
     /// take it) or past the idempotency window; a terminal record only past the window (rotation
     /// gives it to the cold window, which answers from the store until then). A poison key's
-    /// records never reach the store, so for them the old rule holds: a rotation since and the
-    /// retention elapsed. A claim from ABSENT after a restart found the key's record gone (pruned, or
-    /// lost by an async crash) opens a new life when its fence is above every fence the key had.
+    /// records never reach the store, so memory is their only record: a rotation since is enough
+    /// (with a cold window, a rotation under pressure, a current generation holding
+    /// options.capacity records, evicts terminal records whatever their age). A claim from ABSENT
+    /// after a restart found the key's record gone (pruned, or lost by an async crash) opens a new
+    /// life, whatever its fence: an async claim a crash lost may have had a higher fence than the
+    /// new process gives (its fences start above the store's), and the lives merge as below.
     void observe(const idem::transition& t) {
         const std::size_t k = index_of(t.k.view());
         if (k == no_key) return problem("a transition for an unknown key");
@@ -1068,7 +1288,7 @@ private:
             problem("key " + std::to_string(k) + " claimed from ABSENT with fence " + std::to_string(t.fence) +
                     ", not above the fence " + std::to_string(kl.stored_fence) + " the store held for it");
         if (t.to == record_state::processing && t.from == record_state::absent &&
-            (kl.last != record_state::absent || (kl.reopen_next && t.fence > kl.max_fence_ever))) {
+            (kl.last != record_state::absent || kl.reopen_next)) {
             if (kl.last != record_state::absent) {
                 const bool terminal = kl.last == record_state::succeeded || kl.last == record_state::failed;
                 // Now, not t.at: the claim's time was read before a recall's latency.
@@ -1076,7 +1296,7 @@ private:
                 const bool rotated = rotations_ > kl.rotations_at;
                 const bool legal = kl.last == record_state::released ? rotated || past
                                    : !terminal                       ? false
-                                   : poisoned(k)                     ? rotated && t.at - kl.last_at >= retention_
+                                   : poisoned(k)                     ? rotated
                                                                      : past;
                 if (!legal)
                     problem("key " + std::to_string(k) + " claimed from ABSENT (fence " + std::to_string(t.fence) +
@@ -1210,7 +1430,7 @@ private:
     /// claim without them would have got: the released record's fence + 1, or the first fence of a
     /// generation above every fence the key had in this process life.
     void check_fence_after_refusal(std::size_t k, const idem::record_view& before, std::uint64_t max_fence,
-                                   const sim_guard::result_type& r) {
+                                   const typename sim_guard::result_type& r) {
         if (r.fence == 0) return;  // refused before any claim (capacity, invalid key)
         // A key memory did not know answered from the store (the cold window's recall): no claim.
         if (before.state == record_state::absent && r.status != begin_status::acquired) return;
@@ -1228,13 +1448,17 @@ private:
             case client::idle: {
                 // Some clients retry a key that completed before (after evictions, restarts, past
                 // the window): its decision must come back from memory, the cold window or the store.
-                const bool old = retry_old_ > 0 && !completed_.empty() && r_.chance(retry_old_);
-                c.k = old ? completed_[r_.below(completed_.size())] : r_.below(nkeys_);
+                // A client whose confirm raced maintenance asks for its key again at once.
+                const bool again = c.next_key != no_key;
+                const bool old = again || (retry_old_ > 0 && !completed_.empty() && r_.chance(retry_old_));
+                c.k = again ? c.next_key : old ? completed_[r_.below(completed_.size())] : r_.below(nkeys_);
+                c.next_key = no_key;
                 out_.old_retries += old;
                 const idem::key& k = key(c.k);
                 idem::record_view before = g_->query(k);
                 std::uint64_t issued = pipe_->issued();
                 const std::uint64_t max_fence = ledger_[c.k].max_fence;  // before this claim is offered
+                if (versions_ != 0) tried_[c.k / versions_].insert(version_of(c.k));  // its step comes first
                 auto r = g_->begin(k, 77 + c.k);
                 std::uint64_t spins = 0;
                 for (; r.status == begin_status::backpressure; ++spins) {
@@ -1263,8 +1487,10 @@ private:
                     problem("key " + std::to_string(c.k) + ", which the store can hold, answered invalid_key");
                 }
                 if (old && (r.status == begin_status::succeeded || r.status == begin_status::failed)) ++out_.old_duplicates;
+                if (r.status == begin_status::superseded) check_superseded(c.k, r.outcome);
                 if (r.status == begin_status::acquired) {
                     check_grant(c.k, r.fence);
+                    check_version_order(c.k, r.fence);
                     c.t.emplace(std::move(r.ticket));
                     c.fence = r.fence;
                     c.st = client::holding;
@@ -1312,7 +1538,8 @@ private:
                 const idem::key& k = key(c.k);
                 idem::record_view before = g_->query(k);
                 std::uint64_t issued = pipe_->issued();
-                auto ec = c.t->succeed(outcome_of(c.k));
+                const bool race = race_rate_ > 0 && rx_.chance(race_rate_);
+                auto ec = race ? raced_succeed(c) : c.t->succeed(outcome_of(c.k));
                 std::uint64_t spins = 0;
                 for (; ec == errc::backpressure; ++spins) {  // the ticket stays valid: retry
                     check_refusal(c.k, before, issued, "succeed");
@@ -1334,6 +1561,10 @@ private:
                 }
                 c.t.reset();
                 c.st = client::idle;
+                if (race) {  // the duplicate that finds a record the rotation lost
+                    c.next_key = c.k;
+                    client_step(i);
+                }
                 break;
             }
         }
@@ -1344,6 +1575,85 @@ private:
         const bool rotated = g_->collect();
         rotations_ += rotated;
         log_("maintain: compensated " + std::to_string(n) + (rotated ? ", rotated" : ""));
+    }
+
+    /// Sync mode, the confirm race (see coop): the owner's succeed() runs on the worker until its
+    /// wait is over; maintenance runs with the preemption point armed, so the owner's confirm may
+    /// land inside a rotation's read of its slot; then the owner finishes.
+    std::error_code raced_succeed(client& c) {
+        coop& co = the_coop();
+        std::error_code ec;
+        co.run([&] { ec = c.t->succeed(outcome_of(c.k)); });
+        if (!co.suspended()) return ec;  // refused before any wait (backpressure, stale, busy)
+        ++out_.races;
+        const std::size_t n = g_->compensate();
+        g_preempt = {};
+        g_preempt.target = rx_.below(std::max<std::uint64_t>(4, race_span_));
+        bool fired = false;
+        g_preempt.fire = [&] {
+            fired = true;
+            co.resume();  // the owner confirms between two loads of this thread
+        };
+        g_preempt.armed = true;
+        const bool rotated = g_->collect();
+        g_preempt.armed = false;
+        if (!fired) race_span_ = std::max<std::uint64_t>(4, g_preempt.candidates);
+        rotations_ += rotated;
+        out_.races_in_rotation += fired && rotated;
+        log_("maintain while key " + std::to_string(c.k) + "'s owner confirms: compensated " + std::to_string(n) +
+             (rotated ? ", rotated" : "") + (fired ? ", the confirm ran at re-load " + std::to_string(g_preempt.target)
+                                                   : ", the confirm came after"));
+        if (co.suspended()) co.resume();
+        return ec;
+    }
+
+    [[nodiscard]] std::uint64_t version_of(std::size_t k) const { return 1 + k % versions_; }
+    /// Recovery restores a record: its version goes into memory's map with it (the store knows it).
+    void note_restored(std::string_view text) {
+        const std::size_t k = index_of(text);
+        if (versions_ != 0 && k < key_count) tried_[k / versions_].insert(version_of(k));
+    }
+
+    /// Ordered versions: a superseded answer names a newer version of the key's (txid, operation)
+    /// that a begin() of this process life asked for, and is never given while the store holds a
+    /// decision of the key inside the idempotency window: a duplicate of a version
+    /// that ran must get its recorded answer ("not executed" for a charge that ran would have it
+    /// charged again by other means).
+    void check_superseded(std::size_t k, std::uint64_t newest) {
+        ++out_.superseded;
+        if (versions_ == 0 || k >= key_count) return problem("key " + std::to_string(k) + " without versions answered superseded");
+        const std::uint64_t v = version_of(k);
+        if (newest <= v || tried_[k / versions_].count(newest) == 0)
+            problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") superseded by version " +
+                    std::to_string(newest) + ", which no begin() of this process life asked for");
+        // A claim or released record in the store may lag memory (async), where the key can be
+        // released and then superseded; a decision is final inside the window.
+        if (poisoned(k)) return;  // its rows never reach the store
+        const auto rec = disk_.get(key(k).view());
+        if (!rec || (rec->state != record_state::succeeded && rec->state != record_state::failed)) return;
+        if (past_window(po_.window, rec->updated_ms, ms_of(clock_.now()))) return;
+        ++out_.superseded_ran;
+        problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") answered superseded by version " +
+                std::to_string(newest) + " while the store holds its " + idem::to_string(rec->state) + " record (fence " +
+                std::to_string(rec->fence) + ", updated " + std::to_string(rec->updated_ms) + " ms, now " +
+                std::to_string(ms_of(clock_.now())) + " ms) inside the idempotency window");
+        dump_trail(k);
+    }
+
+    /// Ordered versions: a claim of version N is not granted while a claim of a newer version M
+    /// granted in this process life is still in memory's version maps: M's map (the generation
+    /// current at its grant) is recycled only by the second rotation after it.
+    void check_version_order(std::size_t k, std::uint64_t fence) {
+        if (versions_ == 0 || k >= key_count) return;
+        const std::uint64_t v = version_of(k);
+        auto& granted = granted_[k / versions_];
+        for (const auto& [m, at] : granted)
+            if (m > v && rotations_ - at < 2)
+                problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") granted (fence " +
+                        std::to_string(fence) + ") although version " + std::to_string(m) +
+                        " of its txid was granted " + std::to_string(rotations_ - at) +
+                        " rotations ago in this process life");
+        granted[v] = rotations_;
     }
 
     /// Liveness, after an outage ends and at the end of the run: with the store healthy and
@@ -1389,6 +1699,63 @@ private:
         }
         problem("liveness: no key acquired within 20 s with the store healthy (last answer " +
                 std::string(idem::to_string(last)) + ", queue depth " + std::to_string(pipe_->depth()) + ")");
+    }
+
+    /// Async seeds, at the end (every claim decided, the store healthy): a steady load. Each round:
+    /// maintenance while rows of the round before are still in the queue (it is never empty when
+    /// collect() runs), the flusher's turns down to a small backlog, a claim of a key the table has
+    /// never seen, its effect, its success (queued, not yet flushed). Memory holds only decided
+    /// records, whose rows the store decides a round or two later, so rotation must keep making
+    /// room: every claim is granted (never capacity_exhausted) and rotations happen. A guard that
+    /// waits for an empty queue before it rotates fails here (mutation drained_marks).
+    void steady_load() {
+        for (const auto& [k, kl] : ledger_)
+            if (g_->query(key(k)).state == record_state::processing) {
+                ++out_.steady_skipped;  // a claim in memory may hold a rotation back: not this check's case
+                log_("steady load skipped: key " + std::to_string(k) + " is claimed");
+                return;
+            }
+        const std::uint64_t rounds = 8 * capacity_ + 16;
+        const std::uint64_t backlog = std::min<std::uint64_t>(rx_.below(3), po_.queue_capacity - 2);
+        const std::uint64_t rotations_before = rotations_;
+        log_("steady load: " + std::to_string(rounds) + " new keys, backlog " + std::to_string(backlog));
+        ++out_.steady_runs;
+        for (std::uint64_t n = 0; n < rounds; ++n) {
+            if (n > 0) {
+                if (pipe_->depth() == 0) problem("steady load: the queue was empty at maintenance");
+                ++out_.steady_collects;
+            }
+            maintain();
+            for (int s = 0; s < 100 && pipe_->depth() > backlog; ++s) pipe_->step();
+            clock_.advance(std::chrono::milliseconds(rx_.below(20)));
+            const std::size_t k = load_base + loads_++;
+            auto r = g_->begin(key(k));
+            for (int s = 0; s < 100 && r.status == begin_status::backpressure; ++s) {
+                pipe_->step();
+                r = g_->begin(key(k));
+            }
+            if (r.status != begin_status::acquired) {
+                problem("liveness: steady load: a new key answered " + std::string(idem::to_string(r.status)) +
+                        " after " + std::to_string(n) + " claims and " + std::to_string(rotations_ - rotations_before) +
+                        " rotations (every record in memory decided, queue depth " + std::to_string(pipe_->depth()) + ")");
+                return;
+            }
+            ++out_.steady_claims;
+            check_grant(k, r.fence);
+            ack(k, record_state::processing, r.fence);
+            ledger_[k].executed.push_back({r.fence});
+            std::error_code ec;
+            for (int s = 0; s < 100; ++s) {
+                ec = r.ticket.succeed(outcome_of(k));
+                if (ec != errc::backpressure && ec != errc::busy) break;
+                pipe_->step();
+            }
+            if (ec) return problem("steady load: succeed() of key " + std::to_string(k) + ": " + ec.message());
+            ack(k, record_state::succeeded, r.fence);
+        }
+        const std::uint64_t rotated = rotations_ - rotations_before;
+        out_.steady_rotations += rotated;
+        if (rotated == 0) problem("liveness: steady load: no rotation in " + std::to_string(rounds) + " rounds");
     }
 
     /// Is the acknowledged transition (or a later one of the key) in the store?
@@ -1501,6 +1868,8 @@ private:
             g_->compensate();
             for (int n = 0; n < 1000 && !pipe_->drained(); ++n) pipe_->step();
         }
+        if (steady_) steady_load();
+        for (int n = 0; n < 1000 && !pipe_->drained(); ++n) pipe_->step();
         if (!pipe_->drained()) problem("the pipeline did not drain after the store healed");
         if (sync_) sweep();
         check_acks(false);
@@ -1565,6 +1934,7 @@ private:
 
     std::uint64_t seed_;
     rng r_;
+    rng rx_;  ///< the draws of the features added with the rotation's fixes (versions, races, steady load)
     trace log_;
     bool sync_ = false;
     fault_rates rates_;
@@ -1574,7 +1944,8 @@ private:
     std::chrono::nanoseconds outage_until_{0};
     bool outage_active_ = false;  ///< an outage began and the probe after its end has not run yet
     std::uint64_t rotations_ = 0;  ///< rotations so far, over every process life
-    std::deque<idem::key> keys_;   ///< by index: the clients' keys, then the probes'
+    std::deque<idem::key> keys_;   ///< by index: the clients' keys, then the probes', then the steady load's
+    std::unordered_map<std::string, std::size_t> index_;  ///< a key's index in keys_
     bool poison_[key_count] = {};   ///< the store can never take the key's rows
     bool declared_[key_count] = {}; ///< ... and store::accepts says so
     std::uint64_t spin_limit_ = 0, probes_ = 0;
@@ -1595,12 +1966,30 @@ private:
     std::size_t nkeys_ = 12, capacity_ = 8;
     std::chrono::milliseconds retention_ = 3s;
     double retry_old_ = 0, pause_rate_ = 0;
+    // the rotation's fixes
+    std::uint64_t versions_ = 0;  ///< ordered versions: versions per (txid, operation); 0: off
+    double race_rate_ = 0;        ///< sync: the share of succeed() calls whose confirm races maintenance
+    bool steady_ = false;         ///< async: a steady load at the end (rotation under a non-empty queue)
+    std::uint64_t loads_ = 0;     ///< the steady load's keys so far
+    std::uint64_t race_span_ = 16;  ///< the candidates of the last armed rotation that did not fire
+    std::uint64_t life_ = 0;        ///< the process life (incarnation) the version model is about
+    /// Ordered versions, per txid: the versions begin() was called with in this process life (a
+    /// version counts from its step, even when refused), and the rotation count at each grant.
+    std::map<std::size_t, std::set<std::uint64_t>> tried_;
+    std::map<std::size_t, std::map<std::uint64_t, std::uint64_t>> granted_;
     std::vector<std::size_t> completed_;  ///< keys with a terminal transition, in the order they got one
     bool completed_flag_[key_count] = {};
     outcome out_;
 };
 
-outcome run_seed(std::uint64_t seed, bool print) { return simulation(seed, print).run(); }
+/// The seeds whose guard runs on sim_atomic (confirms racing rotations in their sync runs); the
+/// others run the production instantiation (std::atomic).
+bool interleaved_seed(std::uint64_t seed) { return g_flags.windows && rng(mix(seed, 0x1a7e)).chance(0.4); }
+
+outcome run_seed(std::uint64_t seed, bool print) {
+    if (interleaved_seed(seed)) return simulation<sim_atomic>(seed, print).run();
+    return simulation<std::atomic>(seed, print).run();
+}
 
 // ---- layer A ---------------------------------------------------------------------------------------
 TEST(sim, seeds) {
@@ -1617,6 +2006,8 @@ TEST(sim, seeds) {
     std::uint64_t sync_seeds = 0, poison_seeds = 0, depth_at_bound = 0;
     outcome w;  // the two windows' counters, summed
     std::uint64_t short_window_seeds = 0, audit_seeds = 0, big_seeds = 0;
+    outcome x;  // the rotation's fixes, summed
+    std::uint64_t interleaved_seeds = 0, race_seeds = 0, versioned_seeds = 0;
     idem::stats gs;
     std::uint64_t first_failure = 0;
     for (std::uint64_t s = g_flags.first; s < g_flags.first + g_flags.seeds; ++s) {
@@ -1669,6 +2060,18 @@ TEST(sim, seeds) {
         w.old_retries += o.old_retries;
         w.old_duplicates += o.old_duplicates;
         w.long_pauses += o.long_pauses;
+        x.races += o.races;
+        x.races_in_rotation += o.races_in_rotation;
+        x.superseded += o.superseded;
+        x.superseded_ran += o.superseded_ran;
+        x.steady_runs += o.steady_runs;
+        x.steady_skipped += o.steady_skipped;
+        x.steady_claims += o.steady_claims;
+        x.steady_collects += o.steady_collects;
+        x.steady_rotations += o.steady_rotations;
+        interleaved_seeds += o.interleaved;
+        race_seeds += o.races != 0;
+        versioned_seeds += o.versioned;
         add(gs, o.guard);
         if (!o.ok) {
             if (failed++ == 0) first_failure = s;
@@ -1735,6 +2138,17 @@ TEST(sim, seeds) {
                 static_cast<unsigned long long>(w.old_retries), static_cast<unsigned long long>(w.old_duplicates),
                 static_cast<unsigned long long>(w.long_pauses), static_cast<unsigned long long>(w.window_reopened),
                 static_cast<unsigned long long>(w.grant_checks));
+    std::printf("[ sim     ] rotation: %llu seeds on the interleaving engine, %llu of them with %llu sync confirms "
+                "racing maintenance (%llu ran inside a rotation, between two loads of one atomic); %llu seeds with "
+                "ordered versions, %llu superseded answers checked (%llu while the store held the key's record); "
+                "steady load in %llu async seeds (%llu skipped: a claim in memory): %llu new keys granted, %llu "
+                "collects with rows in the queue, %llu rotations\n",
+                static_cast<unsigned long long>(interleaved_seeds), static_cast<unsigned long long>(race_seeds),
+                static_cast<unsigned long long>(x.races), static_cast<unsigned long long>(x.races_in_rotation),
+                static_cast<unsigned long long>(versioned_seeds), static_cast<unsigned long long>(x.superseded),
+                static_cast<unsigned long long>(x.superseded_ran), static_cast<unsigned long long>(x.steady_runs),
+                static_cast<unsigned long long>(x.steady_skipped), static_cast<unsigned long long>(x.steady_claims),
+                static_cast<unsigned long long>(x.steady_collects), static_cast<unsigned long long>(x.steady_rotations));
 }
 
 // The same seeds over real file stores as the disk: every fault, crash, recovery and check of
@@ -1769,7 +2183,9 @@ TEST(sim, seeds_on_file_stores) {
 }
 
 TEST(sim, a_seed_replays_exactly) {
-    for (std::uint64_t s : {3ull, 42ull, 977ull}) {
+    // 147: the interleaving engine, sync, ordered versions, confirms racing rotations (the worker
+    // thread's baton must not make a run depend on thread timing).
+    for (std::uint64_t s : {3ull, 42ull, 147ull, 977ull}) {
         const outcome a = run_seed(s, false), b = run_seed(s, false);
         EXPECT_EQ(a.trace_hash, b.trace_hash) << "seed " << s << " did not replay exactly";
         EXPECT_EQ(a.steps, b.steps);
@@ -1782,7 +2198,8 @@ TEST(sim, checker_has_teeth) {
     // ones through the check written for that bug (the problem text names it).
     struct case_ {
         mutation m;
-        const char* check;  ///< a phrase of the problem the check reports; nullptr: any problem
+        const char* check;     ///< a phrase of the problem the check reports; nullptr: any problem
+        bool windows = false;  ///< only the window features' seeds can show it (--windows=0 skips it)
     };
     for (const case_ c : {case_{mutation::lying_resolver, nullptr}, case_{mutation::dropped_row, nullptr},
                           case_{mutation::durable_lies, "durable before visible"},
@@ -1792,7 +2209,15 @@ TEST(sim, checker_has_teeth) {
                           case_{mutation::oversized_queue, "queue depth"},
                           case_{mutation::recall_forgets, "while the store holds its"},
                           case_{mutation::cold_dropped, "while the store holds its"},
-                          case_{mutation::loaded_fence_floor, "not above the fence"}}) {
+                          case_{mutation::loaded_fence_floor, "not above the fence", true},
+                          case_{mutation::drained_marks, "steady load", true},
+                          // with ordered versions, a recall that forgets makes a version that ran look
+                          // never run: superseded while the store holds its decision
+                          case_{mutation::recall_forgets, "answered superseded", true}}) {
+        if (c.windows && !g_flags.windows) {
+            std::printf("[ sim     ] mutation %s: skipped (--windows=0)\n", to_string(c.m));
+            continue;
+        }
         // By default each mutation stops at the first seed its check catches (the CI budget);
         // --teeth-all runs all 200 seeds and reports how many fail.
         g_mutation = c.m;
@@ -1914,6 +2339,45 @@ TEST(sim, released_record_evicted_by_rotation_and_claimed_again_is_a_legal_reope
     EXPECT_GT(trail[2].fence, trail[0].fence) << "the reopening claim's fence rises";
 }
 
+// Finding F8 (docs/testing.md, section 4): rotate_if_due takes its durability mark as
+// max(1, issued()), so a pipeline that has offered no row yet (a restarted process whose traffic is
+// all duplicates of keys in the cold window, each recalled into memory) never has row 1 decided:
+// the table fills with recalled records, never rotates, and a new key answers capacity_exhausted
+// for as long as nothing else offers a row (nothing can: new claims are the refused ones). Nothing
+// offered means nothing to wait for.
+TEST(sim, a_guard_that_offered_no_row_still_rotates) {
+    idem::memory_store disk;
+    idem::manual_clock clock;
+    const auto opts = [](std::size_t capacity) {
+        idem::options o;
+        o.capacity = capacity;
+        o.retention = 0s;
+        o.maintenance_interval = {};
+        return o;
+    };
+    std::vector<idem::key> old;
+    for (int i = 0; i < 6; ++i) old.emplace_back("TX" + std::to_string(i) + "_PAY_v1");
+    {
+        idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::make_unique<scripted_store>(disk), opts(16), {}, clock);
+        for (const auto& k : old) {
+            auto r = g->begin(k);
+            ASSERT_EQ(r.status, begin_status::acquired);
+            ASSERT_FALSE(r.ticket.succeed(1));
+        }
+        ASSERT_TRUE(g.flush(10s));
+    }
+    clock.advance(1s);
+    // Restart: with retention 0 every decided record goes to the cold window.
+    idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::make_unique<scripted_store>(disk), opts(2), {}, clock);
+    for (const auto& k : old) EXPECT_EQ(g->begin(k).status, begin_status::succeeded) << k.view();  // recalled
+    bool rotated = false;
+    for (int i = 0; i < 4; ++i) rotated |= g->collect();
+    auto r = g->begin(idem::key("NEW_PAY_v1"));
+    EXPECT_TRUE(rotated) << "a table of recalled (decided) records did not rotate: no row was ever offered";
+    EXPECT_EQ(r.status, begin_status::acquired) << "a new key after a restart whose traffic was all duplicates: "
+                                                << idem::to_string(r.status);
+}
+
 // ---- layer B: the real pipeline ----------------------------------------------------------------
 // The real durable_guard (flush_pipeline thread, recovery, compensation at start) over fault_store.
 // Several threads claim, execute (ledger), and complete; then the store "dies" (the flusher gives up
@@ -2007,6 +2471,19 @@ TEST(sim, real_pipeline) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0)
+            std::printf("sim_test: deterministic simulation of idem (docs/testing.md, section 4)\n"
+                        "  --seeds=N              seeds of sim.seeds (IDEM_SIM_SEEDS, default 1000)\n"
+                        "  --first=S              first seed (IDEM_SIM_FIRST, default 1)\n"
+                        "  --seed=S               replay one seed with its full trace (IDEM_SIM_SEED)\n"
+                        "  --real-seeds=N         seeds of sim.real_pipeline (IDEM_SIM_REAL_SEEDS, default 8)\n"
+                        "  --no-committed-faults  keep store::committed() healthy (IDEM_SIM_COMMITTED_FAULTS=0)\n"
+                        "  --teeth-all            every mutation of sim.checker_has_teeth over 200 seeds (IDEM_SIM_TEETH_ALL=1)\n"
+                        "  --windows=0            no window features (and none of the rotation's: versions, confirm\n"
+                        "                         races, steady load) (IDEM_SIM_WINDOWS=0)\n"
+                        "  IDEM_SIM_DISK=sqlite|rocksdb, IDEM_SIM_FILE_SEEDS=N: the seeds over a real file store\n"
+                        "  long runs: --gtest_filter=sim.seeds --first=S --seeds=N (about 1,000 seeds a second)\n\n");
     ::testing::InitGoogleTest(&argc, argv);
     g_flags.seeds = env_or("IDEM_SIM_SEEDS", g_flags.seeds);
     g_flags.first = env_or("IDEM_SIM_FIRST", g_flags.first);

@@ -664,7 +664,10 @@ public:
             }
         }
         // Every record read above was offered to the sink before it was published (see above).
-        if (mark_.epoch != epoch || mark_.seq == 0) mark_ = {epoch, std::max<std::uint64_t>(1, marks.issued())};
+        // A sink that has offered nothing yet has issued() == 0: that mark is decided at once (a
+        // guard whose every request since a restart was a duplicate answered from the store must
+        // still rotate; a mark of 1 would wait for a row that may never come).
+        if (!mark_.taken || mark_.epoch != epoch) mark_ = {epoch, marks.issued(), true};
         if (!marks.decided(mark_.seq)) {
             count(c_rotation_blocked);
             return false;
@@ -702,10 +705,16 @@ public:
                 if (!evictable(snap)) return false;  // a late claim by a stale thread: try again later
                 // The rule this pass keeps, whatever the interleaving: a terminal record leaves
                 // memory only once the cold window holds its key. The filter has no false
-                // negatives, so a key it cannot contain was not added above: keep it.
+                // negatives, so a key it cannot contain was not added above: add it now. (Stopping
+                // here instead would not keep it findable: positions freed earlier in this pass end
+                // the probe sequences that led to it.) Only when the filter has no memory for it
+                // does the pass stop, the record kept.
                 if (cold_ != nullptr && is_terminal(state_word::state(snap.word)) && !cold_->may_contain(snap.lo, snap.hi)) {
-                    count(c_rotation_blocked);
-                    return false;
+                    const window_filter::entry late[] = {{snap.lo, snap.hi, snap.updated}};
+                    if (!cold_->add(late)) {
+                        count(c_rotation_blocked);
+                        return false;
+                    }
                 }
                 const std::uint64_t inc = state_word::incarnation(snap.word) + 1;
                 std::uint64_t expected = snap.word;
@@ -1479,7 +1488,8 @@ private:
     std::mutex rotate_mutex_;  // rotation only; never taken on the hot path
     struct flush_mark {
         std::uint64_t epoch = 0;
-        std::uint64_t seq = 0;  ///< 0: none taken in this epoch
+        std::uint64_t seq = 0;
+        bool taken = false;  ///< a mark was taken in `epoch`
     };
     flush_mark mark_;  ///< under rotate_mutex_: rotate_if_due's durability mark for the previous generation
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
