@@ -6,9 +6,13 @@
 // window may run again. --audit-window: audit rows older than this go (default: forever, kept).
 // DUR is a whole number and a unit: 500ms, 90s, 30m, 36h, 7d; --audit-window also takes "forever".
 // The bounds are computed once, at start (now - window), so a prune that takes a while does not
-// chase rows written meanwhile. SQLite: the store takes the file's writer lock, so it is refused
-// (store_unavailable, exit 3) while a guard writes the file; prune from that guard
-// (store_options::prune_interval) instead. See docs/stores.md, "Pruning".
+// chase rows written meanwhile. "now" is this machine's wall clock (system_clock): the tool has no
+// guard, whose clock (mapped to wall time when it started) is what the stored times and a guard's
+// own prune use. After a suspend or a wall-clock step forward the two differ by the step, so a
+// --window no longer than the guards' could remove records a guard still holds in its window; give
+// it a margin (docs/stores.md, "Which clock judges the window"). SQLite: the store takes the file's
+// writer lock, so it is refused (store_unavailable, exit 3) while a guard writes the file; prune
+// from that guard (store_options::prune_interval) instead. See docs/stores.md, "Pruning".
 // Exit codes: 0 pruned, 2 bad command line, 3 the store could not be pruned.
 #include <charconv>
 #include <chrono>
@@ -39,6 +43,7 @@ int run_prune(const prune_config& c) {
     const store_spec spec = *parse_store(c.store);
     const auto window = *parse_duration(c.window, false);
     const auto audit_window = *parse_duration(c.audit_window, true);
+    // The wall clock: there is no guard clock here (top of file).
     const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();

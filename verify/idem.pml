@@ -23,7 +23,14 @@
  *     recovers the record from the store (durable_guard::recover) and lets one caller retry the key;
  *   - the downstream system where the effect happens. It survives crashes. With FENCED it honours
  *     the fencing token the way the seed's checkTxStatus + fenced write does: a resolver that answers
- *     "not executed" for fence f closes the downstream to fences <= f.
+ *     "not executed" for fence f closes the downstream to fences <= f;
+ *   - with ROTATION: a generation rotation with a cold window (engine::rotate_if_due): a rotator that
+ *     scans, waits for the flush marks, reads the slot for the window's filter with the seqlock read
+ *     (two reads of the word, anything may happen between them: a torn read), adds a terminal record
+ *     to the filter, and in its eviction pass recycles the slot (the key leaves memory); the owner's
+ *     give-up after a sync wait that timed out passes through `completing` (engine::confirm), which
+ *     the rotator may read; a begin() that misses the key in memory asks the filter, and the store
+ *     (transition_sink::recall) when the filter may hold it.
  *
  * The resolver is truthful: it answers from the downstream's state at the moment it is asked
  * (effect happened -> succeeded; not happened -> not_executed), or "unknown" (it may always say it
@@ -39,11 +46,16 @@
  *               as it is published. Must break durable_before_visible.
  *   CLEAR_ON_TIMEOUT=1  an owner whose wait for its terminal row times out clears the mark instead
  *               of setting the gave-up flag. Must break durable_before_visible.
+ *   ROTATION=1  the rotator above (sync mode, no crash). Two rules of rotate_if_due, each can be
+ *               turned off: TORN_SKIP=1, the filter pass skips a torn read instead of reading again;
+ *               EVICT_CHECK=0, the eviction pass recycles a terminal record the filter does not
+ *               hold (instead of adding it first). Both off is the defect fixed in e3023e5 and
+ *               0f0633c: must break no_grant_after_decision; so must EVICT_CHECK=0 alone.
  *   TRIES, QN   begin attempts per worker (1), queue rows (3); two workers at first, one after
  *               a restart (the caller who retries the key)
  *
  * Properties (ltl blocks at the end): at_most_once, no_stale_completion, acked_durable,
- * durable_before_visible.
+ * durable_before_visible, no_grant_after_decision (ROTATION).
  */
 
 #ifndef SYNC
@@ -70,6 +82,15 @@
 #ifndef CLEAR_ON_TIMEOUT
 #define CLEAR_ON_TIMEOUT 0
 #endif
+#ifndef ROTATION
+#define ROTATION 0
+#endif
+#ifndef TORN_SKIP
+#define TORN_SKIP 0
+#endif
+#ifndef EVICT_CHECK
+#define EVICT_CHECK 1
+#endif
 
 /* slot states (slot_state in slot.hpp; VACANT doubles as "no record" in the store). The transient
    states claiming / completing are not separate here: each atomic step below is one CAS on the
@@ -90,15 +111,19 @@
 #define W_ACKED     2   /* begin() answered acquired */
 #define W_RAN       3   /* executed the effect, or decided not to */
 #define W_COMPLETED 4   /* sync: completion recorded and queued, waiting for its commit */
+#define W_GIVING_UP 5   /* ROTATION: the owner's give-up holds `completing` (engine::confirm) */
 
 /* resolver verdicts */
 #define R_SUCCEEDED    0
 #define R_NOT_EXECUTED 1
 #define R_UNKNOWN      2
 
+/* ROTATION: memory does not hold the key (evicted), the cold window's filter does, and the store
+   has a record that recall() installs (processing, succeeded, failed): no claim */
+#define RECALLED (st == VACANT && in_filter && (db_st == PROCESSING || TERMINAL(db_st)))
 /* the slot can be claimed; the slot holds worker i's claim; compensation's claim is still there,
    still expired (the lease re-check under `completing`) */
-#define CLAIMABLE (st == VACANT || st == RELEASED || (RECLAIM && st == PROCESSING && expired))
+#define CLAIMABLE ((st == VACANT && !RECALLED) || st == RELEASED || (RECLAIM && st == PROCESSING && expired))
 #define MINE(i) (st == PROCESSING && fence == wf[i])
 #define EXPIRED_CLAIM (st == PROCESSING && fence == cf && expired)
 
@@ -124,6 +149,11 @@ bool expired = false;     /* the current claim's lease has run out */
    and the gave-up flag (the owner's wait timed out) */
 byte upos = 0;
 bool gaveup = false;
+/* ROTATION: the word shows `completing` while an owner records that it gave up (engine::confirm's
+   second CAS); the key is in the cold window's filter (window_filter: no false negatives, and the
+   window outlasts the model's runs) */
+bool trans = false;
+bool in_filter = false;
 
 /* ---- threads' progress (global, so that a crash can wipe it in one step) --------------------- */
 byte wpc[2];              /* worker program counters */
@@ -132,7 +162,8 @@ byte wpend[2];            /* rows in the queue up to and including the worker's 
 byte wtries[2];           /* begin() calls left */
 bool wexec[2];            /* the worker executed the effect */
 byte cpc = 0;             /* compensation: 0 scanning, 1 holding a resolver's answer, 2 (sync) waiting
-                             for the commit of the terminal state it recorded */
+                             for the commit of the terminal state it recorded, 3 (ROTATION) its
+                             give-up holds `completing` */
 byte cf = 0;              /* compensation: the fence of the claim it asked about */
 bool cd = false;          /* compensation: the claim was already marked in doubt */
 byte verdict = 0;         /* compensation: the resolver's answer */
@@ -156,6 +187,8 @@ byte ack_rank = 0;
 bool lost_ack = false;    /* a crash lost an acknowledged transition */
 bool shown_undurable = false;  /* a duplicate was answered succeeded / failed while the store did not
                                   hold that terminal state for that fence */
+bool decided = false;     /* ROTATION: a terminal state (succeeded / failed) was published */
+bool regranted = false;   /* ROTATION: a claim was granted after that */
 byte crashes = 0;
 /* witnesses that the interesting paths are reachable (the runner expects each reach_* claim to be
    violated: a property that holds only because its situation never happens proves nothing). They
@@ -173,6 +206,11 @@ bool w_recovered = false;     /* a restart recovered a PROCESSING record */
 bool w_hidden = false;        /* a duplicate met a terminal state not yet durable: in_progress */
 bool w_gave_up = false;       /* ... after its owner gave up waiting for the commit: in_doubt */
 bool w_marked_shown = false;  /* a duplicate met the mark on a row already durable: shows the record */
+bool w_torn = false;          /* ROTATION: the filter pass's read of the slot was torn */
+bool w_read_giving_up = false;  /* ROTATION: the filter pass read the give-up's `completing` */
+bool w_evicted = false;       /* ROTATION: a terminal record left memory */
+bool w_late_added = false;    /* ROTATION: the eviction pass added a key the filter pass missed */
+bool w_recalled = false;      /* ROTATION: a begin() that missed memory was answered from the store */
 
 inline acknowledge(f, r) {
   if
@@ -212,6 +250,28 @@ inline give_up(f) {
   fi
 }
 
+/* ROTATION: the give-up in its two steps, as engine::confirm does it: CAS marked -> completing
+   (`trans`), then the gave-up flag and the marked word again. Without ROTATION it is the one step
+   give_up above. */
+inline give_up_enter(f, pc, giving) {
+  if
+  :: TERMINAL(st) && fence == f && doubt && !trans -> trans = true; pc = giving
+  :: else -> skip
+  fi
+}
+inline give_up_leave() {
+  trans = false; gaveup = true
+}
+
+/* ROTATION ghost: a terminal state is published */
+inline decide(s) {
+#if ROTATION
+  if :: TERMINAL(s) -> decided = true :: else -> skip fi
+#else
+  skip
+#endif
+}
+
 /* Sync mode: publish terminal state `to` with the unconfirmed mark, its row being the last in the
    queue (engine::complete: offer, then the marked word); other states carry no mark. */
 inline mark(to) {
@@ -239,6 +299,7 @@ end_worker:
           :: else -> skip
           fi;
           fence = fence + 1; wf[i] = fence; st = PROCESSING; doubt = false; expired = false; granted = fence;
+          if :: decided -> regranted = true; printf("MSC: worker %d is granted the key after its decision\n", i) :: else -> skip fi;
           offer(PROCESSING, fence); wpend[i] = len(q);
           printf("MSC: worker %d claims the key, fence %d\n", i, fence);
 #if SYNC
@@ -247,15 +308,24 @@ end_worker:
           acknowledge(wf[i], 1); wpc[i] = W_ACKED
 #endif
        :: !CLAIMABLE || full(q) ->   /* in_progress, duplicate, in_doubt, backpressure: nothing changes */
+          /* ROTATION: the key is not in memory but in the cold window: engine::recall installs the
+             store's record (one step here: the filter is filled before the eviction, so a reader
+             that missed memory finds the key in it whenever it asks) */
+          if
+          :: RECALLED -> st = db_st; fence = db_fence; doubt = false; expired = false; WITNESSED(w_recalled);
+             printf("MSC: worker %d: the key is not in memory, the filter holds it: recalled state %d (fence %d)\n", i, st, fence)
+          :: else -> skip
+          fi;
           /* engine::existing (a terminal record is answered whatever the queue's fill) */
           if
-          :: TERMINAL(st) && !HIDDEN ->
+          :: trans -> skip   /* `completing`: in_progress */
+          :: TERMINAL(st) && !HIDDEN && !trans ->
              printf("MSC: worker %d: begin() is a duplicate, answers state %d (fence %d)\n", i, st, fence);
              if :: doubt -> WITNESSED(w_marked_shown) :: else -> skip fi;
              if :: !(db_st == st && db_fence == fence) -> shown_undurable = true :: else -> skip fi
-          :: TERMINAL(st) && HIDDEN && !gaveup -> WITNESSED(w_hidden);
+          :: TERMINAL(st) && HIDDEN && !gaveup && !trans -> WITNESSED(w_hidden);
              printf("MSC: worker %d: begin() meets state %d not yet durable, answers in_progress\n", i, st)
-          :: TERMINAL(st) && HIDDEN && gaveup -> WITNESSED(w_gave_up);
+          :: TERMINAL(st) && HIDDEN && gaveup && !trans -> WITNESSED(w_gave_up);
              printf("MSC: worker %d: begin() meets state %d not durable, owner gave up: in_doubt\n", i, st)
           :: !TERMINAL(st) -> skip
           fi
@@ -305,7 +375,7 @@ end_worker:
        if
        :: MINE(i) && full(q) -> skip   /* errc::backpressure: the ticket stays valid, retry */
        :: MINE(i) && nfull(q) ->
-          st = to; offer(to, wf[i]); wpend[i] = len(q); mark(to);
+          st = to; offer(to, wf[i]); wpend[i] = len(q); mark(to); decide(to);
           printf("MSC: worker %d completes fence %d -> state %d\n", i, wf[i], to);
           if :: wf[i] != granted -> stale_done = true :: else -> skip fi;
 #if SYNC
@@ -321,9 +391,24 @@ end_worker:
   /* sync: the completion is acknowledged once its row committed, and the owner clears the
      unconfirmed mark; a timeout answers store_unavailable (recorded in memory and queued, not
      acknowledged) and sets the gave-up flag */
-  :: atomic { wpc[i] == W_COMPLETED && wpend[i] == 0 -> acknowledge(wf[i], 2); confirm(wf[i]); forget(i) }
-  :: atomic { wpc[i] == W_COMPLETED && wpend[i] > 0 -> give_up(wf[i]);
-       printf("MSC: worker %d: the commit of fence %d does not come, store_unavailable\n", i, wf[i]); forget(i) }
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] == 0 -> acknowledge(wf[i], 2); confirm(wf[i]);
+       printf("MSC: worker %d: completion of fence %d committed, the owner clears the mark (confirm)\n", i, wf[i]); forget(i) }
+  :: atomic { wpc[i] == W_COMPLETED && wpend[i] > 0 ->
+       printf("MSC: worker %d: the commit of fence %d does not come, store_unavailable\n", i, wf[i]);
+#if ROTATION
+       give_up_enter(wf[i], wpc[i], W_GIVING_UP);
+       if
+       :: wpc[i] != W_GIVING_UP -> forget(i)
+       :: else -> printf("MSC: worker %d: CAS marked -> completing, to record that it gave up\n", i)
+       fi
+#else
+       give_up(wf[i]); forget(i)
+#endif
+     }
+#if ROTATION
+  :: atomic { wpc[i] == W_GIVING_UP -> give_up_leave();
+       printf("MSC: worker %d: gave-up flag written, the marked word published again\n", i); forget(i) }
+#endif
   od
 }
 
@@ -354,7 +439,7 @@ end_compensator:
        :: EXPIRED_CLAIM && verdict == R_UNKNOWN && !cd && nfull(q) ->
           doubt = true; offer(DOUBT_ROW, cf); WITNESSED(w_doubt)
        :: EXPIRED_CLAIM && verdict != R_UNKNOWN && nfull(q) ->
-          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); mark(st); WITNESSED(w_compensated);
+          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); mark(st); decide(st); WITNESSED(w_compensated);
           printf("MSC: compensation records fence %d -> state %d\n", cf, st);
           if :: cf != granted -> stale_done = true :: else -> skip fi;
           if :: SYNC && TERMINAL(st) -> cpc = 2 :: else -> skip fi
@@ -368,7 +453,12 @@ end_compensator:
   /* sync: the wait for the commit of the recorded terminal state (the tail of engine::complete),
      then engine::confirm. The slot's row position is that of the row compensation recorded. */
   :: atomic { cpc == 2 && upos == 0 -> confirm(cf); cpc = 0; cf = 0 }
+#if ROTATION
+  :: atomic { cpc == 2 && upos > 0 -> give_up_enter(cf, cpc, 3); if :: cpc != 3 -> cpc = 0; cf = 0 :: else -> skip fi }
+  :: atomic { cpc == 3 -> give_up_leave(); cpc = 0; cf = 0 }
+#else
   :: atomic { cpc == 2 && upos > 0 -> give_up(cf); cpc = 0; cf = 0 }
+#endif
   od
 }
 
@@ -406,6 +496,89 @@ end_clock:
   od
 }
 
+/* ---- ROTATION: engine::rotate_if_due with a cold window ------------------------------------------
+   One slot stands for the previous generation's records; the rotation is due whenever the rotator
+   looks (retention 0, the current generation full enough). Passes, each over every slot:
+     scan      every record evictable (claimable, or terminal and old enough), else blocked; the
+               flush mark (issued()) is taken after it. Here: the record is terminal (below);
+     marks     the store decided every row up to the mark (with one key: the queue is empty);
+     filter    read_slot: the word (3), the fields, the word again: valid when both reads are equal.
+               A valid terminal snapshot goes to the filter (cold_->add). A torn one is read again
+               (TORN_SKIP=1: skipped, the defect);
+     eviction  read_slot, then CAS word -> recycling (one step: a CAS fails if the word moved since the
+               read); a non-evictable record (a claim, a transient state) stops the rotation; a
+               terminal record the filter does not hold is added to it first, or, when the filter
+               has no memory for it, stops the rotation (EVICT_CHECK=0: recycled as it is, the
+               defect). The key then leaves memory: st = VACANT.
+   Only a generation whose record is terminal is rotated. In the engine, a record of the previous
+   generation changes after a passing scan only by the owner's confirm or give-up (claims are made
+   in the current generation, in another slot); with one slot for both generations, a rotation that
+   started on a released record would read a later claim's record in the same slot, which the
+   engine never does (its rows are not covered by the flush mark). A released record leaves memory
+   without entering the filter, and the key is new again: not modelled (nothing to remember). */
+#if ROTATION
+inline evict() {
+  if :: TERMINAL(st) -> WITNESSED(w_evicted) :: else -> skip fi;
+  printf("MSC: rotation: the slot is recycled (state %d, fence %d leaves memory)\n", st, fence);
+  st = VACANT; doubt = false; expired = false; upos = 0; gaveup = false
+}
+
+active proctype rotator() {
+  byte rpc = 0;            /* 0 idle, 1 scanned, 2 filter pass, 3 filter read half done, 4 eviction */
+  byte r_st = 0;           /* the first word read of the filter pass */
+  byte r_f = 0;
+  bool r_d = false, r_t = false;
+end_rotator:
+  do
+  :: atomic { rpc == 0 && TERMINAL(st) && !trans -> rpc = 1;
+       printf("MSC: rotation: the scan finds state %d (fence %d, mark %d): evictable\n", st, fence, doubt) }
+  :: atomic { rpc == 1 && empty(q) -> rpc = 2; printf("MSC: rotation: the store decided every row up to the flush mark\n") }
+  :: atomic { rpc == 2 -> r_st = st; r_f = fence; r_d = doubt; r_t = trans; rpc = 3;
+       printf("MSC: rotation: the filter pass loads the word (state %d, mark %d, completing %d), then the fields\n", st, doubt, trans) }
+  :: atomic {
+       rpc == 3 ->
+       if
+       :: st == r_st && fence == r_f && doubt == r_d && trans == r_t ->   /* a valid snapshot */
+          if
+          :: TERMINAL(r_st) && !r_t -> in_filter = true;
+             printf("MSC: rotation: the filter learns the key (state %d, fence %d)\n", r_st, r_f)
+          :: r_t -> WITNESSED(w_read_giving_up);
+             printf("MSC: rotation: the filter pass reads `completing` (a give-up): not terminal\n")
+          :: else -> skip
+          fi;
+          rpc = 4
+       :: else -> WITNESSED(w_torn);
+#if TORN_SKIP
+          printf("MSC: rotation: torn read of the slot (word moved from doubt %d to %d): skipped\n", r_d, doubt);
+          rpc = 4
+#else
+          printf("MSC: rotation: torn read of the slot (word moved from doubt %d to %d): read again\n", r_d, doubt);
+          rpc = 2
+#endif
+       fi;
+       r_st = 0; r_f = 0; r_d = false; r_t = false
+     }
+  :: atomic {
+       rpc == 4 ->
+       if
+       :: st == PROCESSING || trans -> skip   /* not evictable: the rotation stops, tried again later */
+#if EVICT_CHECK
+       :: TERMINAL(st) && !trans && !in_filter ->   /* the filter has no memory for it: kept */
+          printf("MSC: rotation: state %d is not in the filter, which has no room: kept in memory\n", st)
+       :: TERMINAL(st) && !trans && !in_filter -> in_filter = true; WITNESSED(w_late_added);
+          printf("MSC: rotation: state %d is not in the filter: added before the recycle\n", st);
+          evict()
+       :: !(st == PROCESSING || trans) && !(TERMINAL(st) && !in_filter) -> evict()
+#else
+       :: !(st == PROCESSING || trans) -> evict()
+#endif
+       fi;
+       rpc = 0
+     }
+  od
+}
+#endif
+
 /* ---- crash and restart ------------------------------------------------------------------------ */
 active proctype crash() {
   byte to, f;
@@ -429,7 +602,7 @@ end_crash:
        forget(0); forget(1); cpc = 0; cf = 0; cd = false; verdict = 0;
        /* durable_guard::recover: the record comes back from the store (guard::restore); fences
           continue above it; a processing record is compensated once its lease has run out */
-       st = db_st; fence = db_fence; doubt = false; expired = false; upos = 0; gaveup = false;
+       st = db_st; fence = db_fence; doubt = false; expired = false; upos = 0; gaveup = false; trans = false;
        granted = db_fence;   /* claims lost with the queue no longer exist */
        if :: db_st == PROCESSING -> WITNESSED(w_recovered) :: else -> skip fi;
        /* the new process: one caller retries the key */
@@ -447,6 +620,7 @@ ltl at_most_once        { [] (effects <= 1) }
 ltl no_stale_completion { [] !stale_done }
 ltl acked_durable       { [] !lost_ack }
 ltl durable_before_visible { [] !shown_undurable }
+ltl no_grant_after_decision { [] !regranted }
 
 /* reachability witnesses (expected to be violated) */
 ltl reach_effect        { [] (effects == 0) }
@@ -458,3 +632,8 @@ ltl reach_recovered     { [] !w_recovered }
 ltl reach_hidden        { [] !w_hidden }
 ltl reach_gave_up       { [] !w_gave_up }
 ltl reach_marked_shown  { [] !w_marked_shown }
+ltl reach_torn          { [] !w_torn }
+ltl reach_read_giving_up { [] !w_read_giving_up }
+ltl reach_evicted       { [] !w_evicted }
+ltl reach_late_added    { [] !w_late_added }
+ltl reach_recalled      { [] !w_recalled }

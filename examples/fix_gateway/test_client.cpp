@@ -130,7 +130,7 @@ int pick_port() {
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_port = htons(static_cast<uint16_t>(p));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_addr.s_addr = htonl(INADDR_ANY);  // what the gateway binds (QuickFIX 1.15.1 has no address setting)
         const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
         close(fd);
         if (ok) return p;

@@ -72,6 +72,7 @@ public:
         check_windows();
         detail::guard_access::enable_cold_window(guard_, window_on_clock());
         pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
+        pipeline_.set_window_clock([this] { return window_now_ms(); });  // the prune bound's now
         recover();
         pipeline_.start();
         detail::guard_access::set_flush_marks(

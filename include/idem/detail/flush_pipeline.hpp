@@ -184,6 +184,13 @@ public:
     /// the durable guard before start().
     void set_recall(std::function<recalled(const stored_record&)> convert) { to_recalled_ = std::move(convert); }
 
+    /// Now (Unix ms) on the clock the idempotency window is judged on: the durable guard's clock
+    /// mapped to wall time, the mapping the rows' at_ms are written with (durable.hpp,
+    /// window_now_ms). The prune bounds are taken from it, so a prune removes what the guard's cold
+    /// window calls past the window, no more, after a suspend or a wall-clock step too. Set by the
+    /// durable guard before start(); unset (a pipeline without a guard), system_clock.
+    void set_window_clock(std::function<std::int64_t()> now_ms) { window_now_ms_ = std::move(now_ms); }
+
     /// Reads the key's record on the reader thread (store::open_reader: a second connection, so
     /// the read does not wait for a batch in flight), or, for a store that cannot be opened twice,
     /// on the flusher thread between two batches; waits up to store_options::recall_timeout. Joins
@@ -499,12 +506,13 @@ private:
         const bool audit = opts_.audit_window != store_options::forever;
         const auto now = std::chrono::steady_clock::now();
         if (now < next_prune_) return;
-        const std::int64_t wall = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count();
+        const std::int64_t now_ms = window_now_ms_ ? window_now_ms_()
+                                                   : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                         std::chrono::system_clock::now().time_since_epoch())
+                                                         .count();
         prune_limits limits;
-        if (records) limits.records_before_ms = wall - opts_.window.count();
-        if (audit) limits.audit_before_ms = wall - opts_.audit_window.count();
+        if (records) limits.records_before_ms = now_ms - opts_.window.count();
+        if (audit) limits.audit_before_ms = now_ms - opts_.audit_window.count();
         next_prune_ = now + opts_.prune_interval;
         try {
             const prune_result r = store_.prune(limits);
@@ -626,6 +634,7 @@ private:
     std::atomic<std::int64_t> busy_at_{0};   // steady_clock ticks of the last progress of any lane ("Idle")
     std::atomic<std::uint64_t> abandoned_at_stop_{0};
     std::function<recalled(const stored_record&)> to_recalled_;
+    std::function<std::int64_t()> window_now_ms_;  // set before start(); called by the owner thread only
     // Recall requests ("Recall requests"). Lock order: read_mutex_, then idle_mutex_; never the reverse.
     mutable std::mutex read_mutex_;
     std::list<std::shared_ptr<read_request>> reads_;  // queued, oldest first; under read_mutex_
