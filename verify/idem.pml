@@ -123,7 +123,13 @@
 #define RECALLED (st == VACANT && in_filter && (db_st == PROCESSING || TERMINAL(db_st)))
 /* the slot can be claimed; the slot holds worker i's claim; compensation's claim is still there,
    still expired (the lease re-check under `completing`) */
+#if ROTATION
 #define CLAIMABLE ((st == VACANT && !RECALLED) || st == RELEASED || (RECLAIM && st == PROCESSING && expired))
+#define SETTLED (!giving_up)   /* the word is not `completing` (a give-up in progress) */
+#else
+#define CLAIMABLE (st == VACANT || st == RELEASED || (RECLAIM && st == PROCESSING && expired))
+#define SETTLED true
+#endif
 #define MINE(i) (st == PROCESSING && fence == wf[i])
 #define EXPIRED_CLAIM (st == PROCESSING && fence == cf && expired)
 
@@ -152,7 +158,7 @@ bool gaveup = false;
 /* ROTATION: the word shows `completing` while an owner records that it gave up (engine::confirm's
    second CAS); the key is in the cold window's filter (window_filter: no false negatives, and the
    window outlasts the model's runs) */
-bool trans = false;
+bool giving_up = false;
 bool in_filter = false;
 
 /* ---- threads' progress (global, so that a crash can wipe it in one step) --------------------- */
@@ -251,25 +257,22 @@ inline give_up(f) {
 }
 
 /* ROTATION: the give-up in its two steps, as engine::confirm does it: CAS marked -> completing
-   (`trans`), then the gave-up flag and the marked word again. Without ROTATION it is the one step
+   (`giving_up`), then the gave-up flag and the marked word again. Without ROTATION it is the one step
    give_up above. */
 inline give_up_enter(f, pc, giving) {
   if
-  :: TERMINAL(st) && fence == f && doubt && !trans -> trans = true; pc = giving
+  :: TERMINAL(st) && fence == f && doubt && !giving_up -> giving_up = true; pc = giving
   :: else -> skip
   fi
 }
 inline give_up_leave() {
-  trans = false; gaveup = true
+  giving_up = false; gaveup = true
 }
 
-/* ROTATION ghost: a terminal state is published */
+/* ROTATION ghost: a terminal state is published (called under #if ROTATION only: a statement more
+   in an atomic step changes the breadth-first searches' counts of the other configurations) */
 inline decide(s) {
-#if ROTATION
   if :: TERMINAL(s) -> decided = true :: else -> skip fi
-#else
-  skip
-#endif
 }
 
 /* Sync mode: publish terminal state `to` with the unconfirmed mark, its row being the last in the
@@ -299,7 +302,9 @@ end_worker:
           :: else -> skip
           fi;
           fence = fence + 1; wf[i] = fence; st = PROCESSING; doubt = false; expired = false; granted = fence;
+#if ROTATION
           if :: decided -> regranted = true; printf("MSC: worker %d is granted the key after its decision\n", i) :: else -> skip fi;
+#endif
           offer(PROCESSING, fence); wpend[i] = len(q);
           printf("MSC: worker %d claims the key, fence %d\n", i, fence);
 #if SYNC
@@ -308,24 +313,28 @@ end_worker:
           acknowledge(wf[i], 1); wpc[i] = W_ACKED
 #endif
        :: !CLAIMABLE || full(q) ->   /* in_progress, duplicate, in_doubt, backpressure: nothing changes */
-          /* ROTATION: the key is not in memory but in the cold window: engine::recall installs the
-             store's record (one step here: the filter is filled before the eviction, so a reader
-             that missed memory finds the key in it whenever it asks) */
+#if ROTATION
+          /* the key is not in memory but in the cold window: engine::recall installs the store's
+             record (one step here: the filter is filled before the eviction, so a reader that
+             missed memory finds the key in it whenever it asks) */
           if
           :: RECALLED -> st = db_st; fence = db_fence; doubt = false; expired = false; WITNESSED(w_recalled);
              printf("MSC: worker %d: the key is not in memory, the filter holds it: recalled state %d (fence %d)\n", i, st, fence)
           :: else -> skip
           fi;
+#endif
           /* engine::existing (a terminal record is answered whatever the queue's fill) */
           if
-          :: trans -> skip   /* `completing`: in_progress */
-          :: TERMINAL(st) && !HIDDEN && !trans ->
+#if ROTATION
+          :: giving_up -> skip   /* `completing` (a give-up): in_progress */
+#endif
+          :: TERMINAL(st) && !HIDDEN && SETTLED ->
              printf("MSC: worker %d: begin() is a duplicate, answers state %d (fence %d)\n", i, st, fence);
              if :: doubt -> WITNESSED(w_marked_shown) :: else -> skip fi;
              if :: !(db_st == st && db_fence == fence) -> shown_undurable = true :: else -> skip fi
-          :: TERMINAL(st) && HIDDEN && !gaveup && !trans -> WITNESSED(w_hidden);
+          :: TERMINAL(st) && HIDDEN && !gaveup && SETTLED -> WITNESSED(w_hidden);
              printf("MSC: worker %d: begin() meets state %d not yet durable, answers in_progress\n", i, st)
-          :: TERMINAL(st) && HIDDEN && gaveup && !trans -> WITNESSED(w_gave_up);
+          :: TERMINAL(st) && HIDDEN && gaveup && SETTLED -> WITNESSED(w_gave_up);
              printf("MSC: worker %d: begin() meets state %d not durable, owner gave up: in_doubt\n", i, st)
           :: !TERMINAL(st) -> skip
           fi
@@ -375,7 +384,10 @@ end_worker:
        if
        :: MINE(i) && full(q) -> skip   /* errc::backpressure: the ticket stays valid, retry */
        :: MINE(i) && nfull(q) ->
-          st = to; offer(to, wf[i]); wpend[i] = len(q); mark(to); decide(to);
+          st = to; offer(to, wf[i]); wpend[i] = len(q); mark(to);
+#if ROTATION
+          decide(to);
+#endif
           printf("MSC: worker %d completes fence %d -> state %d\n", i, wf[i], to);
           if :: wf[i] != granted -> stale_done = true :: else -> skip fi;
 #if SYNC
@@ -439,7 +451,10 @@ end_compensator:
        :: EXPIRED_CLAIM && verdict == R_UNKNOWN && !cd && nfull(q) ->
           doubt = true; offer(DOUBT_ROW, cf); WITNESSED(w_doubt)
        :: EXPIRED_CLAIM && verdict != R_UNKNOWN && nfull(q) ->
-          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); mark(st); decide(st); WITNESSED(w_compensated);
+          st = (verdict == R_SUCCEEDED -> SUCCEEDED : RELEASED); offer(st, cf); mark(st); WITNESSED(w_compensated);
+#if ROTATION
+          decide(st);
+#endif
           printf("MSC: compensation records fence %d -> state %d\n", cf, st);
           if :: cf != granted -> stale_done = true :: else -> skip fi;
           if :: SYNC && TERMINAL(st) -> cpc = 2 :: else -> skip fi
@@ -530,15 +545,15 @@ active proctype rotator() {
   bool r_d = false, r_t = false;
 end_rotator:
   do
-  :: atomic { rpc == 0 && TERMINAL(st) && !trans -> rpc = 1;
+  :: atomic { rpc == 0 && TERMINAL(st) && !giving_up -> rpc = 1;
        printf("MSC: rotation: the scan finds state %d (fence %d, mark %d): evictable\n", st, fence, doubt) }
   :: atomic { rpc == 1 && empty(q) -> rpc = 2; printf("MSC: rotation: the store decided every row up to the flush mark\n") }
-  :: atomic { rpc == 2 -> r_st = st; r_f = fence; r_d = doubt; r_t = trans; rpc = 3;
-       printf("MSC: rotation: the filter pass loads the word (state %d, mark %d, completing %d), then the fields\n", st, doubt, trans) }
+  :: atomic { rpc == 2 -> r_st = st; r_f = fence; r_d = doubt; r_t = giving_up; rpc = 3;
+       printf("MSC: rotation: the filter pass loads the word (state %d, mark %d, completing %d), then the fields\n", st, doubt, giving_up) }
   :: atomic {
        rpc == 3 ->
        if
-       :: st == r_st && fence == r_f && doubt == r_d && trans == r_t ->   /* a valid snapshot */
+       :: st == r_st && fence == r_f && doubt == r_d && giving_up == r_t ->   /* a valid snapshot */
           if
           :: TERMINAL(r_st) && !r_t -> in_filter = true;
              printf("MSC: rotation: the filter learns the key (state %d, fence %d)\n", r_st, r_f)
@@ -561,16 +576,16 @@ end_rotator:
   :: atomic {
        rpc == 4 ->
        if
-       :: st == PROCESSING || trans -> skip   /* not evictable: the rotation stops, tried again later */
+       :: st == PROCESSING || giving_up -> skip   /* not evictable: the rotation stops, tried again later */
 #if EVICT_CHECK
-       :: TERMINAL(st) && !trans && !in_filter ->   /* the filter has no memory for it: kept */
+       :: TERMINAL(st) && !giving_up && !in_filter ->   /* the filter has no memory for it: kept */
           printf("MSC: rotation: state %d is not in the filter, which has no room: kept in memory\n", st)
-       :: TERMINAL(st) && !trans && !in_filter -> in_filter = true; WITNESSED(w_late_added);
+       :: TERMINAL(st) && !giving_up && !in_filter -> in_filter = true; WITNESSED(w_late_added);
           printf("MSC: rotation: state %d is not in the filter: added before the recycle\n", st);
           evict()
-       :: !(st == PROCESSING || trans) && !(TERMINAL(st) && !in_filter) -> evict()
+       :: !(st == PROCESSING || giving_up) && !(TERMINAL(st) && !in_filter) -> evict()
 #else
-       :: !(st == PROCESSING || trans) -> evict()
+       :: !(st == PROCESSING || giving_up) -> evict()
 #endif
        fi;
        rpc = 0
@@ -602,7 +617,11 @@ end_crash:
        forget(0); forget(1); cpc = 0; cf = 0; cd = false; verdict = 0;
        /* durable_guard::recover: the record comes back from the store (guard::restore); fences
           continue above it; a processing record is compensated once its lease has run out */
-       st = db_st; fence = db_fence; doubt = false; expired = false; upos = 0; gaveup = false; trans = false;
+       st = db_st; fence = db_fence; doubt = false; expired = false; upos = 0; gaveup = false;
+#if ROTATION
+       /* (the rotation configurations run without crashes) a decision the crash lost is none */
+       giving_up = false; decided = TERMINAL(db_st);
+#endif
        granted = db_fence;   /* claims lost with the queue no longer exist */
        if :: db_st == PROCESSING -> WITNESSED(w_recovered) :: else -> skip fi;
        /* the new process: one caller retries the key */

@@ -620,13 +620,16 @@ struct claim_vs_rotation : rl::test_suite<claim_vs_rotation<N>, N> {
 // sink's await yields), and clears the mark with a CAS (engine::confirm); with Wait = timed_out its
 // wait ends just before the commit and it records that it gave up instead (CAS to `completing`, the
 // flag, the marked word again), while the row commits (durable() is true). K lives in the previous
-// generation, which is due for recycling (retention 0, the current generation half full) as soon as
-// K is terminal: a rotation (collect(), cold window on, flush marks set) races the confirm. The
+// generation, which is due for recycling (retention 0; the current generation holds B, which is
+// its capacity) as soon as K is terminal: a rotation (collect(), cold window on, flush marks set)
+// races the confirm. The
 // rotation's pass that feeds the filter may read K's slot while the confirm changes its word (a torn
 // seqlock read), and its eviction pass reads it again. Whatever the interleaving, K is either still
 // in memory or in the filter (the sink's recall answers for it), so begin(K) afterwards is never
 // `acquired`: K ran. The defect this reproduces (a torn read skipped, the slot recycled anyway) is
-// in docs/testing.md, "Relacy".
+// in docs/testing.md, "Relacy". The cold window's filter (window_filter.hpp) uses std::atomic, not
+// the engine's parameter: its bits are plain memory here, seen at once by the other fiber, so this
+// checks the slot protocol around the filter, not the filter's own orders.
 template <unsigned Spread, idem::durability_wait Wait = idem::durability_wait::committed>
 struct rotation_vs_sync_confirm : rl::test_suite<rotation_vs_sync_confirm<Spread, Wait>, 2> {
     recording_sink sink;
