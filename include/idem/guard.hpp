@@ -74,10 +74,7 @@ public:
     result_type begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
         // The engine copies a duplicate's payload straight into the result (no string is moved).
         result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
-        auto a = engine_.begin(k, fingerprint, &r.payload);
-        if (a.status == begin_status::capacity_exhausted) [[unlikely]]
-            a = claim_after_collect(k, engine_.hash(k), fingerprint, r.payload, a);
-        fill(r, a, k);
+        fill(r, engine_.begin(k, fingerprint, &r.payload), k);
         return r;
     }
 
@@ -102,10 +99,7 @@ public:
                 const std::size_t i = base + j;
                 const std::uint64_t fp = i < fingerprints.size() ? fingerprints[i] : 0;
                 result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
-                auto a = engine_.claim(keys[i], h[j], fp, &r.payload);
-                if (a.status == begin_status::capacity_exhausted) [[unlikely]]
-                    a = claim_after_collect(keys[i], h[j], fp, r.payload, a);
-                fill(r, a, keys[i]);
+                fill(r, engine_.claim(keys[i], h[j], fp, &r.payload), keys[i]);
                 out[i] = std::move(r);
             }
         }
@@ -171,23 +165,6 @@ private:
     /// The engine's answer into the public result r (built empty; its payload already filled by
     /// the engine): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
     /// moved (a move copies the small buffer with a memcpy call, which no answer should pay).
-    /// A claim refused for lack of room, in a guard whose memory is a cache of the store's window
-    /// (a cold window): the refused caller runs the rotation itself (collect(): it evicts decided,
-    /// durable records into the cold window when the table is full, detail/engine.hpp) and claims
-    /// once more, rather than refuse keys until the maintenance thread's next pass (a burst of
-    /// fresh keys fills a generation well within one maintenance_interval). Off the hot path.
-    [[gnu::noinline, gnu::cold]] typename detail::engine<Atomic, Clock>::begin_answer claim_after_collect(
-        const key& k, detail::hash128 h, std::uint64_t fingerprint, std::string& payload,
-        const typename detail::engine<Atomic, Clock>::begin_answer& refused) noexcept {
-        if (engine_.cold_window() == nullptr || k.empty()) return refused;
-        try {
-            if (!collect()) return refused;
-        } catch (...) {  // no memory for the rotation's list: the refusal stands
-            return refused;
-        }
-        return engine_.claim(k, h, fingerprint, &payload);
-    }
-
     void fill(result_type& r, const typename detail::engine<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
         r.status = a.status;
         r.fence = a.fence;
