@@ -76,6 +76,7 @@ struct mticket {
     std::size_t k;
     std::uint64_t fence;
     unsigned gen;  // parity of the generation whose slot holds the claim
+    bool ran = false;  // a completion was refused: the drop leaves the claim in doubt, never released
 };
 
 struct reader {
@@ -363,6 +364,7 @@ private:
                                                 : t.t.fail(outcome, idem::failure_policy::terminal, payload);
             EXPECT(refused == errc::invalid_argument, "a payload over max_payload is refused");
             EXPECT(t.t.valid(), "a refused payload leaves the ticket valid");
+            t.ran = true;
             return;
         }
         if (default_policy && to != mst::succeeded) to = terminal_ ? mst::failed : mst::released;
@@ -413,7 +415,14 @@ private:
         mticket& t = tickets_[i];
         if (t.t.valid()) {
             if (mrec* m = owned(t)) {
-                finish_model(*m, terminal_ ? mst::failed : mst::released, 0);
+                if (t.ran) {  // the caller said the effect happened: in doubt for the resolver
+                    if (!m->doubt) {
+                        m->doubt = true;
+                        ++c_.in_doubt;
+                    }
+                } else {
+                    finish_model(*m, terminal_ ? mst::failed : mst::released, 0);
+                }
             } else {
                 ++c_.stale;
             }

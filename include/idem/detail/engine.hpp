@@ -540,7 +540,7 @@ public:
         admission room(sink_);
         if (!room.take()) return;
         std::uint64_t replaced = 0;
-        if (enter(c, replaced, /*by_owner=*/false)) return;  // stale or busy: someone else decides
+        if (enter(c, replaced)) return;  // stale (counted, like a drop's) or busy: someone else decides
         const auto now = clock_.now();
         if (sink_ != nullptr)
             (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
@@ -548,7 +548,7 @@ public:
                                         s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                                         std::chrono::nanoseconds(0), now});
         s.word.store(c.word | state_word::doubt_bit, std::memory_order_release);  // (5)
-        count(c_in_doubt);
+        if (!state_word::in_doubt(replaced)) count(c_in_doubt);  // a claim is counted in doubt once
     }
 
     /// A consistent view of the key's record (absent when unknown). Progress: lock-free.
