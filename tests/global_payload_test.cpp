@@ -229,9 +229,13 @@ TEST_F(GlobalPayloads, OverMaxIsRefusedAndChangesNothing) {
     EXPECT_EQ(d2.outcome, 2u);
     EXPECT_TRUE(d2.payload.empty());
 
-    // run(): a result over the maximum is never truncated; it fails terminally (fn ran).
+    // run(): a result over the maximum is never truncated, and the operation that ran is never
+    // recorded as FAILED (a retry would run it again): the claim is left in doubt for the resolver.
     EXPECT_THROW((void)a.run(idem::key("big-3"), [&] { return over; }), idem::error);
-    EXPECT_EQ(b.begin(idem::key("big-3")).status, begin_status::failed);
+    EXPECT_EQ(b.begin(idem::key("big-3")).status, begin_status::in_progress);
+    const auto row3 = b.lookup("big-3");
+    ASSERT_TRUE(row3);
+    EXPECT_EQ(row3->state, idem::record_state::processing) << "an operation that ran was recorded as decided";
 }
 
 // The resolver's response is written with its verdict by the compensation statement, and every
