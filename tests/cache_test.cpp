@@ -126,4 +126,42 @@ TEST(Cache, RotationWaitsOnlyForTheLeavingGenerationsRows) {
     EXPECT_EQ(guard.begin(key_n("G0-", 1)).status, begin_status::succeeded) << "answered from the store";
 }
 
+// A decided record whose rows the store refused (rejected_row: set aside) is evicted like any
+// other once its rows are decided. Its key must still be answered with the decision: the store
+// does not have it, so before the fix a duplicate found nothing and ran the operation again.
+TEST(Cache, ADecisionTheStoreRefusedIsStillAnsweredAfterItsRecordLeavesMemory) {
+    idem::memory_store mem;
+    const idem::key poison("POISON_PAY_v1");
+    idem::manual_clock clock;
+    idem::store_options so;
+    so.mode = idem::durability::async;
+    idem::basic_durable_guard<std::atomic, idem::manual_clock> g(
+        std::make_unique<idem_test::poisoned_store>(mem, poison.str()), idem_test::durable_options(8), so, clock);
+    auto& guard = g.guard();
+    {
+        auto r = guard.begin(poison);
+        ASSERT_EQ(r.status, begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(42, "charged"));
+    }
+    ASSERT_TRUE(g.flush());
+    ASSERT_EQ(g.snapshot().rejected_rows, 2u) << "the claim and the success are each set aside";
+    ASSERT_FALSE(mem.get(poison.view())) << "the store has no row for the refused key";
+    constexpr int keys = 200;
+    for (int i = 0; i < keys; ++i) {
+        auto r = guard.begin(key_n("PAY", i));
+        ASSERT_EQ(r.status, begin_status::acquired) << i;
+        ASSERT_FALSE(r.ticket.succeed(static_cast<std::uint64_t>(i)));
+        clock.advance(std::chrono::milliseconds(1));
+        if (i % 4 == 3) {
+            ASSERT_TRUE(g.flush());
+            (void)guard.collect();
+        }
+    }
+    ASSERT_GT(g.snapshot().evicted, static_cast<std::uint64_t>(keys / 2)) << "the poisoned key's generation left memory";
+    auto d = guard.begin(poison);
+    ASSERT_EQ(d.status, begin_status::succeeded) << "the charge that ran was granted again";
+    EXPECT_EQ(d.outcome, 42u);
+    EXPECT_EQ(d.payload, "charged");
+}
+
 }  // namespace

@@ -200,6 +200,9 @@ public:
         recalled none;
         none.found = recalled::kind::unavailable;
         try {
+            // A decision whose row the store refused is answered from the pipeline's memory: the
+            // store does not have it, and the guard may have evicted the record (pipeline_core.hpp).
+            if (auto kept = core_.set_aside(k.view())) return to_recalled_ ? to_recalled_(*kept) : none;
             std::shared_ptr<read_request> req;
             {
                 std::unique_lock lock(read_mutex_);

@@ -23,7 +23,10 @@
 //   * rejected_row (the store can never take something a row holds): the rows are applied in
 //     smaller prefixes (halving) until the one row is found; it is set aside (counted, named in
 //     last_error, its seq remembered as rejected) and the others commit. The width grows back after
-//     each success, so one bad row costs O(log max_batch) extra transactions.
+//     each success, so one bad row costs O(log max_batch) extra transactions. The record the row
+//     would have written is kept (set_aside(key)) until a later row of its key commits: the guard
+//     may evict the decided record from memory once its row is decided, and a duplicate must then
+//     still find the decision (a recall answers from here before it reads the store).
 //
 // Lanes (pipelined commits; docs/pg_pipeline.md). A store that is also a pipelined_store with
 // lanes() > 1 can commit on several connections at once: one flusher thread per lane calls
@@ -61,7 +64,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <span>
@@ -241,6 +246,18 @@ public:
         std::lock_guard lock(mutex_);
         return rejected_seqs_.count(seq) != 0 ? row_fate::rejected : row_fate::committed;
     }
+    /// The terminal record the store would hold for `key` had its newest row not been set aside,
+    /// while no later row of the key committed; nullopt otherwise. A decided record whose row the store
+    /// refused leaves memory like any other (the eviction waits only for its row to be decided),
+    /// so this is where a duplicate of it is answered from for the pipeline's life. Progress:
+    /// wait-free unless a row was ever rejected (then a mutex).
+    [[nodiscard]] std::optional<stored_record> set_aside(std::string_view key) const {
+        if (rejected_count_.load(std::memory_order_acquire) == 0) return std::nullopt;  // pairs with note_rejected
+        std::lock_guard lock(mutex_);
+        const auto it = set_aside_.find(key);
+        if (it == set_aside_.end()) return std::nullopt;
+        return it->second.rec;
+    }
     /// True when every row pushed so far is decided: every push that happened before the call has a
     /// seq <= issued() (coherence of next_seq_), and every seq <= watermark() is decided, the store's
     /// commit of it visible through (P4) pairs with (P3). The two loads may see different instants;
@@ -326,7 +343,12 @@ private:
         std::lock_guard lock(mutex_);
         for (const store_row& r : rows) {
             done_.insert(r.seq);
-            if (rejected) rejected_seqs_.insert(r.seq);
+            if (rejected) {
+                rejected_seqs_.insert(r.seq);
+            } else if (!set_aside_.empty()) {  // a later row of the key committed: the store is newer
+                const auto it = set_aside_.find(r.t.k.view());
+                if (it != set_aside_.end() && it->second.seq < r.seq) set_aside_.erase(it);
+            }
         }
         if (!rejected) {
             counters_.batches++;
@@ -466,8 +488,39 @@ private:
         counters_.last_error = "set aside the " + std::string(to_string(r.t.cause)) + " row of key '" +
                                key::printable(r.t.k.view()) + "' (fence " + std::to_string(r.t.fence) +
                                "), which the store can never take: " + what;
-        rejected_count_.fetch_add(1, std::memory_order_release);  // pairs with the acquire load in fate()
+        remember_set_aside(r);
+        rejected_count_.fetch_add(1, std::memory_order_release);  // pairs with the acquire loads in fate(), set_aside()
     }
+
+    /// Keeps the terminal record `r` would have written (a rejected row is the newest of its key
+    /// decided so far: rows of one key are decided in seq order). Only terminal records leave the
+    /// guard's memory while their key is still in the window, so only they need a home here; a
+    /// later non-terminal row set aside drops the entry (the key moved on). The payload is copied:
+    /// the row's view points into the guard's arena, recycled with the record.
+    void remember_set_aside(const store_row& r) {  // under mutex_
+        const auto it = set_aside_.find(r.t.k.view());
+        if (it != set_aside_.end() && it->second.seq > r.seq) return;
+        if (r.t.to != record_state::succeeded && r.t.to != record_state::failed) {
+            if (it != set_aside_.end()) set_aside_.erase(it);
+            return;
+        }
+        kept_row& kept = it != set_aside_.end() ? it->second : set_aside_[std::string(r.t.k.view())];
+        stored_record& rec = kept.rec;
+        kept.seq = r.seq;
+        rec.key = std::string(r.t.k.view());
+        rec.state = r.t.to;
+        rec.fence = r.t.fence;
+        rec.outcome = r.t.outcome;
+        rec.fingerprint = r.t.fingerprint;
+        rec.created_ms = rec.created_ms == 0 ? r.at_ms : rec.created_ms;
+        rec.updated_ms = r.at_ms;
+        rec.payload.assign(r.t.payload.data(), r.t.payload.size());
+    }
+
+    struct kept_row {
+        std::uint64_t seq = 0;
+        stored_record rec;
+    };
 
     const std::size_t capacity_;
     const std::size_t max_batch_;
@@ -496,6 +549,8 @@ private:
     // record whose row was rejected asks fate(seq) whenever a duplicate reads it, and must never be
     // told "committed". Rejections are rare: keys a store declares it cannot hold never get here.
     std::set<std::uint64_t> rejected_seqs_;
+    // Keys whose newest rows were set aside, with the record those rows make (set_aside()).
+    std::map<std::string, kept_row, std::less<>> set_aside_;
     counters counters_;
 };
 
