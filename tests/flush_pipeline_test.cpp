@@ -21,8 +21,6 @@
 //                                              context switch in a second of idling (idle_sleep
 //                                              1 h), then a sync claim commits: only the offer's
 //                                              notification can have woken the flusher
-//   IdleCpu.DISABLED_DurableSqliteGuardOverTenSeconds  the measurement in docs/operations.md
-//                                              (run with --gtest_also_run_disabled_tests)
 #include <idem/durable.hpp>
 #include <idem/sqlite_store.hpp>
 
@@ -34,13 +32,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <latch>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -476,45 +472,6 @@ TEST(Idle, DurableGuardThreadsStayAsleep) {
     ASSERT_TRUE(rec.has_value());
     EXPECT_EQ(rec->state, record_state::succeeded);
     EXPECT_EQ(rec->outcome, 7u);
-}
-
-/// utime + stime of this process (/proc/self/stat fields 14 and 15), in milliseconds.
-double process_cpu_ms() {
-    std::ifstream in("/proc/self/stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
-    std::string f;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; fields >> f; ++i) {  // the first field read is field 3 (state)
-        if (i == 14) utime = std::stoull(f);
-        if (i == 15) {
-            stime = std::stoull(f);
-            break;
-        }
-    }
-    return 1000.0 * static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// The measurement of docs/operations.md ("An idle guard"): a durable SQLite guard with default
-// options (its maintenance thread too), one claim, then 10 s idle; the process's CPU time.
-TEST(IdleCpu, DISABLED_DurableSqliteGuardOverTenSeconds) {
-    idem_test::temp_dir dir("idem-idle-cpu");
-    idem::durable_guard g(std::make_unique<idem::sqlite_store>(dir.file("c.db")));
-    {
-        auto r = g->begin(idem::key("CPU_PAY_v1"));
-        ASSERT_EQ(r.status, begin_status::acquired);
-        ASSERT_FALSE(r.ticket.succeed(1));
-    }
-    ASSERT_TRUE(g.flush());
-    std::this_thread::sleep_for(100ms);
-    const double c0 = process_cpu_ms();
-    const auto t0 = std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(10s);
-    const double c1 = process_cpu_ms();
-    const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::cout << "[ idem    ] idle durable SQLite guard: " << (c1 - c0) << " ms CPU in " << wall << " ms ("
-              << 100.0 * (c1 - c0) / wall << " % of a core); flusher CPU " << g.snapshot().flusher_cpu_ns / 1000000
-              << " ms since start\n";
 }
 
 }  // namespace
