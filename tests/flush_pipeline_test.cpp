@@ -45,6 +45,7 @@
 
 #include "idem/detail/flush_pipeline.hpp"
 #include "support/store_fixtures.hpp"
+#include "support/store_kinds.hpp"
 #include "support/threads.hpp"
 
 namespace {
@@ -56,36 +57,8 @@ using idem::recalled;
 
 // ---- stores ------------------------------------------------------------------------------------
 
-/// What a test steers in held_reads: reads wait at the gate while it is closed; `reads` counts the
-/// store reads made (each counted before it waits).
-struct read_control {
-    idem_test::commit_gate gate;
-    std::atomic<int> reads{0};
-};
-
-/// Forwards to a store the test owns and holds every get() at a gate (a read that hangs, as on a
-/// dead connection, until the test opens it). Its reader (SQLite's second connection) is held the
-/// same way, so a store with a reader is tested on the reader thread, one without on the flusher.
-class held_reads final : public idem_test::forwarding_store {
-public:
-    held_reads(idem::store& inner, read_control& c, std::unique_ptr<idem::store> owned = nullptr)
-        : forwarding_store(inner), c_(c), owned_(std::move(owned)) {}
-    std::optional<idem::stored_record> get(std::string_view k) override {
-        ++c_.reads;
-        c_.gate.pass();
-        return inner_.get(k);
-    }
-    std::unique_ptr<idem::store> open_reader() override {
-        auto r = inner_.open_reader();
-        if (!r) return nullptr;
-        idem::store& inner = *r;
-        return std::make_unique<held_reads>(inner, c_, std::move(r));
-    }
-
-private:
-    read_control& c_;
-    std::unique_ptr<idem::store> owned_;  // a reader's own connection
-};
+using idem_test::held_reads;
+using idem_test::read_control;
 
 /// A memory_store with `lanes` lanes (one mutex: the lanes only have to exist, not to overlap).
 class laned_store final : public idem_test::forwarding_store, public idem::pipelined_store {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "support/store_fixtures.hpp"
+#include "support/store_kinds.hpp"
 
 namespace {
 
@@ -90,31 +91,7 @@ private:
 
 class WindowClock : public ::testing::TestWithParam<std::string> {
 protected:
-    void SetUp() override {
-        const std::string& kind = GetParam();
-        if (kind == "memory") {
-            mem_ = std::make_shared<idem::memory_store>();
-            open_ = [m = mem_] { return std::make_unique<idem_test::forwarding_store>(*m); };
-        } else if (kind == "sqlite") {
-            dir_ = std::make_unique<idem_test::temp_dir>("idem-wclock");
-            open_ = [path = dir_->file("w.db")] { return std::make_unique<idem::sqlite_store>(path); };
-        } else if (kind == "rocksdb") {
-#ifdef IDEM_TEST_WITH_ROCKSDB
-            dir_ = std::make_unique<idem_test::temp_dir>("idem-wclock");
-            open_ = [path = dir_->file("rocks")] { return std::make_unique<idem::rocksdb_store>(path); };
-#else
-            FAIL() << "built without RocksDB";
-#endif
-        } else {
-#ifdef IDEM_TEST_WITH_POSTGRES
-            std::string why;
-            ASSERT_TRUE(db_.create(&why)) << why;
-            open_ = [uri = db_.uri()] { return std::make_unique<idem::postgres_store>(uri); };
-#else
-            FAIL() << "built without PostgreSQL";
-#endif
-        }
-    }
+    void SetUp() override { kind_.prepare(GetParam(), "idem-wclock"); }
 
     /// A durable guard on the manual clock whose flusher prunes every millisecond, over a
     /// prune_log (kept in log_ while the guard lives).
@@ -126,7 +103,7 @@ protected:
         idem::store_options so;
         so.window = window;
         so.prune_interval = 1ms;
-        auto st = std::make_unique<prune_log>(open_());
+        auto st = std::make_unique<prune_log>(kind_.open());
         log_ = st.get();
         return std::make_unique<guard_t>(std::move(st), std::move(o), so, clock_);
     }
@@ -154,12 +131,7 @@ protected:
     }
 
     idem::manual_clock clock_;
-    std::shared_ptr<idem::memory_store> mem_;
-    std::unique_ptr<idem_test::temp_dir> dir_;
-#ifdef IDEM_TEST_WITH_POSTGRES
-    idem_test::pg_database db_;
-#endif
-    std::function<std::unique_ptr<idem::store>()> open_;
+    idem_test::store_kind kind_;
     prune_log* log_ = nullptr;
     int filler_ = 0;
 };
@@ -201,7 +173,7 @@ TEST_P(WindowClock, ForwardWallStepPrunesNothingInsideTheWindow) {
     }
 
     g.reset();
-    auto st = open_();
+    auto st = kind_.open();
     const auto all = idem_test::load_all(*st);
     EXPECT_EQ(all.count("IN_PAY_v1"), 1u);
     EXPECT_TRUE(idem_test::verify_clean(*st));
@@ -235,23 +207,13 @@ TEST_P(WindowClock, BackwardWallStepStillPrunesPastTheWindow) {
     }
 
     g.reset();
-    auto st = open_();
+    auto st = kind_.open();
     const auto all = idem_test::load_all(*st);
     EXPECT_EQ(all.count("NEW_PAY_v1"), 1u);
     EXPECT_TRUE(idem_test::verify_clean(*st));
 }
 
-std::vector<std::string> kinds() {
-    std::vector<std::string> k{"memory", "sqlite"};
-#ifdef IDEM_TEST_WITH_ROCKSDB
-    k.push_back("rocksdb");
-#endif
-#ifdef IDEM_TEST_WITH_POSTGRES
-    k.push_back("postgres");
-#endif
-    return k;
-}
-INSTANTIATE_TEST_SUITE_P(Stores, WindowClock, ::testing::ValuesIn(kinds()),
+INSTANTIATE_TEST_SUITE_P(Stores, WindowClock, ::testing::ValuesIn(idem_test::store_kinds()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "support/store_fixtures.hpp"
+#include "support/store_kinds.hpp"
 
 namespace {
 
@@ -49,31 +50,7 @@ struct store_kind {
 
 class Window : public ::testing::TestWithParam<std::string> {
 protected:
-    void SetUp() override {
-        const std::string& kind = GetParam();
-        if (kind == "memory") {
-            mem_ = std::make_shared<idem::memory_store>();
-            open_ = [m = mem_] { return std::make_unique<idem_test::forwarding_store>(*m); };
-        } else if (kind == "sqlite") {
-            dir_ = std::make_unique<idem_test::temp_dir>("idem-window");
-            open_ = [path = dir_->file("w.db")] { return std::make_unique<idem::sqlite_store>(path); };
-        } else if (kind == "rocksdb") {
-#ifdef IDEM_TEST_WITH_ROCKSDB
-            dir_ = std::make_unique<idem_test::temp_dir>("idem-window");
-            open_ = [path = dir_->file("rocks")] { return std::make_unique<idem::rocksdb_store>(path); };
-#else
-            FAIL() << "built without RocksDB";
-#endif
-        } else {
-#ifdef IDEM_TEST_WITH_POSTGRES
-            std::string why;
-            ASSERT_TRUE(db_.create(&why)) << why;
-            open_ = [uri = db_.uri()] { return std::make_unique<idem::postgres_store>(uri); };
-#else
-            FAIL() << "built without PostgreSQL";
-#endif
-        }
-    }
+    void SetUp() override { kind_.prepare(GetParam(), "idem-window"); }
 
     static idem::options hot_window(std::size_t capacity = 8) {
         idem::options o;
@@ -85,7 +62,7 @@ protected:
 
     std::unique_ptr<guard_t> open(idem::options o = hot_window(), idem::store_options so = {}) {
         so.prune_interval = {};  // the tests prune by hand where they prune
-        return std::make_unique<guard_t>(open_(), std::move(o), so, clock_);
+        return std::make_unique<guard_t>(kind_.open(), std::move(o), so, clock_);
     }
 
     /// Succeeds `n` new keys "<prefix><i>_PAY_v1" with outcome i + 1000.
@@ -111,12 +88,7 @@ protected:
     }
 
     idem::manual_clock clock_;
-    std::shared_ptr<idem::memory_store> mem_;
-    std::unique_ptr<idem_test::temp_dir> dir_;
-#ifdef IDEM_TEST_WITH_POSTGRES
-    idem_test::pg_database db_;
-#endif
-    std::function<std::unique_ptr<idem::store>()> open_;
+    idem_test::store_kind kind_;
     int filler_ = 0;
 };
 
@@ -142,7 +114,7 @@ TEST_P(Window, EvictedKeyGetsTheStoredOutcome) {
     EXPECT_EQ((*g)->begin(idem::key("PAYA_PAY_v1"), 78).status, begin_status::payload_mismatch);
     ASSERT_TRUE(g->flush());
     g.reset();  // one store open at a time (RocksDB has one opener)
-    auto st = open_();
+    auto st = kind_.open();
     EXPECT_TRUE(idem_test::verify_clean(*st));
 }
 
@@ -172,40 +144,11 @@ TEST_P(Window, FreshKeyIsGrantedWithoutAStoreRead) {
     EXPECT_EQ(after.recalled - before.recalled, 0u);
 }
 
-/// What a test steers in held_reads: reads wait at the gate, and fail while `down`.
-struct read_control {
-    idem_test::commit_gate gate;
-    std::atomic<int> reads{0};
-    std::atomic<bool> down{false};
-};
-
-/// Holds store::get until the test lets it go, so a recall stays in flight. Its reader (for stores
-/// that have one: SQLite, PostgreSQL) is held the same way, so the recall is tested on the path
-/// the store really takes: the reader thread, or the flusher between batches.
-class held_reads final : public idem_test::forwarding_store {
-public:
-    held_reads(idem::store& inner, read_control& c, std::unique_ptr<idem::store> owned = nullptr)
-        : forwarding_store(inner), c_(c), owned_(std::move(owned)) {}
-    std::optional<idem::stored_record> get(std::string_view k) override {
-        ++c_.reads;
-        c_.gate.pass();
-        if (c_.down.load()) throw idem::error(idem::errc::store_unavailable, "held store: injected outage");
-        return inner_.get(k);
-    }
-    std::unique_ptr<idem::store> open_reader() override {
-        auto r = inner_.open_reader();
-        if (!r) return nullptr;
-        idem::store& inner = *r;
-        return std::make_unique<held_reads>(inner, c_, std::move(r));
-    }
-
-private:
-    read_control& c_;
-    std::unique_ptr<idem::store> owned_;  // a reader's own connection
-};
+using idem_test::held_reads;
+using idem_test::read_control;
 
 TEST_P(Window, RacersOnAnEvictedKeyGetOneAnswer) {
-    auto inner = open_();
+    auto inner = kind_.open();
     read_control ctl;
     idem::store_options so;
     so.prune_interval = {};
@@ -254,7 +197,7 @@ TEST_P(Window, RacersOnAnEvictedKeyGetOneAnswer) {
 }
 
 TEST_P(Window, StoreOutageDuringARecallDecidesNothing) {
-    auto inner = open_();
+    auto inner = kind_.open();
     read_control ctl;
     read_control* held = &ctl;
     idem::store_options so;
@@ -280,7 +223,7 @@ TEST_P(Window, StoreOutageDuringARecallDecidesNothing) {
 // is told store_unavailable and nothing is decided; once the store answers again the key gets its
 // recorded outcome, and it is never granted meanwhile.
 TEST_P(Window, AStoreReadThatHangsTimesOutAndDecidesNothing) {
-    auto inner = open_();
+    auto inner = kind_.open();
     read_control ctl;
     idem::store_options so;
     so.prune_interval = {};
@@ -356,7 +299,7 @@ TEST_P(Window, KeysPastTheWindowRunAgain) {
     ASSERT_FALSE(again.ticket.succeed(2));
     ASSERT_TRUE(g->flush());
     g.reset();
-    auto st = open_();
+    auto st = kind_.open();
     const auto trail = st->audit("LATE_PAY_v1");
     ASSERT_EQ(trail.size(), 4u);
     EXPECT_EQ(trail[2].from, record_state::absent);
@@ -411,14 +354,14 @@ TEST_P(Window, TheFlusherPrunesRecordsPastTheWindow) {
     }
     ASSERT_TRUE(idem_test::wait_wall_past(written_ms + 2100));
     so.prune_interval = 1ms;
-    auto g = std::make_unique<guard_t>(open_(), hot_window(), so, clock_);
+    auto g = std::make_unique<guard_t>(kind_.open(), hot_window(), so, clock_);
     ASSERT_TRUE(idem_test::wait_for([&] { return g->snapshot().pruned_records >= 5; }))
         << "pruned " << g->snapshot().pruned_records << ": " << g->last_store_error();
     succeed_keys(*g, "KEEP", 3);
     ASSERT_TRUE(g->flush());
     EXPECT_EQ(g->snapshot().pruned_records, 5u);
     g.reset();
-    auto st = open_();
+    auto st = kind_.open();
     const auto all = idem_test::load_all(*st);
     for (int i = 0; i < 5; ++i) EXPECT_EQ(all.count("GONE" + std::to_string(i) + "_PAY_v1"), 0u);
     EXPECT_EQ(all.count("HELD_PAY_v1"), 1u) << "a PROCESSING record is never pruned";
@@ -440,7 +383,7 @@ TEST_P(Window, FencesStayAboveAPrunedStoreAfterARestart) {
         ASSERT_TRUE(g->flush());
     }
     {
-        auto st = open_();
+        auto st = kind_.open();
         idem::prune_limits all;
         all.records_before_ms = INT64_MAX;  // every decided record
         while (st->prune(all).more) {
@@ -454,7 +397,7 @@ TEST_P(Window, FencesStayAboveAPrunedStoreAfterARestart) {
     ASSERT_FALSE(again.ticket.succeed(2));
     ASSERT_TRUE(g->flush());
     g.reset();
-    auto st = open_();
+    auto st = kind_.open();
     const auto rep = idem::verify(*st);
     EXPECT_TRUE(rep.violations.empty()) << rep.violations.front();
 }
@@ -502,17 +445,7 @@ TEST_P(Window, RetentionLongerThanTheWindowIsRefused) {
     EXPECT_NO_THROW(open(o, so));
 }
 
-std::vector<std::string> kinds() {
-    std::vector<std::string> k{"memory", "sqlite"};
-#ifdef IDEM_TEST_WITH_ROCKSDB
-    k.push_back("rocksdb");
-#endif
-#ifdef IDEM_TEST_WITH_POSTGRES
-    k.push_back("postgres");
-#endif
-    return k;
-}
-INSTANTIATE_TEST_SUITE_P(Stores, Window, ::testing::ValuesIn(kinds()),
+INSTANTIATE_TEST_SUITE_P(Stores, Window, ::testing::ValuesIn(idem_test::store_kinds()),
                          [](const auto& info) { return info.param; });
 
 TEST(WindowFilter, FalsePositiveRateIsWithinTwiceTheDesignRate) {
