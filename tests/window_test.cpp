@@ -16,14 +16,6 @@
 #include <idem/durable.hpp>
 #include <idem/sqlite_store.hpp>
 #include <idem/verify.hpp>
-#ifdef IDEM_TEST_WITH_ROCKSDB
-#include <idem/rocksdb_store.hpp>
-#endif
-#ifdef IDEM_TEST_WITH_POSTGRES
-#include <idem/postgres_store.hpp>
-
-#include "support/pg_database.hpp"
-#endif
 
 #include <gtest/gtest.h>
 

@@ -8,12 +8,20 @@
 //   SQLite and PostgreSQL) is held the same way, so a recall is tested on the path the store
 //   really takes: the reader thread, or the flusher between batches.
 //
-// Include after <idem/rocksdb_store.hpp> / <idem/postgres_store.hpp> and "pg_database.hpp" where
-// the test target defines IDEM_TEST_WITH_ROCKSDB / IDEM_TEST_WITH_POSTGRES.
+// The test target defines IDEM_TEST_WITH_ROCKSDB / IDEM_TEST_WITH_POSTGRES where it links those
+// stores (tests/CMakeLists.txt, idem_store_kinds_test).
 #pragma once
 
 #include <idem/sqlite_store.hpp>
 #include <idem/store.hpp>
+#ifdef IDEM_TEST_WITH_ROCKSDB
+#include <idem/rocksdb_store.hpp>
+#endif
+#ifdef IDEM_TEST_WITH_POSTGRES
+#include <idem/postgres_store.hpp>
+
+#include "pg_database.hpp"
+#endif
 
 #include <gtest/gtest.h>
 
