@@ -106,21 +106,8 @@ protected:
         ASSERT_FALSE(r.ticket.succeed(outcome));
     }
 
-    /// Fills and rotates until `k` is no longer in memory (two rotations after it was written), so
-    /// the next begin() of it goes through the cold window to the store. Moves the manual clock
-    /// 10 ms per round.
-    void evict(guard_t& g, const std::string& k) {
-        int round = 0;
-        while (g->query(idem::key(k)).state != record_state::absent) {
-            ASSERT_LT(round, 50) << "key " << k << " never left memory";
-            for (int i = 0; i < 4; ++i) succeed(g, "F" + std::to_string(filler_) + "X" + std::to_string(i) + "_PAY_v1", 1);
-            ++filler_;
-            ASSERT_TRUE(g.flush(10s)) << g.last_store_error();
-            clock_.advance(10ms);
-            (void)g->collect();
-            ++round;
-        }
-    }
+    /// Fills and rotates until `k` is no longer in memory (idem_test::evict), 10 ms a round.
+    void evict(guard_t& g, const std::string& k) { idem_test::evict(g, k, clock_, filler_); }
 
     idem::manual_clock clock_;
     idem_test::store_kind kind_;

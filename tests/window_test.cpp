@@ -66,18 +66,8 @@ protected:
         }
     }
 
-    /// Fills and rotates until `k` is no longer in memory (two rotations after it was written).
-    void evict(guard_t& g, const std::string& k) {
-        int round = 0;
-        while (g->query(idem::key(k)).state != record_state::absent) {
-            ASSERT_LT(round, 50) << "key " << k << " never left memory";
-            succeed_keys(g, "F" + std::to_string(filler_++) + "X", 4);
-            ASSERT_TRUE(g.flush(10s)) << g.last_store_error();
-            clock_.advance(10ms);
-            (void)g->collect();
-            ++round;
-        }
-    }
+    /// Fills and rotates until `k` is no longer in memory (idem_test::evict), 10 ms a round.
+    void evict(guard_t& g, const std::string& k) { idem_test::evict(g, k, clock_, filler_); }
 
     idem::manual_clock clock_;
     idem_test::store_kind kind_;

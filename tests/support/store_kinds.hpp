@@ -3,6 +3,7 @@
 // * store_kind: set up ("memory", "sqlite", "rocksdb", "postgres") once per test; open() then
 //   gives a new connection to the same data each time (a restart, a second reader). A kind this
 //   build lacks fails the test (never a silent skip).
+// * evict(): fills and rotates a durable guard on a manual clock until a key left memory.
 // * held_reads: forwards to a store and holds every get() at a gate the test opens (a read that
 //   hangs, as on a dead connection), failing it while `down`; its reader (the second connection of
 //   SQLite and PostgreSQL) is held the same way, so a recall is tested on the path the store
@@ -26,6 +27,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -90,6 +93,27 @@ inline std::vector<std::string> store_kinds() {
     k.push_back("postgres");
 #endif
     return k;
+}
+
+/// Fills and rotates `g` (a durable guard on `clock`) until `k` is no longer in memory (two
+/// rotations after it was written), so the next begin() of it goes through the cold window to the
+/// store: each round succeeds four filler keys "F<n>X<i>_PAY_v1" (n counts in `filler`), flushes,
+/// moves the clock 10 ms and collects.
+template <class Guard>
+void evict(Guard& g, const std::string& k, idem::manual_clock& clock, int& filler) {
+    using namespace std::chrono_literals;
+    for (int round = 0; g->query(idem::key(k)).state != idem::record_state::absent; ++round) {
+        ASSERT_LT(round, 50) << "key " << k << " never left memory";
+        for (int i = 0; i < 4; ++i) {
+            auto r = g->begin(idem::key("F" + std::to_string(filler) + "X" + std::to_string(i) + "_PAY_v1"));
+            ASSERT_EQ(r.status, idem::begin_status::acquired) << "filler " << filler << "/" << i;
+            ASSERT_FALSE(r.ticket.succeed(static_cast<std::uint64_t>(i) + 1000));
+        }
+        ++filler;
+        ASSERT_TRUE(g.flush(10s)) << g.last_store_error();
+        clock.advance(10ms);
+        (void)g->collect();
+    }
 }
 
 /// What a test steers in held_reads: reads wait at the gate, and fail while `down`; `reads`
