@@ -690,6 +690,45 @@ TEST_F(Global, PrunedKeyIsNewAgainWithAHigherFence) {
     expect_verified();
 }
 
+// Rows of scope::global carry the server's clock. A node whose clock runs an hour ahead of the
+// server's must not prune a record the server wrote a minute ago with a 30-minute window: before
+// the fix the prune bound came from the node's clock, the record went, and its key was granted
+// again. The server's clock is set back an hour for this database only: a function named
+// statement_timestamp in a schema searched before pg_catalog (PostgreSQL searches pg_catalog
+// where search_path lists it).
+TEST_F(Global, PruneJudgesTheWindowOnTheServersClock) {
+    {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        n.exec("CREATE SCHEMA skew");
+        n.exec("CREATE FUNCTION skew.statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS "
+               "$$ SELECT pg_catalog.statement_timestamp() - interval '1 hour' $$");
+        n.exec("ALTER DATABASE " + db_ + " SET search_path = skew, pg_catalog, public");
+    }
+    idem::options o = opts();
+    o.retention = 1ms;
+    idem::global_options go = gopts("ahead");
+    go.window = 30min;
+    go.prune_interval = 0ms;
+    idem::global_guard g(uri_, o, go);
+    {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        const auto behind_ms = n.exec("SELECT (extract(epoch FROM pg_catalog.statement_timestamp() - "
+                                      "statement_timestamp()) * 1000)::bigint")[0][0].as<std::int64_t>();
+        ASSERT_EQ(behind_ms, 3'600'000) << "the test's server clock is not an hour behind";
+    }
+    auto r = g.begin(idem::key("SKEW1_PAY_v1"));
+    ASSERT_EQ(r.status, idem::begin_status::acquired);
+    ASSERT_FALSE(r.ticket.succeed(7));
+    EXPECT_EQ(g.prune().records, 0u) << "a record written now was pruned on the node's clock";
+    auto d = g.begin(idem::key("SKEW1_PAY_v1"));
+    EXPECT_EQ(d.status, idem::begin_status::succeeded) << "the charge that ran was granted again";
+    EXPECT_EQ(d.outcome, 7u);
+    idem::global_guard other(uri_, o, gopts("other"));
+    EXPECT_EQ(other.begin(idem::key("SKEW1_PAY_v1")).status, idem::begin_status::succeeded);
+}
+
 TEST_F(Global, RetentionLongerThanTheWindowIsRefused) {
     idem::options o = opts();
     o.retention = 2h;

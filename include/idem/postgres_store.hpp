@@ -470,6 +470,18 @@ public:
         return m;
     }
 
+    /// The server's clock (Unix ms): what global scope stamps its rows with (detail/global_sql.hpp,
+    /// "Time"), so a bound on them must be taken from it, not from this machine's clock.
+    std::int64_t server_now_ms() {
+        std::int64_t now = 0;
+        run("server_now_ms", [&] {
+            step_ = "select statement_timestamp()";
+            pqxx::nontransaction n(*conn_);
+            now = n.exec(std::string(detail::pg::server_now_ms))[0][0].as<std::int64_t>();
+        });
+        return now;
+    }
+
     /// One transaction (detail/postgres_sql.hpp, prune_records ... prune_horizon): the oldest
     /// expired records by the updated_time index, then a prefix of the audit table in sequence
     /// order up to the first row not older than the bound, deleted as one range of its primary

@@ -421,13 +421,17 @@ public:
 
     /// Removes records past go.window and audit rows past go.audit_window, in calls of at most
     /// `max_rows` rows each, until none is left (each call one short transaction; reads of other
-    /// threads wait at most one call). Returns what was removed.
+    /// threads wait at most one call). Returns what was removed. The bounds are taken on the
+    /// server's clock, the one every row's times are stamped with: a node whose clock runs ahead
+    /// must not prune a record still inside the window (its key would run again).
     prune_result prune(std::size_t max_rows = 10'000) {
         prune_result total;
         if (go_.window == forever && go_.audit_window == forever) return total;
-        const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count();
+        std::int64_t now = 0;
+        {
+            std::lock_guard lk(store_m_);
+            now = store_.server_now_ms();
+        }
         prune_limits limits;
         if (go_.window != forever) limits.records_before_ms = now - go_.window.count();
         if (go_.audit_window != forever) limits.audit_before_ms = now - go_.audit_window.count();

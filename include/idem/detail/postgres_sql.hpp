@@ -196,6 +196,8 @@ inline constexpr std::string_view scan_audit_query =
     "FROM idempotent_audit ORDER BY idempotent_key, sequence)";
 inline constexpr std::size_t scan_audit_columns = 8;
 
+/// The server's clock now (Unix ms, the statement's start), the clock global scope stamps rows with.
+inline constexpr std::string_view server_now_ms = "SELECT (extract(epoch FROM statement_timestamp()) * 1000)::bigint";
 // NULL on an empty table; the client flips the sign bit back. Pruned records count (pruned_fence).
 inline constexpr std::string_view max_fence =
     "SELECT GREATEST((SELECT max(fencing_token # (-9223372036854775808)::bigint) FROM idempotent_record), "
