@@ -678,6 +678,7 @@ int main(int argc, char** argv) {
     register_guard<idem_guard>();
     register_guard<idem_prefault_guard>();
     register_guard<idem_payload_guard>();
+    register_guard<idem_scraped_guard>();
     register_batch();
     register_guard<mutex_guard>();
     register_guard<tbb_guard>();

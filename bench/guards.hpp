@@ -25,6 +25,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <atomic>
 #include <unordered_map>
 
 #include <tbb/concurrent_hash_map.h>
@@ -105,6 +107,7 @@ public:
     }
 
     [[nodiscard]] idem::stats snapshot() const noexcept { return g_.snapshot(); }
+    [[nodiscard]] std::vector<idem::operation_latency> latencies() const { return g_.operation_latencies(); }
 
 private:
     static idem::options make_options(std::size_t capacity) {
@@ -122,6 +125,34 @@ private:
 using idem_guard = basic_idem_guard<false>;
 using idem_prefault_guard = basic_idem_guard<true>;
 using idem_payload_guard = basic_idem_guard<false, 200>;
+
+// idem_scraped: idem_guard with a thread that writes the whole Prometheus exposition
+// (to_prometheus(snapshot(), operation_latencies())) every millisecond while the benchmark runs:
+// what serving /metrics costs the hot path, at 15,000 times the rate of a 15 s scrape interval.
+// Its rows beside idem's in one run are the ratio (docs/api.md, "Metrics").
+class idem_scraped_guard {
+public:
+    using key_type = idem::key;
+    using claim = idem_guard::claim;
+    static constexpr std::string_view name = "idem_scraped";
+
+    explicit idem_scraped_guard(std::size_t capacity) : g_(capacity), scraper_([this](std::stop_token stop) {
+        while (!stop.stop_requested()) {
+            const std::string text = idem::to_prometheus(g_.snapshot(), g_.latencies());
+            bytes_.fetch_add(text.size(), std::memory_order_relaxed);  // relaxed: keeps the text alive
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the scrape interval, not a wait for anything
+        }
+    }) {}
+
+    claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return g_.begin(k, fingerprint); }
+    bool succeed(claim& c, std::uint64_t outcome) noexcept { return g_.succeed(c, outcome); }
+    [[nodiscard]] idem::stats snapshot() const noexcept { return g_.snapshot(); }
+
+private:
+    idem_guard g_;
+    std::atomic<std::uint64_t> bytes_{0};
+    std::jthread scraper_;  // last: stopped and joined before g_ goes
+};
 
 /// The durable stores the overhead scenario runs: SQLite (the default set-up) and RocksDB.
 enum class durable_kind { sqlite, rocksdb };

@@ -330,6 +330,15 @@ TEST_P(Durable, RecoverySendsExpiredClaimsToTheResolverAndAuditsTheResolution) {
     EXPECT_EQ(g->recovery().processing, 5u);
     EXPECT_EQ(g->recovery().compensated, 3u);
     {
+        // The one-call exposition carries the start's figures as gauges (a restart is a series).
+        const std::string text = idem::to_prometheus(*g);
+        EXPECT_NE(text.find("\nidem_recovery_records 5\n"), std::string::npos) << text;
+        EXPECT_NE(text.find("\nidem_recovery_claims_in_flight 5\n"), std::string::npos) << text;
+        EXPECT_NE(text.find("\nidem_recovery_claims_compensated 3\n"), std::string::npos) << text;
+        EXPECT_NE(text.find("# TYPE idem_recovery_seconds gauge\nidem_recovery_seconds "), std::string::npos) << text;
+        EXPECT_NE(text.find("\nidem_acquired_total "), std::string::npos) << "the guard's counters are in the same text";
+    }
+    {
         std::lock_guard lock(m);
         ASSERT_EQ(calls.size(), 4u) << "the resolver must be asked once per expired claim, never about a live one";
         std::uint64_t fp = 100;

@@ -1,4 +1,5 @@
 // stats_test: the counters after a scripted sequence, and their Prometheus exposition.
+#include <idem/global_options.hpp>
 #include <idem/idem.hpp>
 
 #include <gtest/gtest.h>
@@ -95,16 +96,23 @@ TEST(Stats, PrometheusTextIsWellFormed) {
     EXPECT_NE(text.find("\nidem_evicted_total 2\n"), std::string::npos) << text;
     ASSERT_FALSE(text.empty());
     EXPECT_EQ(text.back(), '\n');
-    // Every sample line follows its own "# TYPE" line, and every metric name is unique.
+    // Every family opens with "# HELP name text" then "# TYPE name kind", every sample line follows
+    // its own TYPE line, and every metric name is unique.
     std::size_t pos = 0, samples = 0;
-    std::string last_type;
+    std::string last_type, last_help;
     std::set<std::string> names;
     while (pos < text.size()) {
         const auto end = text.find('\n', pos);
         ASSERT_NE(end, std::string::npos);
         const std::string line = text.substr(pos, end - pos);
         pos = end + 1;
+        if (line.rfind("# HELP ", 0) == 0) {
+            last_help = line.substr(7, line.find(' ', 7) - 7);
+            EXPECT_GT(line.size(), 7 + last_help.size() + 1) << "no help text: " << line;
+            continue;
+        }
         if (line.rfind("# TYPE ", 0) == 0) {
+            EXPECT_EQ(line.substr(7, line.find(' ', 7) - 7), last_help) << "a TYPE line without its HELP line: " << line;
             last_type = line.substr(7, line.find(' ', 7) - 7);
             const std::string kind = line.substr(line.rfind(' ') + 1);
             EXPECT_TRUE(kind == "counter" || kind == "gauge") << line;
@@ -248,6 +256,92 @@ TEST(Stats, OperationLabelsAreEscapedAndUniqueForAnyRows) {
     EXPECT_NE(text.find("{operation=\"" + std::string(31, 'e') + "\\\\xc3\"}"), std::string::npos) << text;
     EXPECT_NE(text.find("{operation=\"\\\\xff\\\\xfe\"}"), std::string::npos) << text;
     EXPECT_NE(text.find("idem_operation_lease_seconds{operation=\"\"} 1.000000000\n"), std::string::npos) << text;
+}
+
+// scope::global's exposition: every field of a hand-filled global_stats under its own name with the
+// value the test put there, each series once, and no name shared with a process-scope guard's
+// exposition, so the two can be served in one scrape.
+TEST(Stats, GlobalStatsExpositionCarriesEveryField) {
+    idem::global_stats g;
+    // Distinct values, none a prefix of another's digits at a line end, so a field printed under
+    // the wrong name is caught.
+    g.answered_locally = 1001;
+    g.claims_sent = 1002;
+    g.claims_won = 1003;
+    g.claims_lost = 1004;
+    g.superseded = 1005;
+    g.claim_batches = 1006;
+    g.completions = 1007;
+    g.stale_completions = 1008;
+    g.completion_batches = 1009;
+    g.compensated = 1010;
+    g.doubt_marks = 1011;
+    g.withdrawn = 1012;
+    g.commits_in_doubt = 1013;
+    g.store_errors = 1014;
+    g.timeouts = 1015;
+    g.pruned_records = 1016;
+    g.pruned_audit_rows = 1017;
+    g.local.acquired = 2001;
+    g.local.duplicates = 2002;
+    g.local.superseded = 2003;     // a name global_stats has too: must stay a series of its own
+    g.local.compensated = 2004;
+    g.local.store_errors = 2005;
+    g.local.max_probe = 2006;
+    g.local.flush_lag_ns = 3'000'000'007;
+
+    const std::map<std::string, std::string> expected = {
+        {"idem_global_answered_locally_total", "1001"},
+        {"idem_global_claims_sent_total", "1002"},
+        {"idem_global_claims_won_total", "1003"},
+        {"idem_global_claims_lost_total", "1004"},
+        {"idem_global_superseded_total", "1005"},
+        {"idem_global_claim_batches_total", "1006"},
+        {"idem_global_completions_total", "1007"},
+        {"idem_global_stale_completions_total", "1008"},
+        {"idem_global_completion_batches_total", "1009"},
+        {"idem_global_compensated_total", "1010"},
+        {"idem_global_doubt_marks_total", "1011"},
+        {"idem_global_withdrawn_total", "1012"},
+        {"idem_global_commits_in_doubt_total", "1013"},
+        {"idem_global_store_errors_total", "1014"},
+        {"idem_global_timeouts_total", "1015"},
+        {"idem_global_pruned_records_total", "1016"},
+        {"idem_global_pruned_audit_rows_total", "1017"},
+        {"idem_global_local_acquired_total", "2001"},
+        {"idem_global_local_duplicates_total", "2002"},
+        {"idem_global_local_superseded_total", "2003"},
+        {"idem_global_local_compensated_total", "2004"},
+        {"idem_global_local_store_errors_total", "2005"},
+        {"idem_global_local_max_probe", "2006"},
+        {"idem_global_local_flush_lag_seconds", "3.000000007"},
+        {"idem_global_local_succeeded_total", "0"},
+    };
+    const std::string text = idem::to_prometheus(g);
+    expect_unique_series(text);
+    std::map<std::string, std::string> got;
+    for (const auto& [series, value] : samples_of(text)) got[series] = value;
+    for (const auto& [name, value] : expected) {
+        const auto it = got.find(name);
+        ASSERT_NE(it, got.end()) << name << " is missing from\n" << text;
+        EXPECT_EQ(it->second, value) << name;
+        // Its TYPE line: counters end in _total, the rest are gauges.
+        const bool counter = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+        EXPECT_NE(text.find("# TYPE " + name + (counter ? " counter\n" : " gauge\n")), std::string::npos) << name;
+    }
+    // Every global_stats field (17) and every stats field of the local table (as in to_prometheus(stats)).
+    const std::size_t local_series = samples_of(idem::to_prometheus(idem::stats{})).size();
+    EXPECT_EQ(got.size(), 17 + local_series) << text;
+    for (const auto& [series, value] : got) EXPECT_EQ(series.rfind("idem_global_", 0), 0u) << series;
+
+    // Served beside a process-scope guard's exposition: still one TYPE line per metric, one series each.
+    const std::string both = idem::to_prometheus(idem::stats{}) + text;
+    expect_unique_series(both);
+    std::set<std::string> types;
+    for (std::size_t pos = both.find("# TYPE "); pos != std::string::npos; pos = both.find("# TYPE ", pos + 1)) {
+        const std::string name = both.substr(pos + 7, both.find(' ', pos + 7) - pos - 7);
+        EXPECT_TRUE(types.insert(name).second) << "two TYPE lines for " << name;
+    }
 }
 
 }  // namespace

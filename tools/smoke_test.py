@@ -7,13 +7,17 @@ Runs, in a fresh temporary directory:
   1. idem demo twice on the same sqlite store: both pass, and the second run recovers the first
      run's records without taking any of them for a duplicate of its own requests;
   2. idem verify on that store: 0 violations;  idem stats: the record and audit counts add up;
+     verify --prometheus FILE writes the textfile gauges (0 violations, the keys the demos wrote); on a
+     copy with one key's audit trail deleted they show the violations (exit 1); a --prometheus file
+     in a missing directory is exit 3 naming it, with the result still printed;
   3. idem audit on a key of the first run: found, SUCCESS, a claim and a success in its trail;
   3b. idem prune on that store: a 1-day window removes nothing and sets the records horizon; a 1 ms
      window removes every record (audit kept: verify counts each trail as one whose record was
      pruned, 0 violations, and prints the horizon), then --audit-window 1ms every audit row, in
      transactions of --batch rows; bad durations and batch sizes are exit 2 naming the flag;
   4. idem drill --cycles 5: workers SIGKILLed and recovered, no double execution, no lost
-     acknowledgement, 0 violations;
+     acknowledgement, 0 violations; its --prometheus file shows 0 failed checks of the checks run;
+     a drill on the damaged copy fails (exit 1) and its file shows the failed check;
   4b. idem drill --second-writer same and disjoint: every second worker started on the file while the
      first held it is refused with a message naming the file; 0 double executions, 0 lost
      acknowledgements, exit 0;
@@ -30,10 +34,13 @@ Exits 0 when every check holds, 1 otherwise (each failed check is printed).
 """
 import json
 import os
+import re
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 failures = []
@@ -62,6 +69,56 @@ def run(idem, *args, expect=0, timeout=120):
                                         f"idem {' '.join(args)}: exit {p.returncode}, expected {expect}"):
         sys.stdout.write(p.stderr[-2000:])
     return p.returncode, doc, p.stdout, p.stderr
+
+
+def read_prom(path, label, names, store):
+    """Parses a --prometheus textfile: each of `names` once, with one HELP and one TYPE gauge line,
+    one sample labelled store="<store>", and nothing else. Returns {name: value} (floats)."""
+    if not check(os.path.exists(path), f"{label}: no --prometheus file {path}"):
+        return {}
+    check(not os.path.exists(path + ".tmp"), f"{label}: {path}.tmp left behind")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    check(text.endswith("\n"), f"{label}: {path} does not end in a newline")
+    helps, types, values = {}, {}, {}
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{store="((?:[^"\\]|\\.)*)"\} (\S+)$')
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split(" ")[2]
+            check(name not in helps, f"{label}: two HELP lines for {name}")
+            helps[name] = line
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            check(name not in types and kind == "gauge", f"{label}: TYPE line {line!r}")
+            types[name] = kind
+        else:
+            m = sample.match(line)
+            if not check(m is not None, f"{label}: not a sample line: {line!r}"):
+                continue
+            name, st, value = m.groups()
+            check(name not in values, f"{label}: {name} sampled twice")
+            check(st == store, f"{label}: {name} has store={st!r}, expected {store!r}")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                check(False, f"{label}: {name} value {value!r} is not a number")
+    check(sorted(values) == sorted(names) and sorted(helps) == sorted(names) and sorted(types) == sorted(names),
+          f"{label}: metrics {sorted(values)}, HELP {sorted(helps)}, TYPE {sorted(types)}; expected {sorted(names)}")
+    return values
+
+
+VERIFY_METRICS = ("idem_verify_last_run_timestamp_seconds", "idem_verify_violations", "idem_verify_records_checked",
+                  "idem_verify_duration_seconds")
+DRILL_METRICS = ("idem_drill_last_run_timestamp_seconds", "idem_drill_failures", "idem_drill_checks",
+                 "idem_drill_duration_seconds")
+
+
+def check_run_time(values, prefix, label, before, after):
+    """The timestamp falls within the run (wall clock) and the duration fits in it."""
+    ts = values.get(prefix + "_last_run_timestamp_seconds", -1)
+    check(before - 1 <= ts <= after + 1, f"{label}: last run timestamp {ts} not within [{before}, {after}]")
+    dur = values.get(prefix + "_duration_seconds", -1)
+    check(0 <= dur <= after - before + 1, f"{label}: duration {dur} s, the run took {after - before:.1f} s")
 
 
 def check_drill(d, label, cycles):
@@ -119,12 +176,47 @@ def main():
                   f"it took first-run keys for duplicates")
 
         print("2. verify and stats", flush=True)
-        _, v, _, _ = run(idem, "verify", "--store", store, "--json")
+        prom = f"{tmp}/verify.prom"
+        before = time.time()
+        _, v, _, _ = run(idem, "verify", "--store", store, "--json", "--prometheus", prom)
+        after = time.time()
         if v:
             check(v["violations"] == 0, f"verify: {v['violations']} violations: {v['violation_list'][:3]}")
             if first and second:
                 check(v["keys"] == first["unique_keys"] + second["unique_keys"], f"verify: {v['keys']} keys")
                 check(v["transitions"] == 2 * v["keys"], f"verify: {v['transitions']} transitions")
+        pv = read_prom(prom, "verify --prometheus", VERIFY_METRICS, store)
+        if pv:
+            check(pv.get("idem_verify_violations") == 0, f"verify --prometheus: {pv}")
+            if first and second:
+                check(pv.get("idem_verify_records_checked") == first["unique_keys"] + second["unique_keys"],
+                      f"verify --prometheus: records checked {pv.get('idem_verify_records_checked')}, the demos "
+                      f"wrote {first['unique_keys'] + second['unique_keys']} keys")
+            check_run_time(pv, "idem_verify", "verify --prometheus", before, after)
+        # A damaged copy: one key's audit trail deleted, so its record has no trail (a violation).
+        bad = f"{tmp}/bad.db"
+        with sqlite3.connect(f"{tmp}/d.db") as src, sqlite3.connect(bad) as dst:
+            src.backup(dst)
+            dst.execute("DELETE FROM idempotent_audit WHERE idempotent_key = "
+                        "(SELECT idempotent_key FROM idempotent_record ORDER BY idempotent_key LIMIT 1)")
+        dst.close()
+        src.close()
+        bad_prom = f"{tmp}/bad-verify.prom"
+        _, bv, _, _ = run(idem, "verify", f"sqlite:{bad}", "--json", "--prometheus", bad_prom, expect=1)
+        pb = read_prom(bad_prom, "verify --prometheus (damaged store)", VERIFY_METRICS, f"sqlite:{bad}")
+        if bv and pb:
+            check(bv["violations"] > 0, f"verify of the damaged copy found no violation: {bv}")
+            check(pb.get("idem_verify_violations") == bv["violations"],
+                  f"verify --prometheus (damaged store): {pb.get('idem_verify_violations')} violations, the report "
+                  f"says {bv['violations']}")
+            check(pb.get("idem_verify_records_checked") == bv["keys"], f"verify --prometheus (damaged store): {pb}")
+        # An unwritable file: exit 3, the file named, the result still printed; nothing created.
+        missing = f"{tmp}/no-such-dir/verify.prom"
+        _, _, text, err = run(idem, "verify", "--store", store, "--prometheus", missing, expect=3)
+        check("PASS" in text and "violations" in text, f"verify --prometheus {missing}: no result printed: {text!r}")
+        check("--prometheus" in err and f"{tmp}/no-such-dir" in err and "does not exist" in err,
+              f"verify --prometheus {missing}: the error names neither the flag nor the directory: {err.strip()!r}")
+        check(not os.path.exists(f"{tmp}/no-such-dir"), "verify --prometheus created the missing directory")
         _, s, _, _ = run(idem, "stats", "--store", store, "--json")
         if s and v:
             check(s["records"] == v["keys"], f"stats: {s['records']} records, verify saw {v['keys']} keys")
@@ -194,8 +286,27 @@ def main():
         run(idem, "prune", f"sqlite:{tmp}/missing.db", "--window", "1d", expect=3)
 
         print("4. crash drill", flush=True)
-        _, d, _, _ = run(idem, "drill", "--cycles", "5", "--json", "--store", f"sqlite:{tmp}/drill.db", timeout=180)
+        drill_prom = f"{tmp}/drill.prom"
+        before = time.time()
+        _, d, _, _ = run(idem, "drill", "--cycles", "5", "--json", "--store", f"sqlite:{tmp}/drill.db",
+                         "--prometheus", drill_prom, timeout=180)
+        after = time.time()
         check_drill(d, "drill", 5)
+        pd = read_prom(drill_prom, "drill --prometheus", DRILL_METRICS, f"sqlite:{tmp}/drill.db")
+        if pd and d:
+            check(pd.get("idem_drill_failures") == 0, f"drill --prometheus: {pd}")
+            check(pd.get("idem_drill_checks") == d["checks"] and d["checks"] >= 8,
+                  f"drill --prometheus: {pd.get('idem_drill_checks')} checks, the report says {d['checks']}")
+            check_run_time(pd, "idem_drill", "drill --prometheus", before, after)
+        # On the damaged copy the drill's final idem::verify finds its violation: one failed check.
+        bad_drill_prom = f"{tmp}/bad-drill.prom"
+        _, d, _, _ = run(idem, "drill", "--cycles", "1", "--keys", "20", "--json", "--store", f"sqlite:{bad}",
+                         "--prometheus", bad_drill_prom, expect=1, timeout=120)
+        pd = read_prom(bad_drill_prom, "drill --prometheus (damaged store)", DRILL_METRICS, f"sqlite:{bad}")
+        if pd and d:
+            check(d["failed_checks"] >= 1 and d["violations"] > 0, f"drill on the damaged store: {d.get('failures')}")
+            check(pd.get("idem_drill_failures") == d["failed_checks"] and pd.get("idem_drill_checks") == d["checks"],
+                  f"drill --prometheus (damaged store): {pd}, the report says {d['failed_checks']} of {d['checks']}")
 
         print("4d. crash drill on a rocksdb store", flush=True)
         rocks = f"rocksdb:{tmp}/drill.rocksdb"
@@ -271,8 +382,25 @@ def main():
                              "--store", pg, timeout=300)
             check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
                   and p["lost_acknowledged"] == 0, f"postgres drill --workers 3: {p and p.get('failures')}")
-            _, p, _, _ = run(idem, "verify", "--store", pg, "--json")
+            pg_prom = f"{tmp}/pg-verify.prom"
+            _, p, _, _ = run(idem, "verify", "--store", pg, "--json", "--prometheus", pg_prom)
             check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
+            if p:
+                # The store label is the report's store name: the URI without its password.
+                pp = read_prom(pg_prom, "postgres verify --prometheus", VERIFY_METRICS, p["store"])
+                check(pp.get("idem_verify_records_checked") == p["keys"], f"postgres verify --prometheus: {pp}")
+            # A password in the URI never reaches the file. Without one in IDEM_SMOKE_PG_URI, try a
+            # made-up one (a server with trust authentication ignores it; one that refuses it skips this).
+            parts = urllib.parse.urlsplit(pg)
+            password = parts.password or "idem-smoke-secret"
+            uri = pg if parts.password else urllib.parse.urlunsplit(
+                parts._replace(netloc=f"{parts.username or 'postgres'}:{password}@{parts.netloc.rpartition('@')[2]}"))
+            rc, p, _, _ = run(idem, "verify", "--store", uri, "--json", "--prometheus", pg_prom, expect=None)
+            if rc == 0 and p:
+                check(password not in p["store"], f"postgres verify: the report names the password: {p['store']}")
+                read_prom(pg_prom, "postgres verify --prometheus (password)", VERIFY_METRICS, p["store"])
+                with open(pg_prom, encoding="utf-8") as f:
+                    check(password not in f.read(), "postgres verify --prometheus: the file holds the password")
 
         print("6. exit codes", flush=True)
         _, _, _, err = run(idem, "nosuch", expect=2)

@@ -5,7 +5,10 @@
 // in the state and fence its record holds; no record without a trail, no trail without a record,
 // unless the store's prune horizon says those rows were pruned (then they are counted and the
 // horizon printed).
-// Exit codes: 0 no violation, 1 violations (listed), 2 bad command line, 3 the store could not be read.
+// --prometheus FILE: after the report, the run's result as gauges for node-exporter's textfile
+// collector (prometheus_file.hpp), written also when violations were found.
+// Exit codes: 0 no violation, 1 violations (listed), 2 bad command line, 3 the store could not be read
+// (or, with no violation, the --prometheus file could not be written).
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -14,6 +17,7 @@
 
 #include "command.hpp"
 #include "idem/verify.hpp"
+#include "prometheus_file.hpp"
 #include "report.hpp"
 #include "store.hpp"
 
@@ -24,6 +28,7 @@ struct verify_config {
     std::string store;
     bool json = false;
     std::uint64_t max_list = 100;
+    std::string prometheus;  ///< --prometheus FILE; empty: none
 };
 
 int run_verify(const verify_config& c) {
@@ -76,6 +81,22 @@ int run_verify(const verify_config& c) {
         if (shown < r.violations.size())
             std::cout << "  ... and " << grouped(r.violations.size() - shown) << " more (--max-list)\n";
     }
+    if (!c.prometheus.empty()) {
+        const std::vector<textfile_gauge> gauges{
+            {"idem_verify_last_run_timestamp_seconds", "Unix time the last idem verify run finished.", prometheus_now()},
+            {"idem_verify_violations", "Violations the last idem verify run found (0: every audit trail legal).",
+             prometheus_integer(r.violations.size())},
+            {"idem_verify_records_checked", "Keys the last idem verify run checked (records and audit trails).",
+             prometheus_integer(r.keys)},
+            {"idem_verify_duration_seconds", "Time the last idem verify run took to check the store.",
+             prometheus_decimal(elapsed_s, 6)},
+        };
+        std::cout.flush();
+        if (auto why = write_textfile(c.prometheus, textfile_text(gauges, display_name(spec)))) {
+            std::cerr << "idem verify: --prometheus: " << *why << '\n';
+            if (ok) return exit_runtime;
+        }
+    }
     return ok ? exit_ok : exit_violation;
 }
 
@@ -86,14 +107,15 @@ command add_verify(CLI::App& root) {
     CLI::App* app = root.add_subcommand(
         "verify", "Check that every key's audit trail in a durable store is a legal path matching its record");
     app->footer("Exit codes: 0 no violation, 1 violations found (listed), 2 bad command line, 3 the store could "
-                "not be read.");
-    app->add_option("--store", c->store, std::string("Store URI: ") + durable_stores)
+                "not be read (or, with no violation, the --prometheus file could not be written).");
+    app->add_option("store,--store", c->store, std::string("Store URI: ") + durable_stores)
         ->required()
         ->check(store_check(/*durable_only=*/true));
     app->add_flag("--json", c->json, "Print one JSON object on stdout");
     app->add_option("--max-list", c->max_list, "Violations listed at most (all are counted)")
         ->check(in_range(std::uint64_t{0}, std::uint64_t{1} << 32, "violations listed"))
         ->capture_default_str();
+    app->add_option("--prometheus", c->prometheus, prometheus_option_help)->type_name("FILE");
     return {app, [c] { return run_verify(*c); }};
 }
 

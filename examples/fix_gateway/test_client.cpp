@@ -23,6 +23,15 @@
 // twice (the engine resends an order the gateway took but whose sequence number it did not store):
 // for those the ledger requires at most one New, every answer with one OrderID, and 1 or 2 answers
 // more than the resend copies (README.md, "The crash window").
+//
+// The gateway runs with --metrics-port 0; the test reads the port it prints into gateway.log and
+// scrapes GET /metrics (cpp-httplib's client, over 127.0.0.1) three times, each once every message
+// sent so far is answered: checking that the exposition parses, and that fix_gateway_orders_total,
+// _executions_total, _duplicates_total and idem_acquired_total are what the test sent (counted
+// here as it sends, by kind). The SIGKILL restarts the counters at 0, and which of the crash
+// window's orders the first process took before it died is not known, so the exact checks are:
+// the first process's totals after step 2, and the second process's increase over steps 4 and 5
+// (scraped after step 3 and at the end); its totals are checked against bounds (check_metrics).
 #include <quickfix/Application.h>
 #include <quickfix/FileStore.h>
 #include <quickfix/Session.h>
@@ -38,10 +47,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <httplib.h>
+
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -63,6 +77,7 @@ struct ledger_entry {
     order_spec spec;
     int resends_sent = 0;    // PossResend copies
     int conflicts_sent = 0;  // reuses that must be rejected
+    bool sent = false;       // the order itself (or the unkeyable ClOrdID) was sent
     bool crash_window = false;
     std::set<std::string> news, statuses, rejects;  // ExecIDs by ExecType
     std::set<std::string> order_ids;                 // from New and Order Status
@@ -138,7 +153,11 @@ int pick_port() {
     return -1;
 }
 
-pid_t start_gateway(const std::string& binary, const std::string& dir, int port) {
+/// Starts the gateway with its log appended to DIR/gateway.log; *log_from is the log's size before,
+/// where this process's lines start (the previous gateway is dead by then: killed and reaped).
+pid_t start_gateway(const std::string& binary, const std::string& dir, int port, off_t* log_from) {
+    struct stat st;
+    *log_from = stat((dir + "/gateway.log").c_str(), &st) == 0 ? st.st_size : 0;
     const pid_t pid = fork();
     if (pid != 0) return pid;
     const int log = open((dir + "/gateway.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -146,8 +165,162 @@ pid_t start_gateway(const std::string& binary, const std::string& dir, int port)
     dup2(log, 2);
     const std::string p = std::to_string(port), db = dir + "/gateway.db", store = dir + "/gateway-fix-store";
     execl(binary.c_str(), binary.c_str(), "--port", p.c_str(), "--db", db.c_str(), "--fix-store", store.c_str(),
-          static_cast<char*>(nullptr));
+          "--metrics-port", "0", static_cast<char*>(nullptr));
     _exit(127);
+}
+
+/// The metrics port the gateway printed ("fix_gateway: metrics listening on 127.0.0.1:PORT") into
+/// DIR/gateway.log after byte `from`, polled until it shows or `seconds` pass; -1 then.
+int metrics_port_of(const std::string& dir, off_t from, int seconds) {
+    static const std::string tag = "fix_gateway: metrics listening on 127.0.0.1:";
+    const auto deadline = clock_type::now() + std::chrono::seconds(seconds);
+    for (;;) {
+        if (FILE* f = std::fopen((dir + "/gateway.log").c_str(), "r")) {
+            std::string text;
+            char buf[4096];
+            if (fseeko(f, from, SEEK_SET) == 0)
+                for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+            std::fclose(f);
+            const std::size_t at = text.find(tag);
+            const std::size_t eol = at == std::string::npos ? at : text.find('\n', at);
+            if (eol != std::string::npos) {
+                const std::string digits = text.substr(at + tag.size(), eol - at - tag.size());
+                char* end = nullptr;
+                errno = 0;
+                const long port = std::strtol(digits.c_str(), &end, 10);
+                if (digits.empty() || *end != '\0' || errno != 0 || port <= 0 || port > 65535) return -1;
+                return static_cast<int>(port);
+            }
+        }
+        if (clock_type::now() >= deadline) return -1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling the log, deadline above
+    }
+}
+
+/// A parsed Prometheus text exposition (format 0.0.4).
+struct exposition {
+    std::map<std::string, double> values;      // samples without labels, by name
+    std::map<std::string, std::string> types;  // # TYPE name type
+    std::set<std::string> helps;               // names with a # HELP line
+};
+
+bool metric_name_ok(const std::string& n) {
+    if (n.empty() || std::isdigit(static_cast<unsigned char>(n[0]))) return false;
+    for (const char c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') return false;
+    return true;
+}
+
+/// Parses `text`; false with *why on the first line that breaks the format, or whose sample has no
+/// "# TYPE" line before it (for a summary's NAME_count/NAME_sum and a histogram's NAME_bucket too,
+/// the TYPE line of NAME).
+bool parse_exposition(const std::string& text, exposition* out, std::string* why) {
+    if (text.empty() || text.back() != '\n') {
+        *why = "the exposition does not end with a newline";
+        return false;
+    }
+    std::istringstream in(text);
+    std::string line;
+    for (int no = 1; std::getline(in, line); ++no) {
+        auto bad = [&](const std::string& what) {
+            *why = "line " + std::to_string(no) + " (" + line.substr(0, 120) + "): " + what;
+            return false;
+        };
+        if (line.empty()) continue;
+        if (line[0] == '#') {
+            std::istringstream w(line.substr(1));
+            std::string keyword, name, type;
+            w >> keyword >> name;
+            if (keyword == "TYPE") {
+                w >> type;
+                if (!metric_name_ok(name)) return bad("bad metric name in # TYPE");
+                if (type != "counter" && type != "gauge" && type != "summary" && type != "histogram" && type != "untyped")
+                    return bad("unknown type '" + type + "'");
+                if (!out->types.emplace(name, type).second) return bad("a second # TYPE for " + name);
+            } else if (keyword == "HELP") {
+                if (!metric_name_ok(name)) return bad("bad metric name in # HELP");
+                out->helps.insert(name);
+            }
+            continue;  // any other # line is a comment
+        }
+        std::size_t i = 0;
+        while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
+        const std::string name = line.substr(0, i);
+        if (!metric_name_ok(name)) return bad("bad metric name");
+        const bool labelled = i < line.size() && line[i] == '{';
+        if (labelled) {  // to the closing brace, past quoted label values and their escapes
+            bool quoted = false;
+            for (++i; i < line.size(); ++i) {
+                if (quoted && line[i] == '\\') ++i;
+                else if (line[i] == '"') quoted = !quoted;
+                else if (!quoted && line[i] == '}') break;
+            }
+            if (i >= line.size()) return bad("unterminated label set");
+            ++i;
+        }
+        if (i >= line.size() || line[i] != ' ') return bad("no space before the value");
+        std::istringstream rest(line.substr(i + 1));
+        std::string value, timestamp, extra;
+        rest >> value >> timestamp >> extra;
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0') return bad("value '" + value + "' is not a number");
+        if (!extra.empty()) return bad("text after the timestamp");
+        auto typed = [&](const std::string& family, const char* t1, const char* t2) {
+            const auto it = out->types.find(family);
+            return it != out->types.end() && (it->second == t1 || it->second == t2);
+        };
+        auto strip = [&](const std::string& suffix) {
+            return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+                       ? name.substr(0, name.size() - suffix.size())
+                       : std::string();
+        };
+        if (out->types.count(name) == 0 && !typed(strip("_count"), "summary", "histogram") &&
+            !typed(strip("_sum"), "summary", "histogram") && !typed(strip("_bucket"), "histogram", "histogram"))
+            return bad("sample " + name + " has no # TYPE line before it");
+        if (!labelled && !out->values.emplace(name, v).second) return bad("a second sample of " + name);
+    }
+    return true;
+}
+
+/// GET http://127.0.0.1:PORT/metrics, parsed; false with *why when it fails.
+bool scrape(int port, exposition* out, std::string* why) {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_connection_timeout(5);
+    cli.set_read_timeout(10);
+    const auto res = cli.Get("/metrics");
+    if (!res) {
+        *why = "GET /metrics on 127.0.0.1:" + std::to_string(port) + ": " + httplib::to_string(res.error());
+        return false;
+    }
+    if (res->status != 200) {
+        *why = "GET /metrics answered " + std::to_string(res->status);
+        return false;
+    }
+    const std::string ct = res->get_header_value("Content-Type");
+    if (ct != "text/plain; version=0.0.4; charset=utf-8") {
+        *why = "GET /metrics Content-Type '" + ct + "'";
+        return false;
+    }
+    return parse_exposition(res->body, out, why);
+}
+
+/// What the test has sent, by kind: each message the gateway's application receives is one of these.
+struct sent_counts {
+    long news = 0;       // orders sent for the first time: each one executed
+    long copies = 0;     // PossResend copies: answered Order Status, a duplicate
+    long conflicts = 0;  // reused ClOrdIDs: rejected as Duplicate Order, a duplicate
+    long unkeyable = 0;  // the ClOrdID too long to be a key: rejected, neither executed nor a duplicate
+};
+
+/// The four checked series, from what was sent (all of `to`, or what `to` adds to `from`).
+std::map<std::string, double> expected_series(const sent_counts& to, const sent_counts& from = sent_counts()) {
+    const long news = to.news - from.news, copies = to.copies - from.copies, conflicts = to.conflicts - from.conflicts,
+               unkeyable = to.unkeyable - from.unkeyable;
+    return {{"fix_gateway_orders_total", static_cast<double>(news + copies + conflicts + unkeyable)},
+            {"fix_gateway_executions_total", static_cast<double>(news)},
+            {"fix_gateway_duplicates_total", static_cast<double>(copies + conflicts)},
+            {"idem_acquired_total", static_cast<double>(news)}};
 }
 
 }  // namespace
@@ -172,7 +345,8 @@ int main(int argc, char** argv) {
     }
     const auto t0 = clock_type::now();
     std::printf("fix_gateway_test: %d orders, seed %u, port %d, work dir %s\n", n, seed, port, dir.c_str());
-    pid_t gw = start_gateway(gateway, dir, port);
+    off_t gw_log_from = 0;  // where the running gateway's lines start in gateway.log
+    pid_t gw = start_gateway(gateway, dir, port, &gw_log_from);
 
     client_app app;
     std::ostringstream cfg;
@@ -223,7 +397,10 @@ int main(int argc, char** argv) {
                     std::chrono::duration<double>(clock_type::now() - t0).count());
         std::fflush(stdout);
     };
-    auto send = [&](const order_spec& o, bool poss_resend, bool pipelined) {
+    sent_counts sent;  // main thread only
+    enum class kind { order, copy, conflict, unkeyable };
+    auto send = [&](const order_spec& o, kind k, bool pipelined) {
+        const bool poss_resend = k == kind::copy;
         if (pipelined) {
             // At most 100 unanswered while the session is up: QuickFIX's sendToTarget holds the
             // session's lock while it writes to the socket, and the thread reading the reports
@@ -246,9 +423,13 @@ int main(int argc, char** argv) {
         {
             std::lock_guard<std::mutex> l(app.mu);
             ++app.expected;
+            if (k == kind::order || k == kind::unkeyable) app.ledger[o.clordid].sent = true;
         }
+        ++(k == kind::order ? sent.news : k == kind::copy ? sent.copies : k == kind::conflict ? sent.conflicts : sent.unkeyable);
         FIX::Session::sendToTarget(m, sid);
     };
+    sent_counts sent_at_kill;  // what had been sent when the first gateway was killed
+    long window_at_kill = 0;   // and how many orders were unanswered then
     auto send_range = [&](int from, int to, bool pipelined, int kill_at) {
         for (int i = from; i < to; ++i) {
             if (i == kill_at) {
@@ -264,19 +445,76 @@ int main(int argc, char** argv) {
                         }
                     }
                     std::printf("  SIGKILL gateway at order %d, %d orders unanswered\n", i, window);
+                    window_at_kill = window;
                 }
+                sent_at_kill = sent;
                 kill(gw, SIGKILL);
                 waitpid(gw, nullptr, 0);
-                gw = start_gateway(gateway, dir, port);
+                gw = start_gateway(gateway, dir, port, &gw_log_from);
             }
-            send(orders[static_cast<std::size_t>(i)], false, pipelined);
+            send(orders[static_cast<std::size_t>(i)], kind::order, pipelined);
             const int j = i - 5;  // the PossResend copy goes a few orders after its original
             if (j >= 0 && resend[static_cast<std::size_t>(j)]) {
                 {
                     std::lock_guard<std::mutex> l(app.mu);
                     ++app.ledger[orders[static_cast<std::size_t>(j)].clordid].resends_sent;
                 }
-                send(orders[static_cast<std::size_t>(j)], true, pipelined);
+                send(orders[static_cast<std::size_t>(j)], kind::copy, pipelined);
+            }
+        }
+    };
+
+    // Every message sent so far answered (app.mu held): each order's New or Order Status and one per
+    // PossResend copy, one reject per conflict. The gateway's session hands messages to the
+    // application in MsgSeqNum order, so once the last one sent is answered every earlier one has
+    // been through the gateway too, including a crash-window order the restarted gateway gets again
+    // from the engine after the client had its New; and the gateway counts an order before it
+    // answers it. So the counters scraped then hold every message sent, and nothing else.
+    auto all_answered = [&] {
+        for (const auto& kv : app.ledger) {
+            const ledger_entry& e = kv.second;
+            if (!e.sent) continue;
+            if (static_cast<long>(e.rejects.size()) < e.conflicts_sent) return false;
+            if (!e.spec.clordid.empty() && static_cast<long>(e.news.size() + e.statuses.size()) < 1 + e.resends_sent)
+                return false;
+        }
+        return true;
+    };
+    // Scrapes the running gateway once all_answered(); false (and failed) when that or the scrape fails.
+    auto scrape_now = [&](const char* when, exposition* x) {
+        if (!wait_for(("every answer, to scrape " + std::string(when)).c_str(), 90, all_answered)) return false;
+        const int mport = metrics_port_of(dir, gw_log_from, 30);
+        std::string why;
+        if (mport < 0) why = "no 'metrics listening on 127.0.0.1:PORT' line in " + dir + "/gateway.log";
+        else if (scrape(mport, x, &why)) return true;
+        fail(std::string(when) + ": " + why);
+        return false;
+    };
+    // Each series `want` names is in `x` (with the delta: `x` minus `base`), a counter with a HELP
+    // line, and equal to its value there.
+    auto check_series = [&](const char* when, const exposition& x, const std::map<std::string, double>& want,
+                            const exposition* base) {
+        for (const auto& kv : want) {
+            const auto it = x.values.find(kv.first);
+            const auto t = x.types.find(kv.first);
+            if (it == x.values.end() || t == x.types.end() || t->second != "counter" || x.helps.count(kv.first) == 0) {
+                fail(std::string("/metrics ") + when + ": " + kv.first + " missing, or without HELP and TYPE counter");
+                continue;
+            }
+            double got = it->second;
+            if (base != nullptr) {
+                const auto b = base->values.find(kv.first);
+                if (b == base->values.end()) {
+                    fail(std::string("/metrics ") + when + ": " + kv.first + " missing from the first scrape");
+                    continue;
+                }
+                got -= b->second;
+            }
+            if (got != kv.second) {
+                char msg[256];
+                std::snprintf(msg, sizeof msg, "/metrics %s: %s %s %.0f, expected %.0f", when, kv.first.c_str(),
+                              base != nullptr ? "went up by" : "is", got, kv.second);
+                fail(msg);
             }
         }
     };
@@ -292,9 +530,25 @@ int main(int argc, char** argv) {
     send_range(n * 4 / 10, n / 2, false, -1);  // stored by the engine, resent after the logon
     session->logon();
     wait_answers("2: reconnect, engine resend");
+    {
+        // The first gateway has seen every message sent so far, each once (the Logout was orderly,
+        // so its engine has nothing to resend twice): its totals are exact.
+        exposition first;
+        if (scrape_now("the first gateway's /metrics", &first)) {
+            check_series("after step 2 (first gateway)", first, expected_series(sent), nullptr);
+            std::printf("  /metrics, first gateway: %.0f orders, %.0f executions, %.0f duplicates\n",
+                        first.values["fix_gateway_orders_total"], first.values["fix_gateway_executions_total"],
+                        first.values["fix_gateway_duplicates_total"]);
+        }
+    }
 
     send_range(n / 2, n * 7 / 10, true, n * 6 / 10);
     wait_answers("3: gateway SIGKILL + restart");
+    // The restarted gateway's totals after step 3 depend on which crash-window orders the first one
+    // took before it died; what steps 4 and 5 add to them does not.
+    exposition restarted;
+    const sent_counts sent_after_3 = sent;
+    const bool have_restarted = scrape_now("the restarted gateway's /metrics after step 3", &restarted);
 
     send_range(n * 7 / 10, n, true, -1);
     for (int j = n - 5; j < n; ++j)
@@ -303,7 +557,7 @@ int main(int argc, char** argv) {
                 std::lock_guard<std::mutex> l(app.mu);
                 ++app.ledger[orders[static_cast<std::size_t>(j)].clordid].resends_sent;
             }
-            send(orders[static_cast<std::size_t>(j)], true, true);
+            send(orders[static_cast<std::size_t>(j)], kind::copy, true);
         }
     wait_answers("4: orders");
 
@@ -315,7 +569,7 @@ int main(int argc, char** argv) {
             std::lock_guard<std::mutex> l(app.mu);
             ++app.ledger[o.clordid].conflicts_sent;
         }
-        send(o, false, true);
+        send(o, kind::conflict, true);
         ++conflicts;
     }
     for (int i = 50; i < n; i += 500) {  // 0.2%: the same order again, not flagged as a resend
@@ -323,7 +577,7 @@ int main(int argc, char** argv) {
             std::lock_guard<std::mutex> l(app.mu);
             ++app.ledger[orders[static_cast<std::size_t>(i)].clordid].conflicts_sent;
         }
-        send(orders[static_cast<std::size_t>(i)], false, true);
+        send(orders[static_cast<std::size_t>(i)], kind::conflict, true);
         ++conflicts;
     }
     order_spec too_long = orders[0];
@@ -332,9 +586,34 @@ int main(int argc, char** argv) {
         std::lock_guard<std::mutex> l(app.mu);
         app.ledger[too_long.clordid].conflicts_sent = 1;  // spec left empty: expects OrdRejReason 99
     }
-    send(too_long, false, true);
+    send(too_long, kind::unkeyable, true);
     wait_answers("5: conflicting ClOrdIDs");
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let a stray extra report show
+    {
+        exposition last;
+        if (have_restarted && scrape_now("the restarted gateway's /metrics at the end", &last)) {
+            check_series("steps 4 and 5 (restarted gateway)", last, expected_series(sent, sent_after_3), &restarted);
+            // Its totals, bounded: every order first sent after the kill was executed by it, and
+            // of the crash window's, those the first gateway had not committed.
+            const double executed = last.values["fix_gateway_executions_total"];
+            const double low = static_cast<double>(sent.news - sent_at_kill.news);
+            if (executed < low || executed > low + static_cast<double>(window_at_kill)) {
+                char msg[160];
+                std::snprintf(msg, sizeof msg, "/metrics at the end: the restarted gateway executed %.0f orders, not in [%.0f, %.0f]",
+                              executed, low, low + static_cast<double>(window_at_kill));
+                fail(msg);
+            }
+            if (last.values["idem_acquired_total"] != executed)
+                fail("/metrics at the end: idem_acquired_total differs from fix_gateway_executions_total");
+            std::printf("  /metrics, restarted gateway: steps 4-5 added %.0f orders, %.0f executions, %.0f duplicates; "
+                        "%.0f executions in all\n",
+                        last.values["fix_gateway_orders_total"] - restarted.values["fix_gateway_orders_total"],
+                        last.values["fix_gateway_executions_total"] - restarted.values["fix_gateway_executions_total"],
+                        last.values["fix_gateway_duplicates_total"] - restarted.values["fix_gateway_duplicates_total"],
+                        executed);
+            std::fflush(stdout);
+        }
+    }
 
     // The ledger.
     std::unique_lock<std::mutex> l(app.mu);

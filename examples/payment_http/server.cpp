@@ -11,6 +11,9 @@
 // being processed, and after completion the first response again, byte for byte, with
 // `Idempotent-Replayed: true`.
 //
+// GET /metrics answers the guard's counters and the server's own (payment_http_*) in the
+// Prometheus text format, for a Prometheus to scrape (README.md, "Metrics").
+//
 // The response (status code and body) is stored by idem with the claim's completion, in the same
 // row of the same commit (the completion's payload), so there is no second table to keep in step.
 // In sync mode (the default) succeed() returns after that commit, so a response the client may
@@ -19,6 +22,7 @@
 // A completion the guard refuses after the charge is treated the same way: the claim is left in
 // doubt and answered 503 "may have been made", never released, since a retry would charge again.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -46,6 +50,7 @@
 #include <idem/durable.hpp>
 #include <idem/postgres_store.hpp>
 #include <idem/sqlite_store.hpp>
+#include <idem/stats.hpp>
 
 #include "idempotency_key.hpp"
 
@@ -340,9 +345,56 @@ std::optional<payment_request> parse_payment(const std::string& body, httplib::R
     return p;
 }
 
+/// The server's own counters, served by GET /metrics next to the guard's (idem::to_prometheus).
+/// Relaxed atomics: each is a tally a scrape reads, ordering nothing else, so counting costs a
+/// request an atomic add per counter it touches. in_flight is decremented when the handler returns,
+/// before the response is written: a client that has its answer is no longer counted.
+struct http_metrics {
+    std::atomic<std::uint64_t> requests{0};    ///< POST /payments received, whatever their answer
+    std::atomic<std::uint64_t> replayed{0};    ///< answers replayed from a recorded result (Idempotent-Replayed)
+    std::atomic<std::uint64_t> charges{0};     ///< charges the processor was asked for: operations executed
+    std::atomic<std::uint64_t> in_flight{0};   ///< POST /payments being handled now
+
+    static void add(std::atomic<std::uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+
+    /// One POST from its start to its answer: counted, and in flight while it lives.
+    struct request_scope {
+        explicit request_scope(http_metrics& m) : m_(m) {
+            add(m_.requests);
+            m_.in_flight.fetch_add(1, std::memory_order_relaxed);
+        }
+        ~request_scope() { m_.in_flight.fetch_sub(1, std::memory_order_relaxed); }
+        request_scope(const request_scope&) = delete;
+        request_scope& operator=(const request_scope&) = delete;
+        http_metrics& m_;
+    };
+
+    /// The Prometheus text exposition (format 0.0.4) of these counters, prefixed payment_http_.
+    std::string exposition() const {
+        std::string out;
+        auto put = [&](const char* name, const char* type, const char* help, const std::string& value) {
+            out.append("# HELP payment_http_").append(name).append(" ").append(help).append("\n");
+            out.append("# TYPE payment_http_").append(name).append(" ").append(type).append("\n");
+            out.append("payment_http_").append(name).append(" ").append(value).append("\n");
+        };
+        const auto get = [](const std::atomic<std::uint64_t>& c) {
+            return std::to_string(c.load(std::memory_order_relaxed));
+        };
+        put("requests_total", "counter", "POST /payments requests received.", get(requests));
+        put("duplicates_replayed_total", "counter", "Answers replayed from a recorded result (Idempotent-Replayed: true).",
+            get(replayed));
+        put("charges_total", "counter", "Charges the payment processor was asked for (operations executed).",
+            get(charges));
+        put("in_flight", "gauge", "POST /payments requests being handled now.",
+            std::to_string(in_flight.load(std::memory_order_relaxed)));
+        return out;
+    }
+};
+
 class payment_api {
 public:
-    payment_api(const config& cfg, processor& proc, idem::durable_guard* g) : cfg_(cfg), proc_(proc), g_(g) {}
+    payment_api(const config& cfg, processor& proc, idem::durable_guard* g, http_metrics& m)
+        : cfg_(cfg), proc_(proc), g_(g), m_(m) {}
 
     void post(const httplib::Request& req, httplib::Response& res) {
         if (!req.has_header("Idempotency-Key"))
@@ -362,6 +414,7 @@ public:
         const auto p = parse_payment(req.body, res);
         if (!p) return;
         if (!cfg_.use_idem) {  // the benchmark's baseline: the same work, no deduplication
+            http_metrics::add(m_.charges);
             const charge_result c = proc_.charge(*text, 0, p->amount, p->currency);
             return send_stored(res, *decode_response(respond(*text, *p, c)), false);
         }
@@ -375,7 +428,7 @@ public:
             case idem::begin_status::acquired: break;
             case idem::begin_status::succeeded: return replay(res, *text, *p, r.outcome, r.payload);
             case idem::begin_status::failed:  // a declined payment: its 402 is stored with the failure
-                if (const auto stored = decode_response(r.payload)) return send_stored(res, *stored, true);
+                if (const auto stored = decode_response(r.payload)) return replayed(res, *stored);
                 return problem(res, 500, "Stored response unreadable", "the failed payment has no stored response");
             case idem::begin_status::in_progress:
                 res.set_header("Retry-After", "1");
@@ -400,6 +453,7 @@ public:
                                    "); retry with the same Idempotency-Key");
         }
         crash_point(cfg_, req, "before-charge");
+        http_metrics::add(m_.charges);
         const charge_result c = proc_.charge(*text, r.ticket.fence(), p->amount, p->currency);
         if (c.result == charge_result::kind::unknown) {
             // The charge may or may not have happened (or the resolver voided this attempt after
@@ -460,15 +514,22 @@ private:
     void replay(httplib::Response& res, const std::string& key, const payment_request& p, std::uint64_t outcome,
                 const std::string& stored) {
         if (!stored.empty()) {
-            if (const auto r = decode_response(stored)) return send_stored(res, *r, true);
+            if (const auto r = decode_response(stored)) return replayed(res, *r);
             return problem(res, 500, "Stored response unreadable", "the stored response has no status code");
         }
-        send_stored(res, *decode_response(respond(key, p, {charge_result::kind::charged, outcome, {}})), true);
+        replayed(res, *decode_response(respond(key, p, {charge_result::kind::charged, outcome, {}})));
+    }
+
+    /// A recorded result sent again, counted as such.
+    void replayed(httplib::Response& res, const response& r) {
+        http_metrics::add(m_.replayed);
+        send_stored(res, r, true);
     }
 
     const config& cfg_;
     processor& proc_;
     idem::durable_guard* g_;
+    http_metrics& m_;
 };
 
 int usage() {
@@ -606,13 +667,25 @@ int main(int argc, char** argv) {
             else st = std::make_unique<idem::sqlite_store>(cfg->db, /*full_sync=*/false);
             g = std::make_unique<idem::durable_guard>(std::move(st), opts, cfg->so);
         }
-        payment_api api(*cfg, *proc, g.get());
+        http_metrics metrics;
+        payment_api api(*cfg, *proc, g.get(), metrics);
         httplib::Server svr;
         svr.new_task_queue = [n = cfg->threads] { return new httplib::ThreadPool(n); };
         // Headers and body leave in separate writes: with Nagle's algorithm on, the body waits for
         // the client's delayed ACK (40 ms on Linux), and every response takes that long.
         svr.set_tcp_nodelay(true);
-        svr.Post("/payments", [&api](const httplib::Request& req, httplib::Response& res) { api.post(req, res); });
+        svr.Post("/payments", [&api, &metrics](const httplib::Request& req, httplib::Response& res) {
+            const http_metrics::request_scope counted(metrics);
+            api.post(req, res);
+        });
+        // Prometheus scrapes this (README, "Metrics"): the guard's counters and per-operation
+        // latencies, then the server's own. The library opens no port; this server serves them.
+        svr.Get("/metrics", [&g, &metrics](const httplib::Request&, httplib::Response& res) {
+            std::string text;
+            if (g) text = idem::to_prometheus(*g);  // the guard, its pipeline, and its recovery
+            text += metrics.exposition();
+            res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+        });
         const int port = cfg->port == 0 ? svr.bind_to_any_port("127.0.0.1") : (svr.bind_to_port("127.0.0.1", cfg->port) ? cfg->port : -1);
         if (port < 0) throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(cfg->port));
         running = &svr;

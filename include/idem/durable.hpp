@@ -290,4 +290,41 @@ private:
 
 using durable_guard = basic_durable_guard<>;
 
+/// The figures of a durable guard's start as Prometheus gauges (they are fixed for the process's
+/// life): how long recovery took before the guard served, what it loaded, and what it left.
+///   idem_recovery_seconds, idem_recovery_cold_seconds, idem_recovery_records,
+///   idem_recovery_claims_in_flight, idem_recovery_claims_compensated, idem_recovery_cold_records,
+///   idem_recovery_expired_records, idem_recovery_refused_records
+inline std::string to_prometheus(const recovery_report& r) {
+    std::string out;
+    auto gauge = [&](const char* name, const char* help, const std::string& value) {
+        out.append("# HELP idem_").append(name).append(" ").append(help).append("\n");
+        out.append("# TYPE idem_").append(name).append(" gauge\n");
+        out.append("idem_").append(name).append(" ").append(value).append("\n");
+    };
+    auto seconds = [](std::chrono::nanoseconds d) {
+        return detail::prometheus_seconds(static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count())));
+    };
+    gauge("recovery_seconds", "Time from the first read of the store to serving, at this process's start.", seconds(r.elapsed));
+    gauge("recovery_cold_seconds", "Of the recovery, time spent building the cold window's filter.", seconds(r.cold_elapsed));
+    gauge("recovery_records", "Records loaded into memory at start (the hot window and every claim).", std::to_string(r.records));
+    gauge("recovery_claims_in_flight", "Claims that were in flight when the previous process stopped.", std::to_string(r.processing));
+    gauge("recovery_claims_compensated", "Of those claims, the ones the resolver decided at start.", std::to_string(r.compensated));
+    gauge("recovery_cold_records", "Records of the idempotency window left in the store (the cold window).", std::to_string(r.cold));
+    gauge("recovery_expired_records", "Records past the idempotency window found at start (forgotten).", std::to_string(r.expired));
+    gauge("recovery_refused_records", "Records memory had no room for at start.", std::to_string(r.refused));
+    return out;
+}
+
+/// Every series of a durable guard in one call, for the application's own /metrics handler (the
+/// library opens no port): the guard's and the pipeline's counters and gauges (stats), each
+/// operation's latency and lease, and the recovery figures of its start. It reads counters only,
+/// never the records: its cost does not grow with the table (bench/metrics_bench.cpp).
+template <template <class> class Atomic, class Clock>
+std::string to_prometheus(basic_durable_guard<Atomic, Clock>& g) {
+    std::string out = to_prometheus(g.snapshot(), g.guard().operation_latencies());
+    out += to_prometheus(g.recovery());
+    return out;
+}
+
 }  // namespace idem

@@ -77,4 +77,47 @@ struct global_stats {
     std::uint64_t pruned_audit_rows = 0; ///< audit rows they removed (past global_options::audit_window)
 };
 
+/// scope::global's counters in the Prometheus text exposition format. Its series have names of their
+/// own, so the text can be concatenated with a process-scope guard's to_prometheus() in one scrape
+/// without a duplicate metric: the global fields as idem_global_<field>_total (counters), the local
+/// table's as idem_global_local_<name> (the names to_prometheus(stats) gives, after "idem_"):
+///   idem_global_claims_sent_total 1200
+///   idem_global_local_acquired_total 1180
+/// Here (not in global_guard.hpp) so that it compiles without libpqxx.
+inline std::string to_prometheus(const global_stats& s) {
+    std::string out;
+    auto put = [&](const char* name, const char* help, std::uint64_t v) {
+        out += "# HELP idem_global_";
+        out += name;
+        out += ' ';
+        out += help;
+        out += "\n# TYPE idem_global_";
+        out += name;
+        out += " counter\nidem_global_";
+        out += name;
+        out += ' ';
+        out += std::to_string(v);
+        out += '\n';
+    };
+    put("answered_locally_total", "Requests answered from the local table without a round trip.", s.answered_locally);
+    put("claims_sent_total", "Claims sent to PostgreSQL.", s.claims_sent);
+    put("claims_won_total", "Claims PostgreSQL granted to this node.", s.claims_won);
+    put("claims_lost_total", "Claims another node held or had decided.", s.claims_lost);
+    put("superseded_total", "Claims refused because a newer version was claimed.", s.superseded);
+    put("claim_batches_total", "Claim statements sent (batches).", s.claim_batches);
+    put("completions_total", "Completions written to PostgreSQL.", s.completions);
+    put("stale_completions_total", "Completions refused because the claim was no longer current (fenced).", s.stale_completions);
+    put("completion_batches_total", "Completion statements sent (batches).", s.completion_batches);
+    put("compensated_total", "Expired claims decided by compensation (the resolver).", s.compensated);
+    put("doubt_marks_total", "Claims marked in doubt.", s.doubt_marks);
+    put("withdrawn_total", "Claims withdrawn.", s.withdrawn);
+    put("commits_in_doubt_total", "Commits whose outcome was unknown and had to be asked again.", s.commits_in_doubt);
+    put("store_errors_total", "PostgreSQL calls that failed.", s.store_errors);
+    put("timeouts_total", "Requests that timed out waiting for PostgreSQL.", s.timeouts);
+    put("pruned_records_total", "Records removed past the idempotency window.", s.pruned_records);
+    put("pruned_audit_rows_total", "Audit rows removed past the audit window.", s.pruned_audit_rows);
+    detail::append_prometheus(out, s.local, "idem_global_local_");
+    return out;
+}
+
 }  // namespace idem

@@ -45,7 +45,7 @@ struct stats {
     std::uint64_t flush_batches = 0;
     std::uint64_t flushed_transitions = 0;
     std::uint64_t queue_depth = 0;
-    std::uint64_t flush_lag_ns = 0;
+    std::uint64_t flush_lag_ns = 0;        ///< the last committed batch: from gathering its first row to its commit
     std::uint64_t store_errors = 0;
     std::uint64_t rejected_rows = 0;       ///< rows the store can never take, set aside (last_store_error() names the last)
     std::uint64_t flusher_cpu_ns = 0;      ///< CPU time the flusher thread has used; / flushed_transitions = its cost per row
@@ -65,58 +65,102 @@ struct operation_latency {
     bool adaptive = false;                  ///< lease is clamp(k x p99, min, max); false: options.lease
 };
 
+namespace detail {
+
+/// Nanoseconds as Prometheus's base unit, seconds, with nanosecond resolution ("1.500000000").
+inline std::string prometheus_seconds(std::uint64_t ns) {
+    const std::string frac = std::to_string(ns % 1000000000u);
+    return std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac;
+}
+
+/// A label value written per the text format: backslash, double quote and newline escaped, and a
+/// byte that is not part of well-formed UTF-8 shown as the four characters \xHH (a scraper rejects
+/// a whole exposition with a label value that is not UTF-8).
+inline std::string prometheus_label(std::string_view v) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string o;
+    for (std::size_t i = 0; i < v.size();) {
+        const auto c = static_cast<unsigned char>(v[i]);
+        // The length of the UTF-8 sequence c would start (0: none); key::is_utf8 checks the rest.
+        std::size_t n = 0;
+        if (c < 0x80) n = 1;
+        else if (c >= 0xc2 && c <= 0xdf) n = 2;
+        else if (c >= 0xe0 && c <= 0xef) n = 3;
+        else if (c >= 0xf0 && c <= 0xf4) n = 4;
+        if (n > 1 && i + n <= v.size() && key::is_utf8(v.substr(i, n))) {
+            o.append(v.substr(i, n));
+            i += n;
+            continue;
+        }
+        const char ch = v[i++];
+        if (ch == '\\') o += "\\\\";
+        else if (ch == '"') o += "\\\"";
+        else if (ch == '\n') o += "\\n";
+        else if (n == 1) o += ch;
+        else o.append("\\\\x").append(1, hex[c >> 4]).append(1, hex[c & 15]);
+    }
+    return o;
+}
+
+/// The counters of `s`, one "# HELP" line, one "# TYPE" line and one sample each, every name
+/// prefixed with `prefix` ("idem_" for a process-scope guard, "idem_global_local_" for
+/// scope::global's local table).
+inline void append_prometheus(std::string& out, const stats& s, std::string_view prefix) {
+    // "<lead><prefix><name> <rest>\n": the HELP line, the TYPE line and the sample.
+    auto line = [&](std::string_view lead, const char* name, std::string_view rest) {
+        out.append(lead).append(prefix).append(name).append(1, ' ').append(rest).append(1, '\n');
+    };
+    auto sample = [&](const char* name, const char* type, const char* help, const std::string& value) {
+        line("# HELP ", name, help);
+        line("# TYPE ", name, type);
+        line("", name, value);
+    };
+    auto put = [&](const char* name, const char* type, const char* help, std::uint64_t v) {
+        sample(name, type, help, std::to_string(v));
+    };
+    auto put_seconds = [&](const char* name, const char* type, const char* help, std::uint64_t ns) {
+        sample(name, type, help, prometheus_seconds(ns));
+    };
+    put("acquired_total", "counter", "Claims granted: the caller runs the operation.", s.acquired);
+    put("duplicates_total", "counter", "Requests answered with a recorded result instead of running again.", s.duplicates);
+    put("in_progress_hits_total", "counter", "Requests that found the key claimed by another caller.", s.in_progress_hits);
+    put("payload_mismatches_total", "counter", "Requests whose fingerprint differed from the recorded request of their key.", s.payload_mismatches);
+    put("superseded_total", "counter", "Claims refused because a newer version of the operation was claimed.", s.superseded);
+    put("succeeded_total", "counter", "Claims completed as succeeded.", s.succeeded);
+    put("failed_total", "counter", "Claims completed as failed terminally.", s.failed);
+    put("released_total", "counter", "Claims released after a retryable failure: the key may be claimed again.", s.released);
+    put("stale_tickets_total", "counter", "Completions refused because the claim was no longer current (fenced).", s.stale_tickets);
+    put("in_doubt_total", "counter", "Claims marked in doubt: the operation may have run; the resolver decides.", s.in_doubt);
+    put("compensated_total", "counter", "Expired claims decided by compensation (the resolver).", s.compensated);
+    put("reclaimed_total", "counter", "Expired claims taken over by a new claim.", s.reclaimed);
+    put("capacity_exhausted_total", "counter", "Requests refused because memory held too many claims in flight.", s.capacity_exhausted);
+    put("backpressure_total", "counter", "Requests refused because the flush queue was full (the store is slow or down).", s.backpressure);
+    put("evicted_total", "counter", "Decided records evicted from memory into the cold window.", s.evicted);
+    put("rotations_total", "counter", "Generations of the record table recycled.", s.rotations);
+    put("rotations_blocked_total", "counter", "Rotations that could not run yet (claims in flight or rows not durable).", s.rotations_blocked);
+    put("max_probe", "gauge", "Longest probe sequence seen in the record table.", s.max_probe);
+    put("recalls_total", "counter", "Requests for evicted keys that asked the store.", s.recalls);
+    put("recalled_total", "counter", "Recalls that found a record in the store.", s.recalled);
+    put("recall_failures_total", "counter", "Recalls the store could not answer in time.", s.recall_failures);
+    put("cold_keys", "gauge", "Keys in the cold window filter.", s.cold_keys);
+    put("cold_bytes", "gauge", "Memory of the cold window filter in bytes.", s.cold_bytes);
+    put("pruned_records_total", "counter", "Records removed from the store past the idempotency window.", s.pruned_records);
+    put("pruned_audit_rows_total", "counter", "Audit rows removed from the store past the audit window.", s.pruned_audit_rows);
+    put("flush_batches_total", "counter", "Batches committed to the store.", s.flush_batches);
+    put("flushed_transitions_total", "counter", "Transitions committed to the store.", s.flushed_transitions);
+    put("queue_depth", "gauge", "Transitions waiting to be written to the store.", s.queue_depth);
+    put_seconds("flush_lag_seconds", "gauge", "Time the last committed batch took from gathering its first row to its commit.", s.flush_lag_ns);
+    put("store_errors_total", "counter", "Store calls that failed (outages, unknown commits, rejected rows).", s.store_errors);
+    put("rejected_rows_total", "counter", "Rows the store can never take, set aside (an incident: their decisions are kept in memory only).", s.rejected_rows);
+    put_seconds("flusher_cpu_seconds_total", "counter", "CPU time used by the flusher thread.", s.flusher_cpu_ns);
+}
+
+}  // namespace detail
+
 /// Prometheus text exposition format, one counter/gauge per field, prefixed "idem_".
 inline std::string to_prometheus(const stats& s) {
     std::string out;
-    auto sample = [&](const char* name, const char* type, const std::string& value) {
-        out += "# TYPE idem_";
-        out += name;
-        out += ' ';
-        out += type;
-        out += "\nidem_";
-        out += name;
-        out += ' ';
-        out += value;
-        out += '\n';
-    };
-    auto put = [&](const char* name, const char* type, std::uint64_t v) { sample(name, type, std::to_string(v)); };
-    // Durations in Prometheus's base unit, seconds, with nanosecond resolution (1.500000000).
-    auto put_seconds = [&](const char* name, const char* type, std::uint64_t ns) {
-        const std::string frac = std::to_string(ns % 1000000000u);
-        sample(name, type, std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac);
-    };
-    put("acquired_total", "counter", s.acquired);
-    put("duplicates_total", "counter", s.duplicates);
-    put("in_progress_hits_total", "counter", s.in_progress_hits);
-    put("payload_mismatches_total", "counter", s.payload_mismatches);
-    put("superseded_total", "counter", s.superseded);
-    put("succeeded_total", "counter", s.succeeded);
-    put("failed_total", "counter", s.failed);
-    put("released_total", "counter", s.released);
-    put("stale_tickets_total", "counter", s.stale_tickets);
-    put("in_doubt_total", "counter", s.in_doubt);
-    put("compensated_total", "counter", s.compensated);
-    put("reclaimed_total", "counter", s.reclaimed);
-    put("capacity_exhausted_total", "counter", s.capacity_exhausted);
-    put("backpressure_total", "counter", s.backpressure);
-    put("evicted_total", "counter", s.evicted);
-    put("rotations_total", "counter", s.rotations);
-    put("rotations_blocked_total", "counter", s.rotations_blocked);
-    put("max_probe", "gauge", s.max_probe);
-    put("recalls_total", "counter", s.recalls);
-    put("recalled_total", "counter", s.recalled);
-    put("recall_failures_total", "counter", s.recall_failures);
-    put("cold_keys", "gauge", s.cold_keys);
-    put("cold_bytes", "gauge", s.cold_bytes);
-    put("pruned_records_total", "counter", s.pruned_records);
-    put("pruned_audit_rows_total", "counter", s.pruned_audit_rows);
-    put("flush_batches_total", "counter", s.flush_batches);
-    put("flushed_transitions_total", "counter", s.flushed_transitions);
-    put("queue_depth", "gauge", s.queue_depth);
-    put_seconds("flush_lag_seconds", "gauge", s.flush_lag_ns);
-    put("store_errors_total", "counter", s.store_errors);
-    put("rejected_rows_total", "counter", s.rejected_rows);
-    put_seconds("flusher_cpu_seconds_total", "counter", s.flusher_cpu_ns);
+    detail::append_prometheus(out, s, "idem_");
     return out;
 }
 
@@ -139,40 +183,13 @@ inline std::string to_prometheus(const stats& s, std::span<const operation_laten
     if (ops.empty()) return out;
     auto seconds = [](std::chrono::nanoseconds d) -> std::string {
         if (d == std::chrono::nanoseconds::max()) return "+Inf";
-        const auto ns = static_cast<std::uint64_t>(d.count());
-        const std::string frac = std::to_string(ns % 1000000000u);
-        return std::to_string(ns / 1000000000u) + "." + std::string(9 - frac.size(), '0') + frac;
-    };
-    auto label = [](std::string_view v) {
-        static constexpr char hex[] = "0123456789abcdef";
-        std::string o;
-        for (std::size_t i = 0; i < v.size();) {
-            const auto c = static_cast<unsigned char>(v[i]);
-            // The length of the UTF-8 sequence c would start (0: none); key::is_utf8 checks the rest.
-            std::size_t n = 0;
-            if (c < 0x80) n = 1;
-            else if (c >= 0xc2 && c <= 0xdf) n = 2;
-            else if (c >= 0xe0 && c <= 0xef) n = 3;
-            else if (c >= 0xf0 && c <= 0xf4) n = 4;
-            if (n > 1 && i + n <= v.size() && key::is_utf8(v.substr(i, n))) {
-                o.append(v.substr(i, n));
-                i += n;
-                continue;
-            }
-            const char ch = v[i++];
-            if (ch == '\\') o += "\\\\";
-            else if (ch == '"') o += "\\\"";
-            else if (ch == '\n') o += "\\n";
-            else if (n == 1) o += ch;
-            else o.append("\\\\x").append(1, hex[c >> 4]).append(1, hex[c & 15]);
-        }
-        return o;
+        return detail::prometheus_seconds(static_cast<std::uint64_t>(d.count()));
     };
     // One label value per row, unique. `own`: every row's own label, so no suffix takes one of
     // them (a later row named "PAY_2" keeps its name when two "PAY" rows came first).
     std::vector<std::string> labels;
     labels.reserve(ops.size());
-    for (const auto& o : ops) labels.push_back(label(o.operation));
+    for (const auto& o : ops) labels.push_back(detail::prometheus_label(o.operation));
     const std::set<std::string> own(labels.begin(), labels.end());
     std::set<std::string> used;
     for (auto& l : labels) {
@@ -185,6 +202,7 @@ inline std::string to_prometheus(const stats& s, std::span<const operation_laten
             }
         }
     }
+    out += "# HELP idem_operation_latency_seconds Claim-to-completion time of each operation (terminal completions).\n";
     out += "# TYPE idem_operation_latency_seconds summary\n";
     for (std::size_t i = 0; i < ops.size(); ++i) {
         const auto& o = ops[i];
@@ -195,6 +213,7 @@ inline std::string to_prometheus(const stats& s, std::span<const operation_laten
         }
         out += "idem_operation_latency_seconds_count" + op + "} " + std::to_string(o.samples) + "\n";
     }
+    out += "# HELP idem_operation_lease_seconds The lease a claim of each operation gets now.\n";
     out += "# TYPE idem_operation_lease_seconds gauge\n";
     for (std::size_t i = 0; i < ops.size(); ++i)
         out += "idem_operation_lease_seconds{operation=\"" + labels[i] + "\"} " + seconds(ops[i].lease) + "\n";

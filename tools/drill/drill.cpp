@@ -45,9 +45,11 @@
 //   error as the worker saw it, and reports what a restart on the path finds. The records
 //   acknowledged before the deletion went with the file: no store can keep them, so they are
 //   reported, not judged.
+// --prometheus FILE: after the report, the run's result as gauges for node-exporter's textfile
+// collector (prometheus_file.hpp): failed checks, checks run, duration, time of the run.
 // Exit codes: 0 all checks held (an expected refusal included), 1 a check failed (the drill
 // directory is kept for inspection), 2 bad command line, 3 could not run (worker could not start,
-// store could not be opened).
+// store could not be opened; or, with every check held, the --prometheus file could not be written).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -74,6 +76,7 @@
 #include "drill/files.hpp"
 #include "drill/process.hpp"
 #include "drill/report_line.hpp"
+#include "prometheus_file.hpp"
 #include "idem/verify.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -96,6 +99,7 @@ struct drill_config {
     bool keep = false;
     std::string second_writer;  ///< "", "same" or "disjoint": a second worker on the same SQLite file
     bool delete_file = false;   ///< delete the SQLite file under a running worker, after the checks
+    std::string prometheus;     ///< --prometheus FILE; empty: none
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -468,6 +472,16 @@ int run_drill(const drill_config& c) {
         refresh_acks();
     }
     bar.stop();
+    // The checks the drill ran and how many of them failed (one check may list several failures):
+    // the workers' runs (each started, was killed or finished, none hung, the final run completed),
+    // the second writer's refusal, the --delete-file run, and the seven checks of the files and store.
+    std::uint64_t checks = 0, failed_checks = 0;
+    auto count_check = [&](bool failed) {
+        ++checks;
+        failed_checks += failed;
+    };
+    count_check(!failures.empty());
+    if (!c.second_writer.empty()) count_check(!second_failures.empty());
     failures.insert(failures.end(), second_failures.begin(), second_failures.end());
 
     // ---- Checks: the ledger, the acknowledgements and the store, read independently ----
@@ -558,6 +572,7 @@ int run_drill(const drill_config& c) {
         std::string restart;                    // what a restart on the path found
         std::uint64_t acked_without_record = 0, acked_total = 0;
     } del;
+    const std::size_t failures_before_delete = failures.size();
     if (c.delete_file && failures.empty()) {
         del.ran = true;
         if (tty) std::cerr << "idem drill: deleting " << spec.path << " under a running worker\n";
@@ -645,16 +660,21 @@ int run_drill(const drill_config& c) {
             }
     }
 
-    if (double_executions) failures.push_back(grouped(double_executions) + " key(s) executed more than once");
-    if (lost_acknowledged) failures.push_back(grouped(lost_acknowledged) + " acknowledged key(s) not SUCCESS in the store");
-    if (unresolved) failures.push_back(grouped(unresolved) + " key(s) not SUCCESS after the final run");
-    if (phantom) failures.push_back(grouped(phantom) + " key(s) SUCCESS without an effect in the ledger");
-    if (outcome_mismatches) failures.push_back(grouped(outcome_mismatches) + " key(s) whose stored outcome differs from the effect's");
-    if (ledger.torn || ledger.malformed || ack_file.torn || ack_file.malformed)
-        failures.push_back("torn or malformed lines: ledger " + std::to_string(ledger.torn) + " torn bytes, " +
-                           std::to_string(ledger.malformed) + " malformed; acks " + std::to_string(ack_file.torn) +
-                           " torn bytes, " + std::to_string(ack_file.malformed) + " malformed");
-    if (!vr.violations.empty()) failures.push_back("idem::verify found " + grouped(vr.violations.size()) + " violation(s)");
+    if (del.ran) count_check(failures.size() > failures_before_delete);
+    auto check = [&](bool failed, const std::string& what) {
+        count_check(failed);
+        if (failed) failures.push_back(what);
+    };
+    check(double_executions != 0, grouped(double_executions) + " key(s) executed more than once");
+    check(lost_acknowledged != 0, grouped(lost_acknowledged) + " acknowledged key(s) not SUCCESS in the store");
+    check(unresolved != 0, grouped(unresolved) + " key(s) not SUCCESS after the final run");
+    check(phantom != 0, grouped(phantom) + " key(s) SUCCESS without an effect in the ledger");
+    check(outcome_mismatches != 0, grouped(outcome_mismatches) + " key(s) whose stored outcome differs from the effect's");
+    check(ledger.torn || ledger.malformed || ack_file.torn || ack_file.malformed,
+          "torn or malformed lines: ledger " + std::to_string(ledger.torn) + " torn bytes, " +
+              std::to_string(ledger.malformed) + " malformed; acks " + std::to_string(ack_file.torn) + " torn bytes, " +
+              std::to_string(ack_file.malformed) + " malformed");
+    check(!vr.violations.empty(), "idem::verify found " + grouped(vr.violations.size()) + " violation(s)");
     for (std::size_t i = 0; i < vr.violations.size() && problems.size() < 20; ++i) problems.push_back("violation: " + vr.violations[i]);
     const bool ok = failures.empty();
 
@@ -698,6 +718,8 @@ int run_drill(const drill_config& c) {
         j["verify_keys"] = vr.keys;
         j["verify_transitions"] = vr.transitions;
         j["elapsed_s"] = elapsed_s;
+        j["checks"] = checks;
+        j["failed_checks"] = failed_checks;
         j["failures"] = failures;
         if (!c.second_writer.empty()) {
             json sw = json::object();
@@ -785,10 +807,28 @@ int run_drill(const drill_config& c) {
     for (const std::string& f : failures) std::cerr << "idem drill: FAIL: " << f << '\n';
     for (const std::string& p : problems) std::cerr << "idem drill: " << p << '\n';
     if (!ok) std::cerr << "idem drill: replay the kill schedule with --seed " << c.seed << "; files in " << dir << '\n';
+    bool metrics_written = true;
+    if (!c.prometheus.empty()) {
+        const std::vector<textfile_gauge> gauges{
+            {"idem_drill_last_run_timestamp_seconds", "Unix time the last idem drill run finished.", prometheus_now()},
+            {"idem_drill_failures", "Checks of the last idem drill run that failed (0: the drill passed).",
+             prometheus_integer(failed_checks)},
+            {"idem_drill_checks", "Checks the last idem drill run made (workers, ledger, acknowledgements, store).",
+             prometheus_integer(checks)},
+            {"idem_drill_duration_seconds", "Time the last idem drill run took, crash cycles and checks.",
+             prometheus_decimal(elapsed_s, 6)},
+        };
+        std::cout.flush();
+        if (auto why = write_textfile(c.prometheus, textfile_text(gauges, display_name(spec)))) {
+            std::cerr << "idem drill: --prometheus: " << *why << '\n';
+            metrics_written = false;
+        }
+    }
     if (ok && !c.keep) {
         std::error_code ec;
         std::filesystem::remove_all(dir, ec);
     }
+    if (!metrics_written && ok) return exit_runtime;
     return ok ? exit_ok : exit_violation;
 }
 
@@ -805,7 +845,8 @@ command add_drill(CLI::App& root) {
         "delay, and starts the next one, which recovers and resolves the claims left in flight from the ledger. "
         "A final worker completes every retry; then the drill checks that no effect ran twice, every "
         "acknowledged key is SUCCESS in the store, and idem::verify finds no violation.\n"
-        "Exit codes: 0 all checks held, 1 a check failed, 2 bad command line, 3 could not run.");
+        "Exit codes: 0 all checks held, 1 a check failed, 2 bad command line, 3 could not run (or, with every "
+        "check held, the --prometheus file could not be written).");
     app->add_option("--cycles", c->cycles, "Crash cycles (worker start, random SIGKILL)")
         ->check(in_range(0u, 100'000u, "crash cycles"))
         ->capture_default_str();
@@ -838,6 +879,7 @@ command add_drill(CLI::App& root) {
     app->add_flag("--delete-file", c->delete_file,
                   "SQLite: after the checks, delete the database file under a running worker; nothing asked for "
                   "after the deletion may be confirmed (the path must not exist before the drill)");
+    app->add_option("--prometheus", c->prometheus, prometheus_option_help)->type_name("FILE");
     return {app, [c] { return run_drill(*c); }};
 }
 
