@@ -19,6 +19,7 @@
 
 #include "support/manual_guard.hpp"
 #include "support/store_fixtures.hpp"
+#include "support/store_kinds.hpp"
 
 namespace {
 
@@ -162,6 +163,64 @@ TEST(Cache, ADecisionTheStoreRefusedIsStillAnsweredAfterItsRecordLeavesMemory) {
     ASSERT_EQ(d.status, begin_status::succeeded) << "the charge that ran was granted again";
     EXPECT_EQ(d.outcome, 42u);
     EXPECT_EQ(d.payload, "charged");
+}
+
+/// Refuses with idem::rejected_row every batch holding `key` while `refusing` is set.
+class refusing_store final : public idem_test::forwarding_store {
+public:
+    refusing_store(idem::store& inner, std::string key) : forwarding_store(inner), key_(std::move(key)) {}
+    std::atomic<bool> refusing{true};
+    void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override {
+        if (refusing.load())
+            for (const auto& r : rows)
+                if (r.t.k.view() == key_) throw idem::rejected_row("refusing store: key " + key_);
+        inner_.apply(rows, batch_id);
+    }
+
+private:
+    std::string key_;
+};
+
+// A decision kept because the store refused its row is superseded by a later life of the key that
+// the store took: past the window the key is claimed again, and that life's outcome must be
+// answered from the store after eviction, not hidden by the old kept decision (which is past the
+// window: a recall answering from it would find "absent" and grant the key a third time).
+TEST(Cache, ALaterLifeTheStoreTookSupersedesAKeptDecision) {
+    using namespace std::chrono_literals;
+    idem::memory_store mem;
+    const idem::key k("LIVES_PAY_v1");
+    idem::manual_clock clock;
+    idem::store_options so;
+    so.mode = idem::durability::async;
+    so.window = 1h;
+    so.prune_interval = {};
+    auto o = idem_test::durable_options(8);
+    o.retention = 1ms;
+    auto owned = std::make_unique<refusing_store>(mem, k.str());
+    refusing_store& st = *owned;
+    idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::move(owned), o, so, clock);
+    auto& guard = g.guard();
+    int filler = 0;
+    {
+        auto r = guard.begin(k);
+        ASSERT_EQ(r.status, begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(1));
+    }
+    ASSERT_TRUE(g.flush());
+    ASSERT_EQ(g.snapshot().rejected_rows, 2u);
+    st.refusing = false;
+    clock.advance(2h);  // the first life is past the window
+    idem_test::evict(g, k.str(), clock, filler);
+    {
+        auto r = guard.begin(k);
+        ASSERT_EQ(r.status, begin_status::acquired) << "past the window the key is new again";
+        ASSERT_FALSE(r.ticket.succeed(2));
+    }
+    ASSERT_TRUE(g.flush());
+    idem_test::evict(g, k.str(), clock, filler);
+    auto d = guard.begin(k);
+    ASSERT_EQ(d.status, begin_status::succeeded) << "the second life, which ran, was granted again";
+    EXPECT_EQ(d.outcome, 2u);
 }
 
 }  // namespace
