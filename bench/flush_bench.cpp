@@ -44,10 +44,10 @@
 // must not feel the flusher.
 // Prints one JSON object per run. Not a test: no assertion on time.
 #include <idem/durable.hpp>
-#include <idem/postgres_store.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/postgres_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #if IDEM_BENCH_HAVE_ROCKSDB
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #endif
 
 #include <algorithm>

@@ -50,7 +50,7 @@
 
 #include "idem/durable.hpp"
 #include "idem/global_guard.hpp"
-#include "idem/postgres_store.hpp"
+#include "idem/stores/postgres_store.hpp"
 
 #if __has_include("idem_bench_build.hpp")
 #include "idem_bench_build.hpp"

@@ -36,9 +36,9 @@
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
 #ifdef IDEM_BENCH_HAVE_ROCKSDB
-#include "idem/rocksdb_store.hpp"
+#include "idem/stores/rocksdb_store.hpp"
 #endif
-#include "idem/sqlite_store.hpp"
+#include "idem/stores/sqlite_store.hpp"
 
 #if IDEM_BENCH_HAVE_LIBCUCKOO
 #include <libcuckoo/cuckoohash_map.hh>
@@ -259,7 +259,7 @@ public:
             const auto now = g_.now();
             const auto oldest = now - window + std::chrono::minutes(10);
             const auto newest = now - make_options(capacity).retention;
-            std::vector<idem::detail::window_filter::entry> cold;
+            std::vector<idem::detail::table::window_filter::entry> cold;
             cold.reserve(cold_window_keys);
             std::mt19937_64 rng(0xC01D);
             for (std::size_t i = 0; i < cold_window_keys; ++i) {

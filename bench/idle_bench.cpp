@@ -6,7 +6,7 @@
 //
 //   idem-idle-bench [--seconds N] [--dir DIR]
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <chrono>
 #include <cstdio>

@@ -1,5 +1,5 @@
-// window_bench: the idempotency window (durable.hpp, detail/window_filter.hpp) on a real store.
-// See docs/durable-benchmarks.md, "The idempotency window".
+// window_bench: the idempotency window (durable.hpp, detail/table/window_filter.hpp) on a real store.
+// See docs/internals/durable-benchmarks.md, "The idempotency window".
 //
 //   window_bench --mode recall --store sqlite:PATH|postgresql://... [--records N] [--ops M]
 //   window_bench --mode recovery --store sqlite:PATH [--window-records N] [--hot H]
@@ -36,8 +36,8 @@
 // Keys: UUID-v4 text (bench/uuid_keys.hpp) from a seeded PRNG (--seed, default 1).
 // Prints one JSON object per run. Not a test: no assertion on time.
 #include <idem/durable.hpp>
-#include <idem/postgres_store.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/postgres_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -225,7 +225,7 @@ fresh_figures fresh_run(const args& a, const std::vector<idem::key>& keys, std::
         const auto now = g->now();
         const auto oldest = now - window + std::chrono::minutes(10);
         const auto newest = now - o.retention;
-        std::vector<idem::detail::window_filter::entry> entries;
+        std::vector<idem::detail::table::window_filter::entry> entries;
         entries.reserve(cold);
         std::mt19937_64 rng(0xC01D);
         for (std::size_t i = 0; i < cold; ++i) {

@@ -7,7 +7,7 @@
 //   idem-metrics-sample            # the exposition on stdout; exit 1 when an answer was unexpected
 #include <idem/durable.hpp>
 #include <idem/idem.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <cerrno>
 #include <cstdio>

@@ -6,9 +6,9 @@
 // min_samples, the bounds, independent operations, keys that do not split, the table's overflow and
 // the policy off each behave as documented; `idem stats` reports the store's percentiles.
 #include <idem/idem.hpp>
-#include <idem/detail/lease_histogram.hpp>
+#include <idem/detail/table/lease_histogram.hpp>
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <gtest/gtest.h>
 
@@ -32,8 +32,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using idem::begin_status;
-using idem::detail::latency_histogram;
-using idem::detail::operation_leases;
+using idem::detail::table::latency_histogram;
+using idem::detail::table::operation_leases;
 using idem_test::manual_guard;
 using ns = std::chrono::nanoseconds;
 

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -9,7 +9,7 @@
 // * a rotation waits only for the rows of the generation it recycles, not for every row offered
 //   so far: a steady load never lets the queue drain, and must not starve the rotation.
 #include <idem/idem.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <gtest/gtest.h>
 

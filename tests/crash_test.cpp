@@ -29,7 +29,7 @@
 // rows in its queue plus max_batch in the flusher's hands, so that is the bound asserted; the
 // measured figures are printed.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

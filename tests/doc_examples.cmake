@@ -56,17 +56,18 @@ function(idem_doc_example name source text header)
   endif()
   idem_write_if_changed(${_idem_doc_dir}/${name}.cpp "${out}")
   add_library(${name} OBJECT EXCLUDE_FROM_ALL ${_idem_doc_dir}/${name}.cpp)
-  target_compile_options(${name} PRIVATE -Wall -Wextra -Werror)
+  target_compile_options(${name} PRIVATE -Werror)  # idem_warnings' flags, every warning an error
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/doc_examples)
-  target_link_libraries(${name} PRIVATE idem::idem)
+  target_link_libraries(${name} PRIVATE idem::idem idem_warnings)
   foreach(component sqlite postgres rocksdb)
     if(TARGET idem::${component})
       target_link_libraries(${name} PRIVATE idem::${component})
     endif()
   endforeach()
-  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target ${name})
-  # One build at a time in this tree (two ninja runs in one build directory would race).
-  set_tests_properties(${name} PROPERTIES LABELS docs RESOURCE_LOCK idem_build_tree TIMEOUT 300)
+  # One build at a time in this tree (two ninja runs in one build directory would race). Each is a
+  # compile of seconds on its own (unit); ctest -LE docs leaves them out of a quick run.
+  idem_test(${name} COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target ${name}
+            LABELS docs TIMEOUT 300 PROPERTIES RESOURCE_LOCK idem_build_tree)
 endfunction()
 
 # ```cpp blocks of the docs.
@@ -115,7 +116,5 @@ if(NOT DEFINED _idem_readme_program)
   message(FATAL_ERROR "README.md has no ```cpp block for readme_test")
 endif()
 idem_write_if_changed(${CMAKE_CURRENT_BINARY_DIR}/readme_snippet.cpp "${_idem_readme_program}")
-add_executable(readme_test ${CMAKE_CURRENT_BINARY_DIR}/readme_snippet.cpp)
-target_link_libraries(readme_test PRIVATE idem::idem)
-target_compile_options(readme_test PRIVATE -Wall -Wextra -Werror)
-add_test(NAME readme_test COMMAND readme_test)
+idem_test(readme_test SOURCES ${CMAKE_CURRENT_BINARY_DIR}/readme_snippet.cpp NO_GTEST LABELS docs)
+target_compile_options(readme_test PRIVATE -Werror)

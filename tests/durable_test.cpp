@@ -15,7 +15,7 @@
 //   Fences*            fences continue above everything stored, across reopens.
 // After every workload idem::verify must report no violation.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

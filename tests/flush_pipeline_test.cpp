@@ -1,4 +1,4 @@
-// flush_pipeline_test: the flush pipeline's two waits (detail/flush_pipeline.hpp), driven directly
+// flush_pipeline_test: the flush pipeline's two waits (detail/pipeline/flush_pipeline.hpp), driven directly
 // over a real store and through a durable guard. Counts, never durations: every assertion is on a
 // number of store reads, queued requests or wake-ups, so a slow or loaded machine cannot fail it.
 //
@@ -22,7 +22,7 @@
 //                                              1 h), then a sync claim commits: only the offer's
 //                                              notification can have woken the flusher
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <gtest/gtest.h>
 
@@ -43,7 +43,7 @@
 
 #include <unistd.h>
 
-#include "idem/detail/flush_pipeline.hpp"
+#include "idem/detail/pipeline/flush_pipeline.hpp"
 #include "support/store_fixtures.hpp"
 #include "support/store_kinds.hpp"
 #include "support/threads.hpp"
@@ -142,7 +142,7 @@ protected:
         write_succeeded(*inner_, "B_PAY_v1", 2, seq);
         store_ = std::make_unique<held_reads>(*inner_, ctl_);
         so.prune_interval = {};
-        pipe_ = std::make_unique<idem::detail::flush_pipeline>(*store_, so, wall_ms);
+        pipe_ = std::make_unique<idem::detail::pipeline::flush_pipeline>(*store_, so, wall_ms);
         pipe_->set_recall(to_recalled);
         pipe_->start();
     }
@@ -156,7 +156,7 @@ protected:
     std::unique_ptr<idem_test::temp_dir> dir_;
     std::unique_ptr<idem::store> inner_;
     std::unique_ptr<held_reads> store_;
-    std::unique_ptr<idem::detail::flush_pipeline> pipe_;
+    std::unique_ptr<idem::detail::pipeline::flush_pipeline> pipe_;
 };
 
 // The store's reads hang (3 s each in the field; here until the gate opens). Callers with a 1 ms
@@ -333,7 +333,7 @@ TEST(Idle, FlusherSleepsWhenIdle) {
     idem::sqlite_store st(dir.file("i.db"));
     idem::store_options so;  // idle_poll 200 us, idle_sleep 100 ms: the defaults
     so.prune_interval = {};
-    idem::detail::flush_pipeline pipe(st, so, wall_ms);
+    idem::detail::pipeline::flush_pipeline pipe(st, so, wall_ms);
     pipe.start();
     ASSERT_TRUE(pipe.reserve());
     (void)pipe.offer(claim_of("IDLE1_PAY_v1", 1));
@@ -363,7 +363,7 @@ TEST(Idle, LanesSleepToo) {
     so.prune_interval = {};
     so.sync_timeout = 120s;
     so.idle_sleep = 1h;  // only a notification can wake a sleeping lane in this test's time
-    idem::detail::flush_pipeline pipe(st, so, wall_ms);
+    idem::detail::pipeline::flush_pipeline pipe(st, so, wall_ms);
     ASSERT_EQ(pipe.lanes(), 3u);
     pipe.start();
     ASSERT_TRUE(pipe.reserve());

@@ -1,9 +1,9 @@
 // tests/flush_queue_test.cpp: the bounded ring between the hot path and the flusher
-// (detail/flush_queue.hpp), on its own: rows come out exactly once, each producer's rows in the
+// (detail/pipeline/flush_queue.hpp), on its own: rows come out exactly once, each producer's rows in the
 // order it pushed them, through many wrap-arounds of a small ring, with producers and consumers
 // racing from a latch. Under ThreadSanitizer (label concurrency) it must report nothing: every
 // access to a row is ordered by its cell's sequence number.
-#include <idem/detail/flush_queue.hpp>
+#include <idem/detail/pipeline/flush_queue.hpp>
 
 #include <gtest/gtest.h>
 
@@ -48,7 +48,7 @@ private:
 };
 
 // Producer p pushes its rows 0..per-1, each under a reservation.
-void produce(idem::detail::flush_queue<row>& q, room& r, std::uint32_t p, std::uint32_t per) {
+void produce(idem::detail::pipeline::flush_queue<row>& q, room& r, std::uint32_t p, std::uint32_t per) {
     for (std::uint32_t n = 0; n < per; ++n) {
         r.reserve();
         q.push({p, n, check_of(p, n)});
@@ -56,7 +56,7 @@ void produce(idem::detail::flush_queue<row>& q, room& r, std::uint32_t p, std::u
 }
 
 TEST(FlushQueue, EmptyRingAnswersNothingAndOneThreadGetsItsRowsInOrderThroughWrapArounds) {
-    idem::detail::flush_queue<row> q(4);
+    idem::detail::pipeline::flush_queue<row> q(4);
     row out;
     EXPECT_FALSE(q.try_pop(out));
     for (std::uint32_t n = 0; n < 1000; ++n) {  // 250 laps of a 4-cell ring, 1 to 4 rows deep
@@ -76,7 +76,7 @@ TEST(FlushQueue, RacingProducersOneConsumerKeepEachProducersOrder) {
     const std::size_t producers = idem_test::env_size("IDEM_THREADS", 4, 3);
     const std::uint32_t per = static_cast<std::uint32_t>(idem_test::env_size("IDEM_ROUNDS", 50000, 10000));
     constexpr std::size_t capacity = 8;  // small: thousands of laps, producers wait on room
-    idem::detail::flush_queue<row> q(capacity);
+    idem::detail::pipeline::flush_queue<row> q(capacity);
     room r(capacity);
     std::vector<std::uint32_t> next(producers, 0);
     std::size_t popped = 0, out_of_order = 0, torn = 0;
@@ -110,7 +110,7 @@ TEST(FlushQueue, RacingProducersAndTwoConsumersDeliverEveryRowExactlyOnce) {
     const std::size_t producers = idem_test::env_size("IDEM_THREADS", 4, 3);
     const std::uint32_t per = static_cast<std::uint32_t>(idem_test::env_size("IDEM_ROUNDS", 50000, 10000));
     constexpr std::size_t capacity = 16;
-    idem::detail::flush_queue<row> q(capacity);
+    idem::detail::pipeline::flush_queue<row> q(capacity);
     room r(capacity);
     std::vector<std::atomic<std::uint32_t>> seen(producers * per);
     std::atomic<std::size_t> popped{0}, torn{0};

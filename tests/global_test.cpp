@@ -22,6 +22,8 @@
 //                          (a row lock from another connection), or after it timed out or could not
 //                          be queued, duplicates never see SUCCEEDED or FAILED
 //   InvalidKeys...         key{} and keys that are not UTF-8: invalid_key at once, nothing touched
+//   GlobalOptions...       an option out of range: invalid_argument naming it, before any connection
+//                          is attempted (an unreachable URI; needs no server)
 //   Race4x25               4 processes x 25 threads (on a std::latch) race on the same 10k keys:
 //                          every key executes exactly once, every thread of every process sees the
 //                          winner's outcome, every acknowledged success is SUCCESS in the store
@@ -575,7 +577,7 @@ protected:
         std::thread probe([&] {
             try {
                 pqxx::work w(prober);
-                const bool none = w.exec_params(std::string(idem::detail::gsql::batch_committed), id).empty();
+                const bool none = w.exec_params(std::string(idem::detail::global::sql::batch_committed), id).empty();
                 answer = none ? "committed" : "not committed";
                 answered = true;
                 w.abort();  // the speculative insert must not stay: the batch would wait for it
@@ -729,6 +731,56 @@ TEST_F(Global, PruneJudgesTheWindowOnTheServersClock) {
     EXPECT_EQ(other.begin(idem::key("SKEW1_PAY_v1")).status, idem::begin_status::succeeded);
 }
 
+/// Every option out of range is refused (invalid_argument naming the option and its rule) before a
+/// connection is attempted: against a loopback port nothing listens on, the answer is
+/// invalid_argument, never store_unavailable. Needs no server.
+TEST(GlobalOptions, RefusedBeforeAnyConnection) {
+    const std::string nowhere = "postgresql://idem@127.0.0.1:1/idem?connect_timeout=2";  // port 1: refused at once
+    struct refusal {
+        idem::errc kind;
+        std::string what;
+    };
+    const auto open = [&](const idem::options& o, const idem::global_options& go) -> std::optional<refusal> {
+        try {
+            idem::global_guard g(nowhere, o, go);
+        } catch (const idem::error& e) {
+            return refusal{e.kind(), e.what()};
+        }
+        return std::nullopt;
+    };
+    idem::global_options fine;
+    fine.call_deadline = 2s;
+    // The control: valid options do try to connect, and fail for it (what the cases below must not do).
+    const auto control = open({}, fine);
+    ASSERT_TRUE(control.has_value()) << "opened a guard on a port nothing listens on";
+    ASSERT_EQ(control->kind, idem::errc::store_unavailable) << control->what;
+    struct bad_option {
+        const char* named;  // what the message must name
+        std::function<void(idem::options&, idem::global_options&)> set;
+    };
+    const bad_option cases[] = {
+        {"global_options.call_deadline", [](auto&, auto& g) { g.call_deadline = 0ms; }},
+        {"global_options.wait_timeout", [](auto&, auto& g) { g.wait_timeout = -1ms; }},
+        {"global_options.max_batch", [](auto&, auto& g) { g.max_batch = 0; }},
+        {"global_options.claim_connections", [](auto&, auto& g) { g.claim_connections = 0; }},
+        {"global_options.completion_connections", [](auto&, auto& g) { g.completion_connections = 0; }},
+        {"global_options.window", [](auto&, auto& g) { g.window = 0ms; }},
+        {"global_options.audit_window", [](auto&, auto& g) { g.audit_window = -5ms; }},
+        {"global_options.window", [](auto& o, auto& g) { o.retention = 2h; g.window = 1h; }},
+        {"options.lease", [](auto& o, auto&) { o.lease = 500us; }},
+        {"options.capacity", [](auto& o, auto&) { o.capacity = 0; }},  // the local table's own rule
+    };
+    for (const bad_option& c : cases) {
+        idem::options o;
+        idem::global_options go = fine;
+        c.set(o, go);
+        const auto r = open(o, go);
+        ASSERT_TRUE(r.has_value()) << c.named << ": accepted";
+        EXPECT_EQ(r->kind, idem::errc::invalid_argument) << c.named << ": " << r->what;
+        EXPECT_NE(r->what.find(c.named), std::string::npos) << r->what;
+    }
+}
+
 TEST_F(Global, RetentionLongerThanTheWindowIsRefused) {
     idem::options o = opts();
     o.retention = 2h;
@@ -807,7 +859,7 @@ TEST_F(Global, CompensationFencesTheStaleOwner) {
 /// (probe_blocked_batch says why the probe must wait).
 TEST_F(Global, InDoubtProbeWaitsForABlockedBatch) {
     { idem::global_guard schema(uri_, opts(), gopts("schema")); }  // creates the tables
-    namespace gsql = idem::detail::gsql;
+    namespace gsql = idem::detail::global::sql;
     pqxx::connection holder(uri_);
     pqxx::work hold(holder);
     hold.exec("INSERT INTO idempotent_record VALUES ('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
@@ -832,7 +884,7 @@ TEST_F(Global, InDoubtProbeWaitsForABlockedOrderedBatch) {
         o.ordered_versions = true;
         idem::global_guard schema(uri_, o, gopts("schema"));  // creates the tables, idempotent_version too
     }
-    namespace gsql = idem::detail::gsql;
+    namespace gsql = idem::detail::global::sql;
     sql_exec("INSERT INTO idempotent_version VALUES ('PK1_PAY', 1, 0)");
     pqxx::connection holder(uri_);
     pqxx::work hold(holder);
@@ -855,7 +907,7 @@ TEST_F(Global, InDoubtProbeWaitsForABlockedOrderedBatch) {
 /// before its batch row exists.
 TEST_F(Global, InDoubtProbeWaitsForABlockedCompletionBatch) {
     { idem::global_guard schema(uri_, opts(), gopts("schema")); }
-    namespace gsql = idem::detail::gsql;
+    namespace gsql = idem::detail::global::sql;
     sql_exec("INSERT INTO idempotent_record VALUES ('PK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0), "
              "('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
     pqxx::connection holder(uri_);

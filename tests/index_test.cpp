@@ -22,16 +22,16 @@
 
 namespace {
 
-using engine = idem::detail::engine<std::atomic, idem::manual_clock>;
+using engine = idem::detail::table::record_table<std::atomic, idem::manual_clock>;
 using idem::begin_status;
-using idem::detail::slot_state;
+using idem::detail::table::slot_state;
 
 constexpr std::size_t capacity = 32;  // each generation: next_pow2(2 * 32) = 64 positions
 constexpr std::uint64_t mask = 63;
 
 std::uint64_t signature(const engine& e, const idem::key& k) {
     const auto h = e.hash(k);
-    return idem::detail::position::tag(h) << 32 | (h.lo & mask);
+    return idem::detail::table::position::tag(h) << 32 | (h.lo & mask);
 }
 
 /// Two distinct keys with equal tags and equal first positions under e's secret.
@@ -56,7 +56,7 @@ TEST(Index, KeysSharingATagAndAPositionStayTwoRecords) {
     engine e(small(), idem::manual_clock{}, nullptr);
     const auto [a, b] = colliding_keys(e);
     const auto ha = e.hash(a), hb = e.hash(b);
-    ASSERT_EQ(idem::detail::position::tag(ha), idem::detail::position::tag(hb));
+    ASSERT_EQ(idem::detail::table::position::tag(ha), idem::detail::table::position::tag(hb));
     ASSERT_TRUE(ha.lo != hb.lo || ha.hi != hb.hi) << "a real 128-bit collision; pick other keys";
 
     auto ra = e.begin(a, 1);

@@ -20,7 +20,7 @@
 //   SyncWaiters*           every sync waiter returns once its row commits, however many wait at once.
 // After every workload that reaches a store, idem::verify must report no violation.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

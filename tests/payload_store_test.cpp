@@ -5,7 +5,7 @@
 //   payload; a record without a payload is still written as those very bytes; one with a payload is
 //   version 2 and round-trips any bytes; a cut payload, a payload length above the hard maximum and
 //   an unknown version are corrupt_record naming the key and the rule.
-// * PostgreSQL's hex transport (detail/postgres_sql.hpp): all 256 byte values round-trip, text that
+// * PostgreSQL's hex transport (detail/pg/sql.hpp): all 256 byte values round-trip, text that
 //   is not hex is refused, and an array element needs no quoting.
 // * The audit detail names the payload's length and FNV-1a hash, and nothing when there is none.
 // * SQLite: a stored payload above the hard maximum is corrupt_record naming the key and the rule
@@ -18,10 +18,10 @@
 // * The cold window: a duplicate of a key recovery left in the store (older than the hot window)
 //   reads the record back (transition_sink::recall) and is answered with its payload, byte for byte,
 //   including one larger than options.max_payload, which memory would not hold.
-#include <idem/detail/postgres_sql.hpp>
-#include <idem/detail/rocksdb_codec.hpp>
+#include <idem/detail/pg/sql.hpp>
+#include <idem/detail/rocks/codec.hpp>
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@
 
 namespace {
 
-namespace codec = idem::detail::rocksdb_codec;
+namespace codec = idem::detail::rocks;
 using idem::errc;
 using idem::record_state;
 using idem::transition_cause;
@@ -80,7 +80,7 @@ TEST(RocksdbPayloadCodec, AValueFromBeforePayloadsDecodesWithAnEmptyPayload) {
 }
 
 TEST(RocksdbPayloadCodec, APayloadIsVersion2AndRoundTripsAnyBytes) {
-    std::string max(idem::detail::payload_hard_max, 'x');
+    std::string max(idem::detail::rows::payload_hard_max, 'x');
     max.front() = '\0';
     max.back() = '\xff';
     for (const std::string& p : {std::string(1, '\0'), any_bytes, max}) {
@@ -102,7 +102,7 @@ TEST(RocksdbPayloadCodec, ABrokenPayloadIsCorruptNamingTheKeyAndTheRule) {
     // A length above the hard maximum (the bytes need not even be there).
     std::string big = version_1_value();
     big[0] = static_cast<char>(codec::record_payload_version);
-    codec::put_varint(big, idem::detail::payload_hard_max + 1);
+    codec::put_varint(big, idem::detail::rows::payload_hard_max + 1);
     msg = corrupt_message([&] { (void)codec::decode_record("rocksdb:x: ", "K_PAY_v1", big); });
     EXPECT_NE(msg.find("record 'K_PAY_v1'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("payload is 1048577 bytes"), std::string::npos) << msg;
@@ -185,7 +185,7 @@ TEST(SqlitePayload, AStoredPayloadAboveTheHardMaximumIsCorruptNamingTheKey) {
     }
     // Exactly the maximum is a payload like any other.
     idem_test::sqlite_exec(db, "UPDATE idempotent_record SET payload = zeroblob(1048576)");
-    EXPECT_EQ(st.get("BIG_PAY_v1")->payload, std::string(idem::detail::payload_hard_max, '\0'));
+    EXPECT_EQ(st.get("BIG_PAY_v1")->payload, std::string(idem::detail::rows::payload_hard_max, '\0'));
 }
 
 // idem::verify checks a decided record against the audit row that decided it: the outcome it names,

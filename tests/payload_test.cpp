@@ -605,13 +605,13 @@ TEST(PayloadRecovery, RestorePutsThePayloadBack) {
     manual_guard g(test_options(), {}, nullptr, /*defer_maintenance=*/true);
     const std::string bytes("restored\0\xff", 10);
     using acc = idem::detail::guard_access;
-    ASSERT_EQ(acc::restore(g, idem::key("R1"), record_state::succeeded, 5, 77, 0, {}, g.now(), bytes),
+    ASSERT_EQ(acc::restore(g, idem::key("R1"), {record_state::succeeded, 5, 77, 0, {}, g.now(), bytes}),
               begin_status::acquired);
-    ASSERT_EQ(acc::restore(g, idem::key("R2"), record_state::failed, 6, 3, 0, {}, g.now(), "why"),
+    ASSERT_EQ(acc::restore(g, idem::key("R2"), {record_state::failed, 6, 3, 0, {}, g.now(), "why"}),
               begin_status::acquired);
-    ASSERT_EQ(acc::restore(g, idem::key("R3"), record_state::succeeded, 7, 1, 0, {}, g.now()), begin_status::acquired);
-    EXPECT_EQ(acc::restore(g, idem::key("R4"), record_state::succeeded, 8, 1, 0, {}, g.now(),
-                           std::string(g.opts().max_payload + 1, 'x')),
+    ASSERT_EQ(acc::restore(g, idem::key("R3"), {record_state::succeeded, 7, 1, 0, {}, g.now()}), begin_status::acquired);
+    EXPECT_EQ(acc::restore(g, idem::key("R4"), {record_state::succeeded, 8, 1, 0, {}, g.now(),
+                                              std::string(g.opts().max_payload + 1, 'x')}),
               begin_status::capacity_exhausted);
     const auto d1 = g.begin(idem::key("R1"));
     EXPECT_EQ(d1.status, begin_status::succeeded);
@@ -622,7 +622,7 @@ TEST(PayloadRecovery, RestorePutsThePayloadBack) {
     EXPECT_EQ(d2.payload, "why");
     EXPECT_TRUE(g.begin(idem::key("R3")).payload.empty());
     // Restored twice (a later row of the same key) without a payload: the first one's is gone.
-    ASSERT_EQ(acc::restore(g, idem::key("R1"), record_state::succeeded, 9, 78, 0, {}, g.now()), begin_status::acquired);
+    ASSERT_EQ(acc::restore(g, idem::key("R1"), {record_state::succeeded, 9, 78, 0, {}, g.now()}), begin_status::acquired);
     EXPECT_TRUE(g.begin(idem::key("R1")).payload.empty());
 }
 

@@ -23,7 +23,7 @@
 // The tests FAIL, never skip, when a server is missing.
 #include <idem/durable.hpp>
 #include <idem/global_guard.hpp>
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
@@ -114,14 +114,14 @@ TEST(PgIntegrity, SynchronousCommitStaysOnInAGlobalGuardSessionAfterAReloadTurns
     idem_test::private_server srv;
     ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
     // The session class every batcher of global_guard runs its statements on.
-    idem::detail::global_session db(srv.uri(), pg::redact(srv.uri()), 2000ms, "idem-test");
+    idem::detail::global::global_session db(srv.uri(), pg::redact(srv.uri()), 2000ms, "idem-test");
     auto show = [&] {
         std::string v;
         const auto r = db.run("show", [&](pqxx::connection& c) {
             pqxx::nontransaction n(c);
             v = n.exec("SELECT current_setting('synchronous_commit')")[0][0].c_str();
         });
-        EXPECT_EQ(r, idem::detail::global_session::result::ok) << db.last_error();
+        EXPECT_EQ(r, idem::detail::global::global_session::result::ok) << db.last_error();
         return v;
     };
     ASSERT_EQ(show(), "on");

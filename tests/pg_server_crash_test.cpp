@@ -7,7 +7,7 @@
 // pg_crash, pg_resume), so crashing it disturbs no other test. It needs the PostgreSQL 15 server
 // binaries (PG_BIN, default /usr/lib/postgresql/15/bin); without them the test FAILS, never skips.
 #include <idem/durable.hpp>
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

@@ -27,13 +27,13 @@
 #include <thread>
 #include <vector>
 
-#include "idem/detail/flush_pipeline.hpp"
+#include "idem/detail/pipeline/flush_pipeline.hpp"
 #include "idem/store.hpp"
 #include "support/threads.hpp"
 
 #ifdef IDEM_TEST_POSTGRES
 #include "idem/durable.hpp"
-#include "idem/postgres_store.hpp"
+#include "idem/stores/postgres_store.hpp"
 #include "support/pg_database.hpp"
 
 extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx\n"; }
@@ -244,7 +244,7 @@ protected:
     }
 
     gated_store store_;
-    idem::detail::flush_pipeline pipe_;
+    idem::detail::pipeline::flush_pipeline pipe_;
     std::vector<std::thread> waiters_;
 };
 

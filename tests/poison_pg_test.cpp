@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "idem/detail/pipeline_core.hpp"
+#include "idem/detail/pipeline/pipeline_core.hpp"
 #include "idem/durable.hpp"
-#include "idem/postgres_store.hpp"
+#include "idem/stores/postgres_store.hpp"
 #include "support/pg_database.hpp"
 #include "support/store_fixtures.hpp"
 
@@ -146,7 +146,7 @@ TEST_F(PoisonPg, PipelineCoreSetsAsideTheInvalidUtf8RowAndCommitsTheOthers) {
     idem::postgres_store st(uri_);
     std::random_device rd;
     const std::uint64_t prefix = (static_cast<std::uint64_t>(rd()) << 32) & 0x7fffffff00000000ull;
-    idem::detail::pipeline_core core(64, 64, prefix);
+    idem::detail::pipeline::pipeline_core core(64, 64, prefix);
 
     // "K07\xff" sorts between K07 and K08: the bad row sits in the middle of the batch.
     std::map<std::string, std::uint64_t> seq;
@@ -164,7 +164,7 @@ TEST_F(PoisonPg, PipelineCoreSetsAsideTheInvalidUtf8RowAndCommitsTheOthers) {
     auto drain = [&] {
         for (int n = 0; n < 200 && !core.drained(); ++n) {
             const auto r = core.step(st);
-            ASSERT_NE(r, idem::detail::pipeline_core::step_result::failed)
+            ASSERT_NE(r, idem::detail::pipeline::pipeline_core::step_result::failed)
                 << "a rejected row was treated as an outage: " << core.snapshot().last_error;
         }
         ASSERT_TRUE(core.drained()) << "the batch never drained: " << core.snapshot().last_error;
@@ -172,10 +172,10 @@ TEST_F(PoisonPg, PipelineCoreSetsAsideTheInvalidUtf8RowAndCommitsTheOthers) {
     drain();
     if (HasFatalFailure()) return;
 
-    EXPECT_EQ(core.fate(seq[bad]), idem::detail::row_fate::rejected);
+    EXPECT_EQ(core.fate(seq[bad]), idem::detail::pipeline::row_fate::rejected);
     for (const auto& [text, s] : seq) {
         if (text == bad) continue;
-        EXPECT_EQ(core.fate(s), idem::detail::row_fate::committed) << text;
+        EXPECT_EQ(core.fate(s), idem::detail::pipeline::row_fate::committed) << text;
     }
     const auto c = core.snapshot();
     EXPECT_EQ(c.rejected, 1u);

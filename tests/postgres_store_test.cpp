@@ -28,7 +28,7 @@
 #include <signal.h>
 
 #include "idem/durable.hpp"
-#include "idem/postgres_store.hpp"
+#include "idem/stores/postgres_store.hpp"
 
 // LeakSanitizer (ASan builds): libpqxx 6.4 leaks the PGresult of the ROLLBACK that a transaction's
 // destructor sends over a broken connection (pqxx::transaction_base::direct_exec from do_abort), a

@@ -381,12 +381,12 @@ TEST(Race, MoreThreadsThanOwnedStripesWithInjectedYields) {
 // writers on one owned stripe need a preemption between a load and its store to show, so the test
 // above cannot be relied on to catch them; this one checks the rule that prevents them.)
 TEST(Race, StripesAreOwnedByOneLiveThreadEach) {
-    using engine = idem::detail::engine<std::atomic, idem::steady_clock_source>;
-    const idem::detail::stripe_ref mine = engine::stripe();  // this thread may own one already
-    const std::size_t threads = idem::detail::stripe_count + 8;
+    using engine = idem::detail::table::record_table<std::atomic, idem::steady_clock_source>;
+    const idem::detail::table::stripe_ref mine = engine::stripe();  // this thread may own one already
+    const std::size_t threads = idem::detail::table::stripe_count + 8;
     std::size_t owned_first_wave = 0;
     for (int wave = 0; wave < 2; ++wave) {
-        std::vector<idem::detail::stripe_ref> got(threads);
+        std::vector<idem::detail::table::stripe_ref> got(threads);
         std::latch all_alive(static_cast<std::ptrdiff_t>(threads));
         idem_test::run_on_latch(threads, [&](std::size_t i) {
             got[i] = engine::stripe();
@@ -396,22 +396,22 @@ TEST(Race, StripesAreOwnedByOneLiveThreadEach) {
         std::size_t shared = 0;
         for (const auto& st : got) {
             if (st.owned) {
-                EXPECT_LT(st.index, idem::detail::owned_stripes);
+                EXPECT_LT(st.index, idem::detail::table::owned_stripes);
                 EXPECT_TRUE(owned.insert(st.index).second) << "stripe " << st.index << " owned twice";
                 EXPECT_FALSE(mine.owned && st.index == mine.index) << "stripe " << st.index << " is the main thread's";
             } else {
                 ++shared;
-                EXPECT_GE(st.index, idem::detail::owned_stripes);
-                EXPECT_LT(st.index, idem::detail::stripe_count);
+                EXPECT_GE(st.index, idem::detail::table::owned_stripes);
+                EXPECT_LT(st.index, idem::detail::table::stripe_count);
             }
         }
         EXPECT_EQ(owned.size() + shared, threads);
-        EXPECT_GE(owned.size(), idem::detail::owned_stripes - 2) << "wave " << wave;  // the main thread's, a spare
+        EXPECT_GE(owned.size(), idem::detail::table::owned_stripes - 2) << "wave " << wave;  // the main thread's, a spare
         if (wave == 0) owned_first_wave = owned.size();
         else EXPECT_EQ(owned.size(), owned_first_wave) << "stripes of ended threads were not given back";
     }
     // Atomics built on std::atomic run on real threads and own stripes like it.
-    EXPECT_EQ((idem::detail::engine<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned), mine.owned);
+    EXPECT_EQ((idem::detail::table::record_table<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned), mine.owned);
 }
 
 // A ticket held in a thread_local that was built before the thread's first guard call is dropped
@@ -423,13 +423,13 @@ std::atomic<int> g_owned_at_drop{0};
 struct ticket_held_at_exit {
     std::optional<idem::ticket> t;
     ~ticket_held_at_exit() {
-        if (idem::detail::engine<std::atomic, idem::steady_clock_source>::stripe().owned) g_owned_at_drop.fetch_add(1);
+        if (idem::detail::table::record_table<std::atomic, idem::steady_clock_source>::stripe().owned) g_owned_at_drop.fetch_add(1);
         t.reset();  // drops the claim: a release, counted
     }
 };
 
 TEST(Race, ATicketDroppedAtThreadExitCountsOnASharedStripe) {
-    const std::size_t threads = idem::detail::owned_stripes;
+    const std::size_t threads = idem::detail::table::owned_stripes;
     idem::guard g(idem_test::test_options(4 * threads + 16));
     g_owned_at_drop.store(0);
     idem_test::run_on_latch(2 * threads, [&](std::size_t i) {

@@ -9,7 +9,7 @@
 // MODE "write": apply batch after batch in sync mode, each batch i holding keys "b<i>_<j>", and
 // write "A <i>" to fd 100 after apply() returns; MODE "hold": open the store, write "R", wait.
 #include <idem/durable.hpp>
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
@@ -218,7 +218,7 @@ TEST_F(RocksdbStore, ASecondWriterIsRefusedNamingTheLockFile) {
 }
 
 TEST_F(RocksdbStore, DamagedValuesAreCorruptRecordNamingTheKey) {
-    namespace codec = idem::detail::rocksdb_codec;
+    namespace codec = idem::detail::rocks;
     {
         idem::rocksdb_store st(path_);
         std::vector<idem::store_row> rows{idem_test::row({.key = "good_key", .fence = F1, .at_ms = T0}, 1)};
@@ -248,7 +248,7 @@ TEST_F(RocksdbStore, DamagedValuesAreCorruptRecordNamingTheKey) {
 // payload, a later batch stores a payload over one (version 2), and both survive a reopen and a
 // compaction (whose filter decodes every record).
 TEST_F(RocksdbStore, ARecordValueFromBeforePayloadsReadsAndTakesAPayloadLater) {
-    namespace codec = idem::detail::rocksdb_codec;
+    namespace codec = idem::detail::rocks;
     {
         idem::rocksdb_store st(path_);  // the schema and counters of a current database
     }

@@ -12,7 +12,7 @@
 //                 file, and after a failed reconnect the next call still says what is wrong.
 // These need root (mount, chattr) and an ext4/xfs/btrfs /tmp. They FAIL, never skip, without them.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

@@ -21,7 +21,7 @@
 //                    directory is refused at open with invalid_argument naming the path and reason.
 // Needs root (to drop to nobody). FAILS, never skips, without it.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

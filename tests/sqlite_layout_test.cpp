@@ -16,7 +16,7 @@
 // * A version 3 file from before response payloads (no payload column) gains the column at open,
 //   still version 3, every record and trail kept, no row rewritten; records read with an empty
 //   payload, new completions store theirs, and a second open changes nothing.
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

@@ -183,7 +183,7 @@ void expect_unique_series(const std::string& text) {
     for (const auto& [series, n] : seen) EXPECT_EQ(n, 1) << series << " is printed " << n << " times in\n" << text;
 }
 
-// Operation names are kept cut at 32 bytes (detail/lease_histogram.hpp), so two operations that
+// Operation names are kept cut at 32 bytes (detail/table/lease_histogram.hpp), so two operations that
 // share their first 32 bytes come back as two rows with one name. Their series must still differ:
 // a scraper rejects an exposition that repeats a series, and two leases under one label set would
 // be indistinguishable.

@@ -17,7 +17,7 @@
 // The immutable-file and read-only tests need root (chattr, mount) and an ext4/xfs/btrfs /tmp; they
 // FAIL, never skip, without them.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <gtest/gtest.h>
 
@@ -101,7 +101,8 @@ TEST(SqlitePaths, TemporaryPathsAreRefusedWithoutTheExplicitOptIn) {
         {"", "is empty, which makes SQLite create a temporary database"},
         {":memory:", "makes SQLite create an in-memory database"},
     };
-    for (const auto& [path, rule] : cases) {
+    for (const auto& [case_path, rule] : cases) {
+        const std::string& path = case_path;  // the lambdas capture it: clang 14 cannot capture a structured binding
         SCOPED_TRACE("path '" + path + "'");
         const std::vector<std::string> words = {"sqlite path '" + path + "' ", rule, "nothing would survive a reopen",
                                                 "sqlite_store::temporary()"};

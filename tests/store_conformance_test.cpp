@@ -20,7 +20,7 @@
 // idem::rocksdb target exists). postgres_store joins when the build defines IDEM_TEST_POSTGRES
 // (tests/CMakeLists.txt does when the idem::postgres target exists); it reads the server from
 // IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database.
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/store.hpp>
 #include <idem/verify.hpp>
 
@@ -40,10 +40,10 @@
 #include "support/threads.hpp"
 
 #ifdef IDEM_TEST_POSTGRES
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 #endif
 #ifdef IDEM_TEST_ROCKSDB
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #endif
 
 namespace {
@@ -229,7 +229,7 @@ struct rocksdb_maker {
     /// Writes a record value directly, as a bad migration or a hand edit would: an unknown status
     /// is stored as byte 0xEE, a fence as the varint of its bits. Returns "" or RocksDB's message.
     std::string insert_raw(const std::string& key, const std::string& status, std::int64_t fence) {
-        namespace codec = idem::detail::rocksdb_codec;
+        namespace codec = idem::detail::rocks;
         std::string value(1, static_cast<char>(codec::value_version));
         const auto st = idem::parse_status(status);
         value.push_back(static_cast<char>(st ? static_cast<std::uint8_t>(*st) : 0xEE));
@@ -239,7 +239,7 @@ struct rocksdb_maker {
     }
     std::string delete_raw(const std::string& key) {
         return raw([&](rocksdb::DB& db) {
-            return db.Delete(rocksdb::WriteOptions(), idem::detail::rocksdb_codec::record_key(key));
+            return db.Delete(rocksdb::WriteOptions(), idem::detail::rocks::record_key(key));
         });
     }
     template <class Fn>
@@ -508,7 +508,7 @@ TYPED_TEST(StoreConformance, ATerminalRecordNeverRegressesAtItsOwnFence) {
     EXPECT_TRUE(this->same_as_reference());
 }
 
-// The batch fold (detail/batch_fold.hpp) in general, with each record spelled out rather than taken
+// The batch fold (detail/rows/batch_fold.hpp) in general, with each record spelled out rather than taken
 // from the reference: several transitions of one key, a claim, a release and a claim again, a stale
 // row after a newer claim of the same key in one batch, keys interleaved, and a claim below the
 // stored fence whose lease must not reach the record that a later row of the batch overwrites.
@@ -862,7 +862,7 @@ const std::string hostile_payload = std::string("\0\xff\x80{\"a\":1}\xc3\x28\xed
 
 TYPED_TEST(StoreConformance, PayloadsOfAnySizeAndAnyBytesRoundTripExactly) {
     using rs = record_state;
-    std::string max(idem::detail::payload_hard_max, '\0');
+    std::string max(idem::detail::rows::payload_hard_max, '\0');
     for (std::size_t i = 0; i < max.size(); ++i) max[i] = static_cast<char>((i * 131 + 7) & 0xff);
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"P_EMPTY_v1", ""}, {"P_ONE_v1", std::string(1, '\0')}, {"P_FF_v1", "\xff"},

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -441,7 +441,7 @@ TEST(Versions, MapFullIsCapacityExhaustedAndChangesNothing) {
     // while its key's index position is free. The engine is used directly for its hashes.
     idem::options o = ordered(16);
     o.max_probe = 1;
-    idem::detail::engine<std::atomic, idem::steady_clock_source> e(o, {}, nullptr);
+    idem::detail::table::record_table<std::atomic, idem::steady_clock_source> e(o, {}, nullptr);
     const std::size_t mask = 31;  // next_pow2(2 * 16) - 1: the index and the map alike
     ASSERT_EQ(e.begin(v("M0", "OP", 1), 0).status, begin_status::acquired);
     const auto map_pos = [&](const std::string& tx) { return e.hash_text(tx + "_OP").lo & mask; };
@@ -465,10 +465,10 @@ TEST(Versions, MapFullIsCapacityExhaustedAndChangesNothing) {
 }
 
 TEST(Versions, MapUnit) {
-    idem::detail::version_map<std::atomic> m(4, false);
-    using raised = idem::detail::version_map<std::atomic>::raised;
+    idem::detail::table::version_map<std::atomic> m(4, false);
+    using raised = idem::detail::table::version_map<std::atomic>::raised;
     auto id = [](std::uint64_t lo, std::uint32_t n) {
-        return idem::detail::version_claim::of({lo, 0xabcd'0000'0000'0000ull + lo}, n);
+        return idem::detail::table::version_claim::of({lo, 0xabcd'0000'0000'0000ull + lo}, n);
     };
     EXPECT_EQ(m.newest(id(1, 0), 4), -1);
     EXPECT_EQ(m.raise(id(1, 3), 4).what, raised::granted);
@@ -482,7 +482,7 @@ TEST(Versions, MapUnit) {
     EXPECT_EQ(m.raise(id(5, 1), 4).what, raised::full);
     EXPECT_EQ(m.newest(id(5, 1), 4), -1) << "a full answer changed nothing";
     // Same id, another check (an id collision): never mixed with the first identity.
-    const auto other = idem::detail::version_claim{1, 0x1234, 9};
+    const auto other = idem::detail::table::version_claim{1, 0x1234, 9};
     EXPECT_EQ(m.raise(other, 4).what, raised::full);
     EXPECT_EQ(m.newest(id(1, 0), 4), 7);
     m.reset();

@@ -16,7 +16,7 @@
 // the wall clock does not); the manual clock advancing an hour in no real time is the wall clock
 // stepping back by an hour relative to it. Every store runs each case.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>

@@ -14,7 +14,7 @@
 //   RetentionLongerThanTheWindowIsRefused the hot window must fit in the idempotency window
 //   FilterFalsePositiveRate               1M keys: measured rate within 2x of the design rate
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <gtest/gtest.h>
@@ -431,9 +431,9 @@ INSTANTIATE_TEST_SUITE_P(Stores, Window, ::testing::ValuesIn(idem_test::store_ki
                          [](const auto& info) { return info.param; });
 
 TEST(WindowFilter, FalsePositiveRateIsWithinTwiceTheDesignRate) {
-    idem::detail::window_filter f(std::chrono::hours(24 * 7));
+    idem::detail::table::window_filter f(std::chrono::hours(24 * 7));
     std::mt19937_64 rng(20261204);
-    std::vector<idem::detail::window_filter::entry> keys(1'000'000);
+    std::vector<idem::detail::table::window_filter::entry> keys(1'000'000);
     for (auto& e : keys) e = {rng(), rng(), 0};
     ASSERT_TRUE(f.add(keys));
     for (const auto& e : keys) ASSERT_TRUE(f.may_contain(e.lo, e.hi)) << "a false negative";
@@ -441,7 +441,7 @@ TEST(WindowFilter, FalsePositiveRateIsWithinTwiceTheDesignRate) {
     constexpr std::size_t probes = 1'000'000;
     for (std::size_t i = 0; i < probes; ++i) hits += f.may_contain(rng(), rng()) ? 1 : 0;
     const double measured = static_cast<double>(hits) / probes;
-    const double design = idem::detail::window_filter::design_fpr();
+    const double design = idem::detail::table::window_filter::design_fpr();
     EXPECT_GT(design, 0.001);
     EXPECT_LT(design, 0.02);
     EXPECT_LE(measured, 2 * design) << "measured " << measured << ", design " << design;
@@ -452,9 +452,9 @@ TEST(WindowFilter, FalsePositiveRateIsWithinTwiceTheDesignRate) {
 
 TEST(WindowFilter, SlicesExpireWithTheWindowAndNoSooner) {
     using std::chrono::hours;
-    idem::detail::window_filter f(hours(8));
+    idem::detail::table::window_filter f(hours(8));
     const std::int64_t h = std::chrono::nanoseconds(hours(1)).count();
-    std::vector<idem::detail::window_filter::entry> early{{1, 11, 0}}, late{{2, 22, 5 * h}};
+    std::vector<idem::detail::table::window_filter::entry> early{{1, 11, 0}}, late{{2, 22, 5 * h}};
     ASSERT_TRUE(f.add(early));
     ASSERT_TRUE(f.add(late));
     EXPECT_EQ(f.expire(hours(8)), 0u);  // exactly the window: still remembered
@@ -472,8 +472,8 @@ TEST(WindowFilter, SlicesExpireWithTheWindowAndNoSooner) {
 }
 
 TEST(WindowFilter, ForeverNeverExpires) {
-    idem::detail::window_filter f(std::chrono::nanoseconds::max());
-    std::vector<idem::detail::window_filter::entry> e{{3, 33, 0}};
+    idem::detail::table::window_filter f(std::chrono::nanoseconds::max());
+    std::vector<idem::detail::table::window_filter::entry> e{{3, 33, 0}};
     ASSERT_TRUE(f.add(e));
     EXPECT_EQ(f.expire(std::chrono::hours(24 * 365 * 50)), 0u);
     EXPECT_TRUE(f.may_contain(3, 33));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "idem/detail/rows/audit_detail.hpp"
 #include "idem/options.hpp"
 #include "idem/store.hpp"
 #include "report.hpp"
@@ -143,7 +144,12 @@ int run_stats(const stats_config& c) {
     std::map<std::string, std::vector<std::int64_t>> took;  // biz_type -> claim-to-completion ms
     st->scan_audit([&](const idem::audit_entry& a) {
         ++v.audit_rows;
-        const std::string cause = a.detail.substr(0, a.detail.find(' '));
+        // The one parser of the detail text (the one verify uses); a text it does not know counts
+        // under its first word.
+        const auto parsed = idem::detail::rows::parse_audit_detail(a.detail);
+        const std::string cause(parsed.status == idem::detail::rows::detail_parse::foreign
+                                    ? std::string_view(a.detail).substr(0, a.detail.find(' '))
+                                    : parsed.fields.cause);
         ++v.audit_by_cause[cause];
         std::string id = a.key;
         id += '\0';

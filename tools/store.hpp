@@ -33,18 +33,18 @@
 
 #include <CLI/CLI.hpp>
 
-#include "idem/detail/postgres_sql.hpp"  // pg::redact, no libpqxx needed
+#include "idem/detail/pg/sql.hpp"  // pg::redact, no libpqxx needed
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
 #include "idem/options.hpp"
-#include "idem/sqlite_store.hpp"
+#include "idem/stores/sqlite_store.hpp"
 #include "idem/stats.hpp"
 #include "idem/store.hpp"
 #ifdef IDEM_HAVE_POSTGRES
-#include "idem/postgres_store.hpp"
+#include "idem/stores/postgres_store.hpp"
 #endif
 #ifdef IDEM_HAVE_ROCKSDB
-#include "idem/rocksdb_store.hpp"
+#include "idem/stores/rocksdb_store.hpp"
 #define IDEM_TOOL_ROCKSDB_URI ", rocksdb:DIR"
 #else
 #define IDEM_TOOL_ROCKSDB_URI ""

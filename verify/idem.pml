@@ -3,7 +3,7 @@
  *
  * What is modelled (docs/testing.md maps every step to the function that implements it):
  *   - the slot's state word: state, fence, doubt mark, with the transient states `claiming` and
- *     `completing` that only the thread whose CAS entered them may leave (include/idem/detail/slot.hpp);
+ *     `completing` that only the thread whose CAS entered them may leave (include/idem/detail/table/slot.hpp);
  *   - workers that claim (begin), execute the effect, renew (extend) and complete (succeed / fail),
  *     or pause forever at any point (a paused owner is a process that takes no more steps);
  *   - the lease, as an abstract clock that may expire a processing claim at any moment;

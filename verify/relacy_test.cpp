@@ -16,7 +16,7 @@
 // So the engine is instantiated with `rl_std_atomic<T>` below: a thin class holding an rl::atomic<T>
 // that offers std::atomic's signatures, maps std::memory_order to rl::memory_order one to one, and
 // passes the *caller's* source location (std::source_location default argument) as Relacy's debug
-// info, so histories name lines of engine.hpp and its component headers. Every atomic access of the engine reaches Relacy with the
+// info, so histories name lines of detail/table/record_table.hpp and its component headers. Every atomic access of the table reaches Relacy with the
 // engine's own memory order.
 //
 // The engine's two thread fences, (8) acquire and (9) release, are free functions

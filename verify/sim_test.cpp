@@ -2,7 +2,7 @@
 //
 // Layer A (the seeds): one thread runs everything, so a seed replays exactly.
 //   * The real guard (engine, tickets, compensation, rotation) on a manual clock.
-//   * `sim_pipeline`: the real pipeline core (detail/pipeline_core.hpp: admission by reservation,
+//   * `sim_pipeline`: the real pipeline core (detail/pipeline/pipeline_core.hpp: admission by reservation,
 //     the bounded queue, batches of up to max_batch rows sorted by (key, seq), one store
 //     transaction per batch with a batch id, commit_unknown resolved by store::committed(),
 //     rejected rows isolated by halving, the contiguous watermark) stepped by hand in simulated
@@ -18,10 +18,17 @@
 //     survives crashes and honours fences, pause, renew, complete, fail, drop tickets; some spin on
 //     backpressure (retry at once, many times), with queues as small as 2 rows in some seeds.
 //   * A truthful resolver answering from the ledger (or "unknown" at a seeded rate).
-//   * Crashes: memory and queue lost; recovery as durable_guard::recover does it (fence floor from
-//     the largest fence loaded; claims, released records and the hot window restored into the
-//     table, terminal records that do not fit and the rest of the idempotency window into the
-//     cold window through remember_cold, records past the window nowhere; then compensation).
+//   * Crashes: memory and queue lost; recovery by durable_guard's own code, detail/recovery/
+//     (recover.hpp: fence floor above the store's largest fence; claims, released records and the
+//     hot window restored into the table, terminal records that do not fit and the rest of the
+//     idempotency window into the cold window through remember_cold, records past the window
+//     nowhere; then compensation), on the simulation's wall mapping (clock_map.hpp: the manual
+//     clock in ms). A recall converts the store's record with the same code (to_recalled).
+//   * Payloads: in most seeds completions carry response bytes (a key's own, NUL and high bytes
+//     included; the resolver finds the same), so recovery restores them, the cold window's recall
+//     brings them back, and the audit rows name them (idem::verify checks their size and hash); a
+//     duplicate answered succeeded must get the key's bytes back, and the store and memory must
+//     hold them at the end.
 //   * The two windows: options.retention (the hot window, 0 to 3 s) and the idempotency window
 //     (store_options::window: forever, 7 days, or 4 to 15 s so keys legitimately expire and are
 //     claimed again). The guard has the cold window enabled; small tables (capacity 3 to 8, 2 to
@@ -88,12 +95,14 @@
 // IDEM_SIM_DISK=sqlite|rocksdb to run sim.seeds over a real file store, IDEM_SIM_FILE_SEEDS=N for
 // the seeds of test seeds_on_file_stores (default 100 per file store).
 #include <idem/idem.hpp>
+#include <idem/detail/recovery/clock_map.hpp>
+#include <idem/detail/recovery/recover.hpp>
 #include <idem/durable.hpp>
 #include <idem/store.hpp>
 #include <idem/verify.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #ifdef IDEM_SIM_ROCKSDB
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #endif
 
 #include <gtest/gtest.h>
@@ -179,6 +188,9 @@ enum class mutation {
     /// counts pruned records): after a prune a key can be claimed again with a fence it already had.
     /// This is what durable_guard::recover does as of ce2a4e4 (docs/testing.md, section 4, finding F6).
     loaded_fence_floor,
+    /// The sink's recall() answers a record without its payload: a duplicate of an evicted key
+    /// gets its outcome without the response bytes.
+    payload_dropped,
     /// The guard's rotation waits until every row offered so far is decided (the guard wired with
     /// set_all_flushed(drained), the old rotation condition): a steady load starves rotation.
     drained_marks,
@@ -197,6 +209,7 @@ const char* to_string(mutation m) {
         case mutation::cold_dropped: return "cold_dropped";
         case mutation::loaded_fence_floor: return "loaded_fence_floor";
         case mutation::drained_marks: return "drained_marks";
+        case mutation::payload_dropped: return "payload_dropped";
     }
     return "?";
 }
@@ -562,14 +575,14 @@ struct pipeline_options {
     std::size_t prune_rows = 10'000;
 };
 
-/// Whether a record last updated at `updated_ms` is past the idempotency window at `now_ms` (as
-/// durable_guard::past_window; the simulation's wall clock is the manual clock in ms).
-bool past_window(std::chrono::milliseconds window, std::int64_t updated_ms, std::int64_t now_ms) {
-    return window != idem::forever && updated_ms < now_ms - window.count();
-}
+/// The simulation's wall clock is the manual clock in ms: the mapping (detail/recovery/clock_map.hpp)
+/// whose base is 0 on both sides. Every stored time is written and read back through it, as a
+/// durable guard does through the mapping it takes at start.
+constexpr idem::detail::recovery::clock_map sim_wall{std::chrono::nanoseconds(0), 0};
+/// A duration in ms; with sim_wall's zero bases, also a manual-clock time's Unix ms.
 std::int64_t ms_of(std::chrono::nanoseconds t) { return std::chrono::duration_cast<std::chrono::milliseconds>(t).count(); }
 
-/// The real pipeline core (detail/pipeline_core.hpp) driven by hand: what flush_pipeline's thread
+/// The real pipeline core (detail/pipeline/pipeline_core.hpp) driven by hand: what flush_pipeline's thread
 /// does, in simulated time. A sync wait runs the flusher in the caller's place.
 class sim_pipeline final : public idem::transition_sink {
 public:
@@ -593,8 +606,8 @@ public:
         }
         idem::store_row row;
         row.t = t;
-        row.at_ms = to_wall_ms(t.at);
-        row.lease_until_ms = t.to == record_state::processing ? to_wall_ms(t.lease_until) : 0;
+        row.at_ms = sim_wall.to_wall_ms(t.at);
+        row.lease_until_ms = t.to == record_state::processing ? sim_wall.to_wall_ms(t.lease_until) : 0;
         const std::uint64_t seq = core_.push(row);
         pending_.push_back({seq, poison && poison(t.k)});
         check_depth();
@@ -616,13 +629,13 @@ public:
             if (!step()) clock_.advance(1ms);  // idle_poll
         }
         if (g_mutation == mutation::rejected_as_committed) return done(idem::durability_wait::committed);
-        return done(core_.fate(seq) == idem::detail::row_fate::rejected ? idem::durability_wait::rejected
+        return done(core_.fate(seq) == idem::detail::pipeline::row_fate::rejected ? idem::durability_wait::rejected
                                                                          : idem::durability_wait::committed);
     }
     bool durable(std::uint64_t seq) const noexcept override {
         if (g_mutation == mutation::durable_lies) return true;
-        if (g_mutation == mutation::rejected_as_committed) return core_.fate(seq) != idem::detail::row_fate::pending;
-        return core_.fate(seq) == idem::detail::row_fate::committed;
+        if (g_mutation == mutation::rejected_as_committed) return core_.fate(seq) != idem::detail::pipeline::row_fate::pending;
+        return core_.fate(seq) == idem::detail::pipeline::row_fate::committed;
     }
     bool synchronous() const noexcept override { return o_.sync; }
     bool accepts(const idem::key& k, std::string* why) const noexcept override {
@@ -631,8 +644,9 @@ public:
     }
     /// flush_pipeline::recall: the flusher reads the key's record between two batches and the
     /// caller blocks until it has the answer; here the read runs at once in the caller's place (its
-    /// latency spent in simulated time). The record converts as durable_guard::to_recalled does: a
-    /// terminal or released record past the window is no record. A read that fails: unavailable.
+    /// latency spent in simulated time). The record converts as the durable guard converts it
+    /// (detail/recovery/clock_map.hpp, to_recalled): a terminal or released record past the window
+    /// is no record; its payload comes along. A read that fails: unavailable.
     idem::recalled recall(const idem::key& k) noexcept override {
         ++recalls_;
         idem::recalled none;
@@ -646,22 +660,21 @@ public:
             return none;
         }
         if (g_mutation == mutation::recall_forgets) return {};  // a sink bug: the store's answer is ignored
-        const std::int64_t now_ms = ms_of(clock_.now());
-        if (!rec || rec->state == record_state::absent ||
-            (rec->state != record_state::processing && past_window(o_.window, rec->updated_ms, now_ms))) {
-            log_("recall " + std::string(k.view()) + ": " + (rec ? "past the window" : "no record"));
-            return {};
-        }
         idem::recalled out;
-        out.found = idem::recalled::kind::record;
-        out.state = rec->state;
-        out.fence = rec->fence;
-        out.outcome = rec->outcome;
-        out.fingerprint = rec->fingerprint;
-        out.lease_until = rec->state == record_state::processing ? std::chrono::nanoseconds(std::chrono::milliseconds(rec->lease_until_ms))
-                                                                 : std::chrono::nanoseconds(0);
-        out.updated = std::chrono::milliseconds(rec->updated_ms);
-        log_("recall " + std::string(k.view()) + ": " + idem::to_string(rec->state) + " fence " + std::to_string(rec->fence));
+        try {
+            out = idem::detail::recovery::to_recalled(rec ? &*rec : nullptr, sim_wall, {o_.window},
+                                                      sim_wall.to_wall_ms(clock_.now()), store_);
+        } catch (const std::exception& e) {  // a stored time the mapping cannot hold (flush_pipeline: unavailable)
+            log_("recall " + std::string(k.view()) + ": " + e.what());
+            return none;
+        }
+        if (out.found != idem::recalled::kind::record) {
+            log_("recall " + std::string(k.view()) + ": " + (rec ? "past the window" : "no record"));
+            return out;
+        }
+        if (g_mutation == mutation::payload_dropped) out.payload.clear();  // a sink bug: the bytes are lost
+        log_("recall " + std::string(k.view()) + ": " + idem::to_string(rec->state) + " fence " +
+             std::to_string(rec->fence) + (out.payload.empty() ? "" : ", " + std::to_string(out.payload.size()) + " payload bytes"));
         ++recalled_;
         return out;
     }
@@ -686,9 +699,9 @@ public:
         settle();
         check_depth();
         switch (result) {
-            case idem::detail::pipeline_core::step_result::idle: return false;
-            case idem::detail::pipeline_core::step_result::progress: backoff_ = 1ms; return true;
-            case idem::detail::pipeline_core::step_result::failed: break;
+            case idem::detail::pipeline::pipeline_core::step_result::idle: return false;
+            case idem::detail::pipeline::pipeline_core::step_result::progress: backoff_ = 1ms; return true;
+            case idem::detail::pipeline::pipeline_core::step_result::failed: break;
         }
         clock_.advance(backoff_);
         backoff_ = std::min<std::chrono::nanoseconds>(backoff_ * 2, o_.max_backoff);
@@ -713,9 +726,6 @@ public:
     void crash() {
         dead_ = true;
         (void)core_.abandon();
-    }
-    [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
     }
 
 private:
@@ -751,7 +761,7 @@ private:
         while (!pending_.empty() && pending_.front().seq <= w) {
             const auto [seq, poisoned] = pending_.front();
             pending_.pop_front();
-            const bool rejected = core_.fate(seq) == idem::detail::row_fate::rejected;
+            const bool rejected = core_.fate(seq) == idem::detail::pipeline::row_fate::rejected;
             if (rejected != poisoned && on_problem)
                 on_problem("row seq " + std::to_string(seq) + (poisoned ? " of a poison key was not set aside"
                                                                         : " of a storable key was set aside"));
@@ -774,7 +784,7 @@ private:
     idem::store& store_;
     pipeline_options o_;
     idem::manual_clock clock_;
-    idem::detail::pipeline_core core_;
+    idem::detail::pipeline::pipeline_core core_;
     trace& log_;
     std::chrono::nanoseconds backoff_ = 1ms;
     std::uint64_t offers_ = 0, max_depth_ = 0;
@@ -869,6 +879,10 @@ struct outcome {
     std::uint64_t superseded = 0;        ///< superseded answers checked
     std::uint64_t superseded_ran = 0;    ///< ... given while the store held the key's record (violations)
     std::uint64_t steady_runs = 0, steady_skipped = 0, steady_claims = 0, steady_collects = 0, steady_rotations = 0;
+    // payloads
+    bool payloads = false;                 ///< completions carry response bytes
+    std::uint64_t payload_checks = 0;      ///< succeeded answers whose (non-empty) bytes were checked
+    std::uint64_t payload_bytes_checked = 0;
     idem::stats guard;  ///< the guards' counters, summed over the seed's process lives
 };
 
@@ -1005,6 +1019,16 @@ public:
         }
         if (versions_ != 0 && !out_.big_store && rx_.chance(0.7)) capacity_ = 3 + rx_.below(3);
         steady_ = g_flags.windows && !sync_;
+        // Payloads draw from a stream of their own, so every other draw of a seed stays as it was.
+        // Not on the interleaving engine: a table on other atomic types than std::atomic keeps one
+        // 64-byte chunk of payload per index position and hands the sink an empty view of the bytes
+        // (detail/table/arenas.hpp, payload_arena: sized for model checkers, which run without a sink).
+        {
+            rng rp(mix(seed, 0xb17e5));
+            const std::uint64_t mode = rp.below(4);
+            payload_max_ = interleaved || mode == 0 ? 0 : mode == 1 ? 15 : 3000;
+            out_.payloads = payload_max_ != 0;
+        }
         out_.depth_bound = po_.queue_capacity + po_.max_batch;
         std::string poison_text;
         for (std::size_t k = 0; k < nkeys_; ++k)
@@ -1021,7 +1045,8 @@ public:
              " prune every " + std::to_string(ms_of(po_.prune_interval)) + "ms (" + std::to_string(po_.prune_rows) +
              " rows)" + (versions_ ? " versions " + std::to_string(versions_) : std::string()) +
              (race_rate_ > 0 ? " confirm races " + std::to_string(race_rate_) : std::string()) +
-             (interleaved ? " (interleaving engine)" : ""));
+             (interleaved ? " (interleaving engine)" : "") +
+             (payload_max_ ? " payloads up to " + std::to_string(payload_max_) + " bytes" : ""));
         store_ = std::make_unique<fault_store>(disk_, rates_, mix(seed, 7), &log_,
                                                [this](std::chrono::nanoseconds d) { clock_.advance(d); });
         store_->set_outage([this] { return clock_.now() < outage_until_; });
@@ -1135,6 +1160,35 @@ private:
     }
     [[nodiscard]] bool poisoned(std::size_t k) const { return k < key_count && poison_[k]; }
 
+    /// Whether a record last updated at `updated_ms` is past the idempotency window at `now_ms`: the
+    /// durable guard's rule (detail/recovery/clock_map.hpp, window).
+    [[nodiscard]] bool past_window(std::int64_t updated_ms, std::int64_t now_ms) const {
+        return idem::detail::recovery::window{po_.window}.past(updated_ms, now_ms);
+    }
+
+    /// The response bytes a completion of key k records (and the resolver finds): none in seeds
+    /// without payloads, else 1 to 15 bytes (a string's small buffer) or up to 3,000, NUL and high
+    /// bytes included. A function of the key, so a duplicate's bytes can be checked at any time.
+    [[nodiscard]] std::string payload_of(std::size_t k) const {
+        if (payload_max_ == 0 || k >= key_count) return {};
+        const std::size_t n = 1 + (k * 2654435761u + seed_) % payload_max_;
+        std::string p(n, '\0');
+        for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<char>((k * 131 + i * 7 + seed_) & 0xff);
+        return p;
+    }
+    /// A succeeded answer (begin(), query()) of key k carries k's bytes.
+    void check_payload(std::size_t k, const std::string& got, const char* via) {
+        const std::string want = payload_of(k);
+        if (!want.empty()) {
+            ++out_.payload_checks;
+            out_.payload_bytes_checked += want.size();
+        }
+        if (got == want) return;
+        problem("key " + std::to_string(k) + ": " + via + " replayed payload of " + std::to_string(got.size()) +
+                " bytes, not its " + std::to_string(want.size()) + " recorded bytes");
+        dump_trail(k);
+    }
+
     idem::options guard_options() {
         idem::options o;
         o.capacity = capacity_;  // 8: 16 slots a generation for 12 keys; 4 new keys make it due for rotation
@@ -1165,76 +1219,38 @@ private:
                 if (t_on_worker) the_coop().yield();  // a racing owner: its wait is over, its confirm to come
             };
             g_.emplace(guard_options(), clock_, pipe_.get(), /*defer_maintenance=*/true);
-            idem::detail::guard_access::enable_cold_window(*g_, po_.window == idem::forever ? std::chrono::nanoseconds::max()
-                                                               : std::chrono::nanoseconds(po_.window));
+            idem::detail::guard_access::enable_cold_window(*g_, idem::detail::recovery::window{po_.window}.on_clock());
             try {
-                // durable_guard::recover: claims in flight first, then released records and terminal ones
-                // inside the hot window into the table (terminal and released records that do not
-                // fit into the cold window), the rest of the idempotency window into the cold
-                // window, records past it nowhere; new fences start above the largest fence loaded.
-                std::uint64_t max_fence = 0, records = 0, claims = 0, cold_n = 0, expired = 0, hot = 0;
-                const std::int64_t now_ms = ms_of(clock_.now());
-                const std::int64_t retention_ms = ms_of(retention_);
-                const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
-                std::vector<idem::detail::window_filter::entry> cold;
-                std::vector<idem::stored_record> decided;  // hot decided records: after the claims
-                const std::size_t decided_limit = guard_options().capacity;
-                store_->load([&](const idem::stored_record& rec) {
-                    const auto k = idem::key::parse(rec.key);
-                    if (!k) return;
-                    ++records;
-                    claims += rec.state == record_state::processing;
-                    max_fence = std::max(max_fence, rec.fence);
-                    const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
-                    const bool claim = rec.state == record_state::processing;
-                    if (!claim && past_window(po_.window, rec.updated_ms, now_ms)) {
-                        ++expired;
-                        return;
-                    }
-                    if (!claim && (rec.updated_ms < hot_since_ms || decided.size() >= decided_limit)) {
-                        cold.push_back(idem::detail::guard_access::cold_entry(*g_, *k, updated));
-                        return;
-                    }
-                    if (!claim) {
-                        decided.push_back(rec);
-                        return;
-                    }
-                    note_restored(rec.key);
-                    const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
-                                                std::chrono::milliseconds(rec.lease_until_ms), updated);
-                    if (st != begin_status::acquired)
-                        problem("restore refused " + rec.key + " (" + idem::to_string(st) +
-                                "): more claims in flight than options.capacity allows");
-                    else
-                        ++hot;
-                });
-                for (const auto& rec : decided) {
-                    const auto k = idem::key::parse(rec.key);
-                    const auto updated = std::chrono::nanoseconds(std::chrono::milliseconds(rec.updated_ms));
-                    note_restored(rec.key);
-                    const auto st = idem::detail::guard_access::restore(*g_, *k, rec.state, rec.fence, rec.outcome, rec.fingerprint,
-                                                std::chrono::milliseconds(rec.lease_until_ms), updated);
-                    if (st == begin_status::capacity_exhausted) cold.push_back(idem::detail::guard_access::cold_entry(*g_, *k, updated));
-                    else if (st != begin_status::acquired)
-                        problem("restore refused " + rec.key + " (" + idem::to_string(st) + ")");
-                    else
-                        ++hot;
+                // Recovery by the durable guard's code (detail/recovery/recover.hpp), each restored
+                // record's version noted first (note_restored). Two mutations replace one step.
+                namespace rec = idem::detail::recovery;
+                const rec::window w{po_.window};
+                const auto note = [this](const idem::stored_record& r) { note_restored(r.key); };
+                rec::tally t;
+                if (g_mutation == mutation::cold_dropped || g_mutation == mutation::loaded_fence_floor) {
+                    rec::loaded l = rec::load(*g_, *store_, sim_wall, w, note);
+                    if (g_mutation == mutation::cold_dropped) l.cold.clear();  // the cold window learns nothing
+                    const std::uint64_t floor = g_mutation == mutation::loaded_fence_floor
+                                                    ? l.max_fence  // pruned fences forgotten
+                                                    : rec::fence_floor(*store_, l.max_fence);
+                    rec::install(*g_, *store_, l, floor);
+                    t = l.counts;
+                } else {
+                    t = rec::recover(*g_, *store_, sim_wall, w, note);
                 }
-                cold_n = cold.size();
-                if (g_mutation != mutation::cold_dropped && !idem::detail::guard_access::remember_cold(*g_, cold))
-                    problem("the cold window could not take " + std::to_string(cold.size()) + " keys");
-                // The floor counts the fences of pruned records too (store::max_fence()).
-                if (g_mutation != mutation::loaded_fence_floor) max_fence = std::max(max_fence, store_->max_fence());
-                idem::detail::guard_access::set_fence_floor(*g_, max_fence);
-                out_.cold_at_start += cold_n;
-                out_.expired_at_start += expired;
-                out_.hot_at_start += hot;
-                out_.max_store_records = std::max(out_.max_store_records, records);
-                log_("recovery: " + std::to_string(records) + " records (" + std::to_string(claims) + " claims), " +
-                     std::to_string(hot) + " in memory, " +
-                     std::to_string(cold_n) + " cold, " + std::to_string(expired) + " past the window");
+                out_.cold_at_start += t.cold;
+                out_.expired_at_start += t.expired;
+                out_.hot_at_start += t.records;
+                out_.max_store_records = std::max<std::uint64_t>(out_.max_store_records, t.seen);
+                log_("recovery: " + std::to_string(t.seen) + " records (" + std::to_string(t.processing) + " claims), " +
+                     std::to_string(t.records) + " in memory, " + std::to_string(t.cold) + " cold, " +
+                     std::to_string(t.expired) + " past the window");
                 break;
             } catch (const idem::error& e) {
+                if (e.kind() == errc::capacity_exhausted) {  // more claims in flight than the table holds
+                    problem(std::string("recovery: ") + e.what());
+                    break;
+                }
                 // The process restarts, backing off (100 ms doubling up to 1.6 s) while the store
                 // refuses reads.
                 log_(std::string("recovery failed: ") + e.what() + "; restarting");
@@ -1292,7 +1308,7 @@ private:
             if (kl.last != record_state::absent) {
                 const bool terminal = kl.last == record_state::succeeded || kl.last == record_state::failed;
                 // Now, not t.at: the claim's time was read before a recall's latency.
-                const bool past = past_window(po_.window, ms_of(kl.last_at), ms_of(clock_.now()));
+                const bool past = past_window(ms_of(kl.last_at), ms_of(clock_.now()));
                 const bool rotated = rotations_ > kl.rotations_at;
                 const bool legal = kl.last == record_state::released ? rotated || past
                                    : !terminal                       ? false
@@ -1354,7 +1370,7 @@ private:
         const auto rec = disk_.get(key(k).view());
         if (!rec || (rec->state != record_state::succeeded && rec->state != record_state::failed)) return;
         const std::int64_t now_ms = ms_of(clock_.now());
-        if (past_window(po_.window, rec->updated_ms, now_ms)) return;
+        if (past_window(rec->updated_ms, now_ms)) return;
         problem("key " + std::to_string(k) + " granted (fence " + std::to_string(fence) +
                 ") while the store holds its " + idem::to_string(rec->state) + " decision (fence " +
                 std::to_string(rec->fence) + ", updated " + std::to_string(rec->updated_ms) + " ms, now " +
@@ -1376,7 +1392,7 @@ private:
         }
         if (ledger_[k].ran_in_life_of(c.fence) && g_mutation != mutation::lying_resolver) {
             log_("resolver: key " + std::to_string(k) + " fence " + std::to_string(c.fence) + " succeeded");
-            return {resolution::succeeded, outcome_of(k)};
+            return {resolution::succeeded, outcome_of(k), payload_of(k)};
         }
         // Not executed: the answer is binding, the downstream now refuses this fence and older ones.
         ledger_[k].floor = std::max(ledger_[k].floor, c.fence + 1);
@@ -1500,6 +1516,7 @@ private:
                                   r.fence, "begin()");
                     if (r.status == begin_status::succeeded && r.outcome != outcome_of(c.k))
                         problem("key " + std::to_string(c.k) + " replayed outcome " + std::to_string(r.outcome));
+                    if (r.status == begin_status::succeeded) check_payload(c.k, r.payload, "begin()");
                 } else if (r.status == begin_status::store_unavailable) {
                     ++out_.store_unavailable;
                 }
@@ -1539,7 +1556,7 @@ private:
                 idem::record_view before = g_->query(k);
                 std::uint64_t issued = pipe_->issued();
                 const bool race = race_rate_ > 0 && rx_.chance(race_rate_);
-                auto ec = race ? raced_succeed(c) : c.t->succeed(outcome_of(c.k));
+                auto ec = race ? raced_succeed(c) : c.t->succeed(outcome_of(c.k), payload_of(c.k));
                 std::uint64_t spins = 0;
                 for (; ec == errc::backpressure; ++spins) {  // the ticket stays valid: retry
                     check_refusal(c.k, before, issued, "succeed");
@@ -1549,12 +1566,15 @@ private:
                         before = g_->query(k);
                         issued = pipe_->issued();
                     }
-                    ec = c.t->succeed(outcome_of(c.k));
+                    ec = c.t->succeed(outcome_of(c.k), payload_of(c.k));
                 }
                 out_.spins += spins;
                 log_("client " + std::to_string(i) + " succeed key " + std::to_string(c.k) + ": " + (ec ? ec.message() : "ok") +
                      (spins ? " after " + std::to_string(spins) + " refusals" : ""));
-                if (ec == errc::backpressure || ec == errc::busy) break;  // the ticket stays valid: retry later
+                // The ticket stays valid: retry later (a payload refusal too: over max_payload, budget spent).
+                if (ec == errc::backpressure || ec == errc::busy ||
+                    ((ec == errc::capacity_exhausted || ec == errc::invalid_argument) && c.t && c.t->valid()))
+                    break;
                 if (!ec) {
                     ack(c.k, record_state::succeeded, c.fence);
                     check_visible(c.k, record_state::succeeded, c.fence, "succeed()");
@@ -1583,7 +1603,7 @@ private:
     std::error_code raced_succeed(client& c) {
         coop& co = the_coop();
         std::error_code ec;
-        co.run([&] { ec = c.t->succeed(outcome_of(c.k)); });
+        co.run([&] { ec = c.t->succeed(outcome_of(c.k), payload_of(c.k)); });
         if (!co.suspended()) return ec;  // refused before any wait (backpressure, stale, busy)
         ++out_.races;
         const std::size_t n = g_->compensate();
@@ -1631,7 +1651,7 @@ private:
         if (poisoned(k)) return;  // its rows never reach the store
         const auto rec = disk_.get(key(k).view());
         if (!rec || (rec->state != record_state::succeeded && rec->state != record_state::failed)) return;
-        if (past_window(po_.window, rec->updated_ms, ms_of(clock_.now()))) return;
+        if (past_window(rec->updated_ms, ms_of(clock_.now()))) return;
         ++out_.superseded_ran;
         problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") answered superseded by version " +
                 std::to_string(newest) + " while the store holds its " + idem::to_string(rec->state) + " record (fence " +
@@ -1847,7 +1867,7 @@ private:
         for (auto& c : cl_)
             if (c.st == client::executed) {
                 for (int n = 0; n < 100 && c.t && c.t->valid(); ++n) {
-                    const auto ec = c.t->succeed(outcome_of(c.k));
+                    const auto ec = c.t->succeed(outcome_of(c.k), payload_of(c.k));
                     if (!ec) ack(c.k, record_state::succeeded, c.fence);
                     if (ec != errc::backpressure && ec != errc::busy) break;
                     pipe_->step();
@@ -1911,12 +1931,16 @@ private:
                 problem("key " + std::to_string(k) + " is SUCCESS but never executed in that life");
             if (rec && rec->state == record_state::succeeded && rec->outcome != outcome_of(k))
                 problem("key " + std::to_string(k) + " recorded outcome " + std::to_string(rec->outcome));
+            if (rec && rec->state == record_state::succeeded && rec->payload != payload_of(k))
+                problem("key " + std::to_string(k) + " recorded a payload of " + std::to_string(rec->payload.size()) +
+                        " bytes, not its " + std::to_string(payload_of(k).size()) + " bytes");
             // Memory agrees with the store.
             const idem::record_view v = g_->query(key(k));
             if (rec && v.state != record_state::absent && (v.state != rec->state || v.fence != rec->fence))
                 problem("key " + std::to_string(k) + ": memory says " + idem::to_string(v.state) + " fence " +
                         std::to_string(v.fence) + ", the store " + idem::to_string(rec->state) + " fence " +
                         std::to_string(rec->fence));
+            if (v.state == record_state::succeeded) check_payload(k, v.payload, "query()");
         }
         // The audit trail is complete and legal.
         const idem::verify_report rep = idem::verify(disk_);
@@ -1977,6 +2001,7 @@ private:
     /// version counts from its step, even when refused), and the rotation count at each grant.
     std::map<std::size_t, std::set<std::uint64_t>> tried_;
     std::map<std::size_t, std::map<std::uint64_t, std::uint64_t>> granted_;
+    std::size_t payload_max_ = 0;  ///< payload_of's largest payload; 0: completions carry none
     std::vector<std::size_t> completed_;  ///< keys with a terminal transition, in the order they got one
     bool completed_flag_[key_count] = {};
     outcome out_;
@@ -2008,6 +2033,7 @@ TEST(sim, seeds) {
     std::uint64_t short_window_seeds = 0, audit_seeds = 0, big_seeds = 0;
     outcome x;  // the rotation's fixes, summed
     std::uint64_t interleaved_seeds = 0, race_seeds = 0, versioned_seeds = 0;
+    std::uint64_t payload_seeds = 0, payload_checks = 0, payload_bytes = 0;
     idem::stats gs;
     std::uint64_t first_failure = 0;
     for (std::uint64_t s = g_flags.first; s < g_flags.first + g_flags.seeds; ++s) {
@@ -2072,6 +2098,9 @@ TEST(sim, seeds) {
         interleaved_seeds += o.interleaved;
         race_seeds += o.races != 0;
         versioned_seeds += o.versioned;
+        payload_seeds += o.payloads;
+        payload_checks += o.payload_checks;
+        payload_bytes += o.payload_bytes_checked;
         add(gs, o.guard);
         if (!o.ok) {
             if (failed++ == 0) first_failure = s;
@@ -2149,6 +2178,11 @@ TEST(sim, seeds) {
                 static_cast<unsigned long long>(x.superseded_ran), static_cast<unsigned long long>(x.steady_runs),
                 static_cast<unsigned long long>(x.steady_skipped), static_cast<unsigned long long>(x.steady_claims),
                 static_cast<unsigned long long>(x.steady_collects), static_cast<unsigned long long>(x.steady_rotations));
+    std::printf("[ sim     ] payloads: %llu seeds whose completions carry response bytes; %llu succeeded answers "
+                "(duplicates from memory, recovery and recall, and query() at the end) carried their key's bytes "
+                "(%llu bytes checked)\n",
+                static_cast<unsigned long long>(payload_seeds), static_cast<unsigned long long>(payload_checks),
+                static_cast<unsigned long long>(payload_bytes));
 }
 
 // The same seeds over real file stores as the disk: every fault, crash, recovery and check of
@@ -2211,6 +2245,7 @@ TEST(sim, checker_has_teeth) {
                           case_{mutation::cold_dropped, "while the store holds its"},
                           case_{mutation::loaded_fence_floor, "not above the fence", true},
                           case_{mutation::drained_marks, "steady load", true},
+                          case_{mutation::payload_dropped, "replayed payload", true},
                           // with ordered versions, a recall that forgets makes a version that ran look
                           // never run: superseded while the store holds its decision
                           case_{mutation::recall_forgets, "answered superseded", true}}) {
@@ -2384,6 +2419,8 @@ TEST(sim, a_guard_that_offered_no_row_still_rotates) {
 // at stop: the queue is lost, a crash), and a new durable_guard recovers from the disk. Checked: no
 // double execution in sync mode, no acknowledged transition lost (sync), a legal audit trail.
 TEST(sim, real_pipeline) {
+    // Key k's response: a few bytes with a NUL, so the store keeps bytes, not text.
+    const auto response_of = [](std::size_t k) { return "ok" + std::string(1, '\0') + std::to_string(k); };
     for (std::uint64_t seed = 1; seed <= g_flags.real_seeds; ++seed) {
         SCOPED_TRACE("real pipeline seed " + std::to_string(seed));
         rng r(seed);
@@ -2413,7 +2450,7 @@ TEST(sim, real_pipeline) {
             o.resolve = [&](const idem::expired_claim& c) {
                 std::lock_guard lock(ledger_mutex);
                 const std::size_t k = std::strtoull(std::string(c.key.substr(2)).c_str(), nullptr, 10);
-                return executed[k] ? idem::resolver_answer{resolution::succeeded, outcome_of(k)}
+                return executed[k] ? idem::resolver_answer{resolution::succeeded, outcome_of(k), response_of(k)}
                                    : idem::resolver_answer{resolution::not_executed, 0};
             };
             return o;
@@ -2437,7 +2474,8 @@ TEST(sim, real_pipeline) {
                             ++executed[k];
                         }
                         std::error_code ec;
-                        while ((ec = res.ticket.succeed(outcome_of(k))) == errc::backpressure || ec == errc::busy)
+                        while ((ec = res.ticket.succeed(outcome_of(k), response_of(k))) == errc::backpressure ||
+                               ec == errc::busy)
                             std::this_thread::yield();
                         if (!ec) {
                             std::lock_guard lock(ledger_mutex);
@@ -2463,6 +2501,13 @@ TEST(sim, real_pipeline) {
                 EXPECT_TRUE(found) << "acknowledged success of " << k << " fence " << fence << " is not in the store";
             }
         }
+        // Every success recorded its response (the resolver finds the same bytes), and the audit
+        // rows name them (verify checks their size and hash).
+        disk.load([&](const idem::stored_record& rec) {
+            if (rec.state != record_state::succeeded) return;
+            const std::size_t k = std::strtoull(rec.key.substr(2).c_str(), nullptr, 10);
+            EXPECT_EQ(rec.payload, response_of(k)) << rec.key;
+        });
         const idem::verify_report rep = idem::verify(disk);
         for (const auto& v : rep.violations) ADD_FAILURE() << "audit: " << v;
     }

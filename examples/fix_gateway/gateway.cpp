@@ -26,7 +26,7 @@
 #include <httplib.h>
 
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include "fix_acceptor.hpp"
 

@@ -48,8 +48,8 @@
 #include <nlohmann/json.hpp>
 
 #include <idem/durable.hpp>
-#include <idem/postgres_store.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/postgres_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/stats.hpp>
 
 #include "idempotency_key.hpp"

@@ -1,6 +1,6 @@
 // idem/durable.hpp: a guard whose every transition is flushed to a durable store, recovered at start.
 //
-//   #include <idem/sqlite_store.hpp>
+//   #include <idem/stores/sqlite_store.hpp>
 //   idem::store_options so;
 //   so.mode = idem::durability::sync;                // begin() and succeed() return after the commit
 //   idem::durable_guard g(std::make_unique<idem::sqlite_store>("idem.db"), idem::options{}, so);
@@ -18,11 +18,12 @@
 // every stored time is written with (window_now_ms; docs/stores.md, "Which clock judges the window").
 //
 // Construction: (1) sync mode asks the store whether it can make commits durable (PostgreSQL with
-// fsync=off or synchronous_commit=off is refused); (2) recovery streams every record: claims in
-// flight, released records and terminal ones inside the hot window go into the table, the rest of
-// the idempotency window into the cold window only, older ones nowhere; new fences start above
-// the store's largest; (3) the flusher starts; (4) claims whose lease already expired are sent to
-// the resolver (compensation, audited); (5) the periodic maintenance thread starts.
+// fsync=off or synchronous_commit=off is refused); (2) recovery (detail/recovery/recover.hpp)
+// streams every record: claims in flight, released records and terminal ones inside the hot window
+// go into the table, the rest of the idempotency window into the cold window only, older ones
+// nowhere; new fences start above the store's largest; (3) the flusher starts; (4) claims whose
+// lease already expired are sent to the resolver (compensation, audited); (5) the periodic
+// maintenance thread starts.
 #pragma once
 
 #include <algorithm>
@@ -31,8 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "idem/detail/flush_pipeline.hpp"
-#include "idem/detail/record_rules.hpp"
+#include "idem/detail/pipeline/flush_pipeline.hpp"
+#include "idem/detail/recovery/clock_map.hpp"
+#include "idem/detail/recovery/recover.hpp"
 #include "idem/guard.hpp"
 #include "idem/store.hpp"
 #include "idem/store_options.hpp"
@@ -63,14 +65,11 @@ public:
     basic_durable_guard(std::unique_ptr<store> st, options opts = {}, store_options so = {}, Clock clock = {})
         : store_(std::move(st)),
           so_(prepare(*store_, so)),
-          clock_base_(clock.now()),
-          wall_base_ms_(std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count()),
-          pipeline_(*store_, so_, [this](std::chrono::nanoseconds t) { return to_wall_ms(t); }),
+          wall_(detail::recovery::clock_map::at_start(clock.now())),
+          pipeline_(*store_, so_, [this](std::chrono::nanoseconds t) { return wall_.to_wall_ms(t); }),
           guard_(std::move(opts), clock, &pipeline_, /*defer_maintenance=*/true) {
         check_windows();
-        detail::guard_access::enable_cold_window(guard_, window_on_clock());
+        detail::guard_access::enable_cold_window(guard_, window().on_clock());
         pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
         pipeline_.set_window_clock([this] { return window_now_ms(); });  // the prune bound's now
         recover();
@@ -141,149 +140,37 @@ private:
                             "idempotency window");
     }
 
-    /// The idempotency window in the guard clock's nanoseconds (max(): forever).
-    [[nodiscard]] std::chrono::nanoseconds window_on_clock() const noexcept {
-        constexpr auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds::max());
-        if (so_.window == store_options::forever || so_.window >= limit) return std::chrono::nanoseconds::max();
-        return so_.window;
-    }
+    /// The idempotency window, judged on the clock of wall_ (detail/recovery/clock_map.hpp).
+    [[nodiscard]] detail::recovery::window window() const noexcept { return {so_.window}; }
 
-    /// Whether a record last updated at `updated_ms` (Unix ms) is past the idempotency window now.
-    [[nodiscard]] bool past_window(std::int64_t updated_ms, std::int64_t now_ms) const noexcept {
-        return so_.window != store_options::forever && updated_ms < now_ms - so_.window.count();
-    }
+    /// Now (Unix ms) on the clock the idempotency window is judged on: the guard's clock mapped to
+    /// wall time once, at construction (wall_), the mapping every stored time is written with.
+    /// Recovery, recalls and the flusher's prune all take "now" from here (clock_map.hpp says why
+    /// system_clock is not read again).
+    [[nodiscard]] std::int64_t window_now_ms() const noexcept { return wall_.to_wall_ms(guard_.now()); }
 
-    /// Now on the clock the idempotency window is judged on, in Unix ms: the guard's clock mapped to
-    /// wall time once, at construction, which is the mapping every stored time (at_ms, updated_time,
-    /// lease_until) is written with. Recovery, recalls and the flusher's prune all take "now" from
-    /// here, so each compares a record's time with a now on the clock that time was written on.
-    /// system_clock is not read again: after a suspend (the guard's steady clock stops, the wall
-    /// clock does not) or a wall-clock step it differs from this by the step, and a bound taken from
-    /// it would prune records still inside the window after a step forward (keys the cold window
-    /// still answers for would run again) and keep records past it after a step back.
-    [[nodiscard]] std::int64_t window_now_ms() const noexcept { return to_wall_ms(guard_.now()); }
-
-    /// A record the store returned for a key of the cold window, as the engine takes it: a
-    /// terminal or released record past the window is no record (the key is new again).
+    /// A record the store returned for a key of the cold window, as the table takes it.
     recalled to_recalled(const stored_record& r) const {
-        recalled out;
-        const std::int64_t now_ms = window_now_ms();
-        if (r.state == record_state::absent || (r.state != record_state::processing && past_window(r.updated_ms, now_ms)))
-            return out;
-        out.found = recalled::kind::record;
-        out.state = r.state;
-        out.fence = r.fence;
-        out.outcome = r.outcome;
-        out.fingerprint = r.fingerprint;
-        out.payload = r.payload;  // the response a duplicate of an evicted key is answered with
-        out.lease_until = r.state == record_state::processing ? from_wall_ms(r.lease_until_ms, r.key, "lease_until")
-                                                              : std::chrono::nanoseconds(0);
-        out.updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
-        return out;
+        return detail::recovery::to_recalled(&r, wall_, window(), window_now_ms(), *store_);
     }
 
-    [[nodiscard]] std::int64_t to_wall_ms(std::chrono::nanoseconds t) const noexcept {
-        return wall_base_ms_ + std::chrono::duration_cast<std::chrono::milliseconds>(t - clock_base_).count();
-    }
-    /// A stored Unix time (ms) on the guard's clock. The store's times are data read from disk: one
-    /// more than 100 years from now (either way) is a damaged row, and would overflow the
-    /// nanosecond arithmetic, so it is refused as corrupt_record naming the key and the column.
-    [[nodiscard]] std::chrono::nanoseconds from_wall_ms(std::int64_t ms, std::string_view k, const char* column) const {
-        if (std::string why = detail::wall_time_fault(ms, wall_base_ms_, column); !why.empty())
-            throw error(errc::corrupt_record, store_->name() + ": record '" + key::printable(k) + "' has " + why);
-        return clock_base_ + std::chrono::milliseconds(ms - wall_base_ms_);
-    }
-
-    /// Streams every record once. Claims in flight (PROCESSING, in doubt) must be in memory, for
-    /// compensation; released records and terminal ones inside the hot window go there too while
-    /// the table has room; the rest of the idempotency window goes into the cold window's filter
-    /// only (its hash and time: 24 bytes each while loading, 1.5 bytes after), older records
-    /// nowhere. So memory and start-up follow the windows, not the store's lifetime.
+    /// Streams every record once into the table or the cold window, and sets the fence floor
+    /// (detail/recovery/recover.hpp: what goes where, and why claims go first).
     void recover() {
-        const auto started = std::chrono::steady_clock::now();
-        const std::int64_t now_ms = window_now_ms();  // the wall clock's now: the mapping was just taken
-        const auto retention_ms = std::chrono::duration_cast<std::chrono::milliseconds>(guard_.opts().retention).count();
-        const std::int64_t hot_since_ms = retention_ms > now_ms ? INT64_MIN : now_ms - retention_ms;
-        std::uint64_t max_fence = 0;
-        std::vector<detail::window_filter::entry> cold;
-        // Claims go into memory as they stream by; decided records of the hot window wait here and
-        // go in afterwards, so a claim never finds the table filled by them (a claim that does not
-        // fit fails the start; a decided record that does not fit goes to the cold window). At
-        // most options.capacity of them wait: the rest could not fit anyway.
-        std::vector<stored_record> hot;
-        const std::size_t hot_limit = guard_.opts().capacity;
-        // Their payloads wait too, at most options.payload_budget bytes of them (what the arena
-        // could take); a record whose payload would pass that goes to the cold window at once.
-        std::size_t hot_payload_bytes = 0;
-        const std::size_t hot_payload_limit = guard_.opts().payload_budget;
-        store_->load([&](const stored_record& r) {
-            // The store validated the key (corrupt_record otherwise); parse() cannot fail here.
-            const auto k = key::parse(r.key);
-            if (!k) return;
-            max_fence = std::max(max_fence, r.fence);
-            const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
-            const bool claim = r.state == record_state::processing;
-            if (!claim && past_window(r.updated_ms, now_ms)) {
-                ++report_.expired;
-                return;
-            }
-            if (!claim && (r.updated_ms < hot_since_ms || hot.size() >= hot_limit ||
-                           r.payload.size() > hot_payload_limit - hot_payload_bytes)) {
-                cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
-                return;
-            }
-            if (!claim) {
-                hot_payload_bytes += r.payload.size();
-                hot.push_back(r);
-                return;
-            }
-            const begin_status st = detail::guard_access::restore(guard_, *k, r.state, r.fence, r.outcome, r.fingerprint,
-                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated);
-            if (st == begin_status::capacity_exhausted) {
-                ++report_.refused;
-                throw error(errc::capacity_exhausted, store_->name() + ": recovery found more claims in flight "
-                                                                       "than options.capacity allows (at key '" +
-                                                          key::printable(r.key) + "'); raise options.capacity");
-            }
-            ++report_.records;
-            ++report_.processing;
-        });
-        for (const stored_record& r : hot) {
-            const auto k = key::parse(r.key);
-            const auto updated = from_wall_ms(r.updated_ms, r.key, "updated_time");
-            // The payload is copied into the guard's payload arena; a record whose payload does not
-            // fit (over options.max_payload, or the budget spent) goes to the cold window as one
-            // the table has no room for: a duplicate then reads it, bytes included, from the store.
-            const begin_status st = detail::guard_access::restore(guard_, *k, r.state, r.fence, r.outcome, r.fingerprint,
-                                                   from_wall_ms(r.lease_until_ms, r.key, "lease_until"), updated,
-                                                   r.payload);
-            if (st == begin_status::capacity_exhausted) {  // no room: the store answers for it
-                cold.push_back(detail::guard_access::cold_entry(guard_, *k, updated));
-                continue;
-            }
-            ++report_.records;
-        }
-        hot = {};
-        // A pruned store may have removed the records with the largest fences: its max_fence()
-        // remembers them (a full read of the fences, so only then).
-        if (store_->horizon().records_ms != prune_limits::keep_all) max_fence = std::max(max_fence, store_->max_fence());
-        const auto cold_started = std::chrono::steady_clock::now();
-        if (!detail::guard_access::remember_cold(guard_, cold))
-            throw error(errc::capacity_exhausted, store_->name() + ": no memory for the cold window's filter of " +
-                                                      std::to_string(cold.size()) + " keys");
-        report_.cold = cold.size();
-        // Restored records keep their fences; only claims made from now on need the floor.
-        detail::guard_access::set_fence_floor(guard_, max_fence);
-        const auto done = std::chrono::steady_clock::now();
-        report_.cold_elapsed = done - cold_started;
-        report_.elapsed = done - started;
+        const detail::recovery::tally t = detail::recovery::recover(guard_, *store_, wall_, window());
+        report_.records = t.records;
+        report_.processing = t.processing;
+        report_.refused = t.refused;
+        report_.cold = t.cold;
+        report_.expired = t.expired;
+        report_.elapsed = t.elapsed;
+        report_.cold_elapsed = t.cold_elapsed;
     }
 
     std::unique_ptr<store> store_;
     store_options so_;
-    std::chrono::nanoseconds clock_base_;
-    std::int64_t wall_base_ms_;
-    detail::flush_pipeline pipeline_;
+    const detail::recovery::clock_map wall_;  // the guard's clock <-> Unix ms, taken once (clock_map.hpp)
+    detail::pipeline::flush_pipeline pipeline_;
     guard_type guard_;
     recovery_report report_;
 };

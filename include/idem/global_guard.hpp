@@ -13,7 +13,7 @@
 // The result shape, begin_wait(), run() and the ticket's completion are those of guard.hpp
 // (guard_contract.hpp): code written against one scope runs against the other.
 //
-// The store's primary key decides every claim (detail/global_engine.hpp has the design); this
+// The store's primary key decides every claim (detail/global/coordinator.hpp has the design); this
 // process's in-memory table answers the keys it already knows (completed outcomes, its own live
 // claims) without a round trip. Every other begin() waits for one batched transaction, shared with
 // the claims of other threads (group commit). Completion and compensation are fenced UPDATEs whose
@@ -45,7 +45,8 @@
 #include <utility>
 #include <vector>
 
-#include "idem/detail/global_engine.hpp"
+#include "idem/detail/assert.hpp"
+#include "idem/detail/global/coordinator.hpp"
 #include "idem/global_options.hpp"
 
 namespace idem {
@@ -63,11 +64,13 @@ public:
 
     global_ticket() noexcept = default;
     global_ticket(global_ticket&& o) noexcept
-        : engine_(std::exchange(o.engine_, nullptr)), claim_(std::move(o.claim_)), ran_(std::exchange(o.ran_, false)) {}
+        : coordinator_(std::exchange(o.coordinator_, nullptr)),
+          claim_(std::move(o.claim_)),
+          ran_(std::exchange(o.ran_, false)) {}
     global_ticket& operator=(global_ticket&& o) noexcept {
         if (this != &o) {
             drop();
-            engine_ = std::exchange(o.engine_, nullptr);
+            coordinator_ = std::exchange(o.coordinator_, nullptr);
             claim_ = std::move(o.claim_);
             ran_ = std::exchange(o.ran_, false);
         }
@@ -77,9 +80,9 @@ public:
     global_ticket& operator=(const global_ticket&) = delete;
     ~global_ticket() { drop(); }
 
-    [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
+    [[nodiscard]] bool valid() const noexcept { return coordinator_ != nullptr; }
     /// The store's fencing token of this claim (0 for an empty ticket).
-    [[nodiscard]] std::uint64_t fence() const noexcept { return engine_ ? claim_->fence : 0; }
+    [[nodiscard]] std::uint64_t fence() const noexcept { return coordinator_ ? claim_->fence : 0; }
     /// The key (an empty placeholder key for a ticket that never held a claim).
     [[nodiscard]] const key& get_key() const noexcept {
         static const key none{};
@@ -103,10 +106,10 @@ public:
 
     /// Renews the lease in the store to now + by (server clock). stale_ticket empties the ticket.
     std::error_code extend(std::chrono::nanoseconds by) noexcept {
-        if (!engine_) return errc::empty_ticket;
-        const std::error_code ec = engine_->extend(claim_->k, claim_->fence, by);
+        if (!coordinator_) return errc::empty_ticket;
+        const std::error_code ec = coordinator_->extend(claim_->k, claim_->fence, by);
         if (ec == errc::stale_ticket) {
-            engine_ = nullptr;
+            coordinator_ = nullptr;
             (void)claim_->local.fail(0, failure_policy::retryable);
         }
         return ec;
@@ -123,28 +126,31 @@ private:
         std::uint64_t fence;
         ticket local;
     };
-    global_ticket(detail::global_engine* e, std::unique_ptr<claim> c) noexcept : engine_(e), claim_(std::move(c)) {}
+    global_ticket(detail::global::coordinator* e, std::unique_ptr<claim> c) noexcept
+        : coordinator_(e), claim_(std::move(c)) {}
 
-    [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
-    void forget() noexcept { engine_ = nullptr; }
+    [[nodiscard]] failure_policy on_failure() const noexcept { return coordinator_->opts().on_failure; }
+    void forget() noexcept { coordinator_ = nullptr; }
     /// leave_in_doubt(): the store's record stays PROCESSING until its lease expires and
     /// compensation asks the resolver; this process's duplicates answer in_doubt meanwhile.
     void hold() noexcept {
-        engine_ = nullptr;
+        IDEM_DEBUG_ASSERT(coordinator_ != nullptr && claim_, "ticket_contract holds only a valid ticket");
+        coordinator_ = nullptr;
         claim_->local.leave_in_doubt();
     }
 
     std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
+        IDEM_DEBUG_ASSERT(coordinator_ != nullptr && claim_, "ticket_contract finishes only a valid ticket");
         // Refused before anything is queued: the ticket stays valid (ticket_contract's rule).
-        if (payload.size() > engine_->opts().max_payload) return errc::invalid_argument;
+        if (payload.size() > coordinator_->opts().max_payload) return errc::invalid_argument;
         const record_state to = cause == transition_cause::succeed ? record_state::succeeded
                                 : cause == transition_cause::fail  ? record_state::failed
                                                                    : record_state::released;
-        detail::global_engine* e = std::exchange(engine_, nullptr);
+        detail::global::coordinator* e = std::exchange(coordinator_, nullptr);
         return e->complete(claim_->k, claim_->fence, to, outcome, cause, std::move(claim_->local), payload);
     }
 
-    detail::global_engine* engine_ = nullptr;
+    detail::global::coordinator* coordinator_ = nullptr;
     std::unique_ptr<claim> claim_;
     bool ran_ = false;  ///< a success or terminal failure was refused: a drop leaves the claim in doubt
 };
@@ -162,15 +168,16 @@ public:
     /// completion batchers, compensation, schema and reads); creates or checks the schema and the
     /// partial index on expired claims. Starts a batcher thread per connection, and a maintenance
     /// thread (every options.maintenance_interval): a compensation pass when options.resolve is set,
-    /// then the local table's recycling of records older than options.retention. Throws idem::error: invalid_argument (options),
-    /// store_unavailable (cannot connect), store_error (schema).
+    /// then the local table's recycling of records older than options.retention. Throws idem::error:
+    /// invalid_argument (options; checked before any connection is attempted), store_unavailable
+    /// (cannot connect), store_error (schema).
     explicit global_guard(std::string uri, options opts = {}, global_options go = {})
-        : engine_(std::make_unique<detail::global_engine>(std::move(uri), std::move(opts), std::move(go))) {}
+        : coordinator_(std::make_unique<detail::global::coordinator>(std::move(uri), std::move(opts), std::move(go))) {}
 
     /// Removes records past global_options::window and audit rows past audit_window now (the
     /// maintenance thread also does it every prune_interval). A key whose record is gone is new
     /// again on every node. Throws idem::error (store_unavailable, store_error).
-    prune_result prune() { return engine_->prune(); }
+    prune_result prune() { return coordinator_->prune(); }
     global_guard(const global_guard&) = delete;
     global_guard& operator=(const global_guard&) = delete;
 
@@ -179,23 +186,24 @@ public:
     /// options.ordered_versions, superseded (outcome: the newest version) when a higher version of
     /// k's (txid, operation) was claimed on any node and k has no record (or a RELEASED one).
     global_begin_result begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        // A key the store can never hold is refused before anything is touched (global_engine::accepts).
-        if (!detail::global_engine::accepts(k)) [[unlikely]]
+        // A key the store can never hold is refused before anything is touched (coordinator::accepts).
+        if (!detail::global::coordinator::accepts(k)) [[unlikely]]
             return {begin_status::invalid_key, global_ticket(), 0, 0};
         // The local table answers what this process knows (inline: no call, no intermediate answer).
-        auto lr = engine_->local().begin(k, fingerprint);
+        auto lr = coordinator_->local().begin(k, fingerprint);
         if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0, std::move(lr.payload)};
-        auto a = engine_->claim(k, fingerprint, std::move(lr));
+        auto a = coordinator_->claim(k, fingerprint, std::move(lr));
         if (a.status == begin_status::acquired) {
             std::unique_ptr<global_ticket::claim> c;
             try {
                 c.reset(new global_ticket::claim{k, a.fence, std::move(*a.local)});
             } catch (...) {  // out of memory: give the claim back (the local ticket in `a` releases it locally)
-                if (a.local) (void)engine_->complete(k, a.fence, record_state::released, 0, transition_cause::release,
-                                                     std::move(*a.local));
+                if (a.local)
+                    (void)coordinator_->complete(k, a.fence, record_state::released, 0, transition_cause::release,
+                                                 std::move(*a.local));
                 return {begin_status::store_unavailable, global_ticket(), 0, a.fence};
             }
-            return {a.status, global_ticket(engine_.get(), std::move(c)), 0, a.fence};
+            return {a.status, global_ticket(coordinator_.get(), std::move(c)), 0, a.fence};
         }
         return {a.status, global_ticket(), a.outcome, a.fence, std::move(a.payload)};
     }
@@ -205,22 +213,22 @@ public:
     // reaches the store costs a round trip, so wait_backoff spaces them by up to ten round trips.
 
     /// What this process's table knows about `k` (absent when it never asked). Lock-free.
-    [[nodiscard]] record_view query(const key& k) const noexcept { return engine_->query(k); }
+    [[nodiscard]] record_view query(const key& k) const noexcept { return coordinator_->query(k); }
     /// The key's row in the store (a round trip).
-    [[nodiscard]] std::optional<stored_record> lookup(std::string_view k) { return engine_->lookup(k); }
+    [[nodiscard]] std::optional<stored_record> lookup(std::string_view k) { return coordinator_->lookup(k); }
     /// The key's audit trail in the store (a round trip).
-    [[nodiscard]] std::vector<audit_entry> audit(std::string_view k) { return engine_->audit(k); }
+    [[nodiscard]] std::vector<audit_entry> audit(std::string_view k) { return coordinator_->audit(k); }
 
     /// One compensation pass now (the maintenance thread runs one every maintenance_interval).
     /// Returns how many expired claims this node resolved.
-    std::size_t compensate() { return engine_->compensate(); }
+    std::size_t compensate() { return coordinator_->compensate(); }
 
-    [[nodiscard]] global_stats snapshot() const noexcept { return engine_->snapshot(); }
+    [[nodiscard]] global_stats snapshot() const noexcept { return coordinator_->snapshot(); }
     /// The last store error seen (for messages), empty when none.
-    [[nodiscard]] std::string last_error() const { return engine_->last_error(); }
+    [[nodiscard]] std::string last_error() const { return coordinator_->last_error(); }
     /// This process's node identity, as written into the audit trail.
-    [[nodiscard]] const std::string& node() const noexcept { return engine_->node(); }
-    [[nodiscard]] const options& opts() const noexcept { return engine_->opts(); }
+    [[nodiscard]] const std::string& node() const noexcept { return coordinator_->node(); }
+    [[nodiscard]] const options& opts() const noexcept { return coordinator_->opts(); }
 
 private:
     friend class detail::guard_contract<global_guard>;
@@ -232,13 +240,13 @@ private:
             case begin_status::capacity_exhausted: return name + ": local table full";
             case begin_status::backpressure: return name + ": queue full";
             case begin_status::store_unavailable:
-                return name + ": the store did not confirm the claim; not executed (" + engine_->last_error() + ")";
-            case begin_status::invalid_key: return name + " " + detail::global_engine::refusal(k) + "; not executed";
+                return name + ": the store did not confirm the claim; not executed (" + coordinator_->last_error() + ")";
+            case begin_status::invalid_key: return name + " " + detail::global::coordinator::refusal(k) + "; not executed";
             default: return name + ": " + to_string(st);
         }
     }
 
-    std::unique_ptr<detail::global_engine> engine_;
+    std::unique_ptr<detail::global::coordinator> coordinator_;
 };
 
 }  // namespace idem

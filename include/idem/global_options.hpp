@@ -6,8 +6,11 @@
 //   go.window = std::chrono::hours(24 * 30);          // a decided key is remembered this long
 //   go.audit_window = idem::forever;                  // audit rows are kept
 //
-// Plain values: copy them, read them from any thread. global_guard checks them when it is built
-// and throws idem::error (invalid_argument) naming the one out of range.
+// Plain values: copy them, read them from any thread. global_guard checks them (with the
+// idem::options it is given) when it is built, before it attempts any connection, and throws
+// idem::error (invalid_argument) naming the one out of range and its rule: durations positive, counts
+// at least 1, options.retention within window, options.lease at least 1 ms
+// (detail/global/batch_context.hpp, check_options).
 #pragma once
 
 #include <chrono>

@@ -31,7 +31,7 @@
 #include <string>
 #include <type_traits>
 
-#include "idem/detail/engine.hpp"
+#include "idem/detail/table/record_table.hpp"
 #include "idem/guard_contract.hpp"
 #include "idem/ticket.hpp"
 
@@ -63,7 +63,7 @@ public:
     /// only when the owner that recovers the guard (durable.hpp) says so.
     explicit basic_guard(options opts = {}, Clock clock = {}, transition_sink* sink = nullptr,
                          bool defer_maintenance = false)
-        : engine_(std::move(opts), clock, sink) {
+        : table_(std::move(opts), clock, sink) {
         if (!defer_maintenance) start_maintenance();
     }
     ~basic_guard() { stop_maintenance(); }
@@ -72,9 +72,9 @@ public:
 
     /// Claims `k`, or says what its record is. One call, one answer. Progress: lock-free.
     result_type begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        // The engine copies a duplicate's payload straight into the result (no string is moved).
+        // The table copies a duplicate's payload straight into the result (no string is moved).
         result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
-        fill(r, engine_.begin(k, fingerprint, &r.payload), k);
+        fill(r, table_.begin(k, fingerprint, &r.payload), k);
         return r;
     }
 
@@ -91,15 +91,15 @@ public:
     std::size_t begin_many(std::span<const key> keys, std::span<result_type> out,
                            std::span<const std::uint64_t> fingerprints = {}) noexcept {
         const std::size_t n = std::min(keys.size(), out.size());
-        std::array<detail::hash128, batch_prefetch> h;
+        std::array<detail::table::hash128, batch_prefetch> h;
         for (std::size_t base = 0; base < n; base += batch_prefetch) {
             const std::size_t m = std::min(batch_prefetch, n - base);
-            for (std::size_t j = 0; j < m; ++j) h[j] = engine_.prepare(keys[base + j]);
+            for (std::size_t j = 0; j < m; ++j) h[j] = table_.prepare(keys[base + j]);
             for (std::size_t j = 0; j < m; ++j) {
                 const std::size_t i = base + j;
                 const std::uint64_t fp = i < fingerprints.size() ? fingerprints[i] : 0;
                 result_type r{begin_status::invalid_key, ticket_type(), 0, 0};
-                fill(r, engine_.claim(keys[i], h[j], fp, &r.payload), keys[i]);
+                fill(r, table_.claim(keys[i], h[j], fp, &r.payload), keys[i]);
                 out[i] = std::move(r);
             }
         }
@@ -116,60 +116,59 @@ public:
 
     /// The key's record as this process knows it (absent when unknown), with its response payload
     /// (record_view::payload) when it is terminal and has one. Progress: lock-free.
-    [[nodiscard]] record_view query(const key& k) const noexcept { return engine_.query(k); }
+    [[nodiscard]] record_view query(const key& k) const noexcept { return table_.query(k); }
 
     /// Sends expired claims to the resolver. Returns how many were resolved.
-    std::size_t compensate() { return engine_.compensate(); }
+    std::size_t compensate() { return table_.compensate(); }
 
-    /// Recycles the previous generation if it is due (see detail/engine.hpp). Returns true on rotation.
+    /// Recycles the previous generation if it is due (detail/table/rotation.hpp). Returns true on rotation.
     bool collect() {
         struct marks {
             const basic_guard& g;
             [[nodiscard]] std::uint64_t issued() const { return g.issued_ ? g.issued_() : 1; }
             [[nodiscard]] bool decided(std::uint64_t seq) const { return !g.decided_ || g.decided_(seq); }
         };
-        return engine_.rotate_if_due(marks{*this});
+        return table_.rotate_if_due(marks{*this});
     }
 
     /// Recomputes the adaptive leases (options.adaptive), then compensate() and collect(); what the
     /// background thread runs every maintenance_interval.
     void maintain() {
-        engine_.refresh_leases();
+        table_.refresh_leases();
         compensate();
         collect();
     }
 
     /// Counters. Progress: wait-free (sums per-thread stripes).
-    [[nodiscard]] stats snapshot() const noexcept { return engine_.snapshot_stats(); }
+    [[nodiscard]] stats snapshot() const noexcept { return table_.snapshot_stats(); }
 
     /// With options.adaptive: each operation's claim-to-completion p50/p99 in this process and the
     /// lease its next claim gets (stats.hpp, operation_latency; to_prometheus(snapshot(), this)).
     /// Empty when options.adaptive is off. Allocates; not for the hot path. Thread-safe.
-    [[nodiscard]] std::vector<operation_latency> operation_latencies() const { return engine_.operation_latencies(); }
+    [[nodiscard]] std::vector<operation_latency> operation_latencies() const { return table_.operation_latencies(); }
 
-    /// The cold window of a durable guard (detail/window_filter.hpp), null when it has none.
-    [[nodiscard]] const detail::window_filter* cold_window() const noexcept { return engine_.cold_window(); }
+    /// The cold window of a durable guard (detail/table/window_filter.hpp), null when it has none.
+    [[nodiscard]] const detail::table::window_filter* cold_window() const noexcept { return table_.cold_window(); }
 
     /// Calls fn(std::string key, record_view) for every record in memory.
     template <class Fn>
-    void for_each(Fn&& fn) const { engine_.for_each(std::forward<Fn>(fn)); }
+    void for_each(Fn&& fn) const { table_.for_each(std::forward<Fn>(fn)); }
 
-    [[nodiscard]] const options& opts() const noexcept { return engine_.opts(); }
-    [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return engine_.now(); }
+    [[nodiscard]] const options& opts() const noexcept { return table_.opts(); }
+    [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return table_.now(); }
 
 private:
     friend class detail::guard_contract<basic_guard>;
     friend struct detail::guard_access;
 
-    /// The engine's answer as the public result: a ticket for an acquired claim.
-    /// The engine's answer into the public result r (built empty; its payload already filled by
-    /// the engine): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
+    /// The table's answer into the public result r (built empty; its payload already filled by
+    /// the table): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
     /// moved (a move copies the small buffer with a memcpy call, which no answer should pay).
-    void fill(result_type& r, const typename detail::engine<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
+    void fill(result_type& r, const typename detail::table::record_table<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
         r.status = a.status;
         r.fence = a.fence;
         if (a.status == begin_status::acquired)
-            r.ticket.adopt(&engine_, a.claim, k);
+            r.ticket.adopt(&table_, a.claim, k);
         else
             r.outcome = a.outcome;
     }
@@ -179,30 +178,28 @@ private:
         const std::string name = "key '" + key::printable(k.view()) + "'";
         switch (st) {
             case begin_status::capacity_exhausted:
-                return name + " found no free slot within options.max_probe = " + std::to_string(engine_.opts().max_probe);
+                return name + " found no free slot within options.max_probe = " + std::to_string(table_.opts().max_probe);
             case begin_status::backpressure: return name + ": flush queue full";
             case begin_status::store_unavailable: return name + ": the claim could not be made durable; not executed";
-            case begin_status::invalid_key: return k.empty() ? engine_.key_refusal(k) : name + ": " + engine_.key_refusal(k);
+            case begin_status::invalid_key: return k.empty() ? table_.key_refusal(k) : name + ": " + table_.key_refusal(k);
             default: return name + ": " + to_string(st);
         }
     }
 
-    begin_status restore_record(const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
-                                std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
-        return engine_.restore(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
+    begin_status restore_record(const key& k, const detail::table::record_image& image) noexcept {
+        return table_.restore(k, image);
     }
 
     /// Starts the maintenance thread if options.maintenance_interval > 0 and it is not running.
     void start_maintenance() {
-        if (engine_.opts().maintenance_interval > std::chrono::nanoseconds::zero() && !maintenance_.joinable())
+        if (table_.opts().maintenance_interval > std::chrono::nanoseconds::zero() && !maintenance_.joinable())
             maintenance_ = std::thread([this] { maintenance_loop(); });
     }
 
     void maintenance_loop() {
         std::unique_lock lock(mutex_);
         while (!stopping_) {
-            cv_.wait_for(lock, engine_.opts().maintenance_interval, [this] { return stopping_; });
+            cv_.wait_for(lock, table_.opts().maintenance_interval, [this] { return stopping_; });
             if (stopping_) break;
             lock.unlock();
             try {
@@ -222,7 +219,7 @@ private:
         if (maintenance_.joinable()) maintenance_.join();
     }
 
-    detail::engine<Atomic, Clock> engine_;
+    detail::table::record_table<Atomic, Clock> table_;
     std::function<std::uint64_t()> issued_;        ///< the sink's last sequence number taken (none: 1)
     std::function<bool(std::uint64_t)> decided_;  ///< every row up to seq is committed or set aside (none: true)
     std::mutex mutex_;
@@ -238,21 +235,22 @@ namespace detail {
 /// says when records are durably flushed, and starts or stops the maintenance thread around its
 /// own start and shutdown. All of it happens before the guard is shared, or from its owner.
 struct guard_access {
-    /// Restores one record during recovery, before the guard is shared. `payload` (a succeeded or
-    /// failed record's response bytes; ignored for other states) is copied into the guard's
-    /// payload arena: capacity_exhausted when it is over options.max_payload or the budget is spent.
+    /// Restores one record during recovery, before the guard is shared: `image` is the stored
+    /// record, {state, fence, outcome, fingerprint, lease_until, updated, payload} (times on the
+    /// guard's clock; detail/table/record_image.hpp). Its payload (a succeeded or failed record's
+    /// response bytes; ignored for other states) is copied into the guard's payload arena:
+    /// capacity_exhausted when it is over options.max_payload or the budget is spent;
+    /// payload_mismatch when the slot cannot hold it (state absent, fence 0 or past 2^52-1).
     template <class G>
-    static begin_status restore(G& g, const key& k, record_state st, std::uint64_t fence, std::uint64_t outcome,
-                                std::uint64_t fingerprint, std::chrono::nanoseconds lease_until,
-                                std::chrono::nanoseconds updated, std::string_view payload = {}) noexcept {
-        return g.restore_record(k, st, fence, outcome, fingerprint, lease_until, updated, payload);
+    static begin_status restore(G& g, const key& k, const table::record_image& image) noexcept {
+        return g.restore_record(k, image);
     }
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>
-    static void set_fence_floor(G& g, std::uint64_t max_seen) noexcept { g.engine_.set_fence_floor(max_seen); }
+    static void set_fence_floor(G& g, std::uint64_t max_seen) noexcept { g.table_.set_fence_floor(max_seen); }
     /// collect() evicts a generation only once its rows are in the store: `issued()` is the last
     /// sequence number the sink handed out, `decided(seq)` whether every row up to seq is
-    /// committed or set aside (detail/engine.hpp, rotate_if_due).
+    /// committed or set aside (detail/table/rotation.hpp, rotate_if_due).
     template <class G>
     static void set_flush_marks(G& g, std::function<std::uint64_t()> issued, std::function<bool(std::uint64_t)> decided) {
         g.issued_ = std::move(issued);
@@ -264,17 +262,17 @@ struct guard_access {
     static void set_all_flushed(G& g, std::function<bool()> flushed) {
         set_flush_marks(g, [] { return std::uint64_t{1}; }, [f = std::move(flushed)](std::uint64_t) { return f(); });
     }
-    /// The cold window (detail/window_filter.hpp): keys evicted from memory that the store
+    /// The cold window (detail/table/window_filter.hpp): keys evicted from memory that the store
     /// remembers. Enabled before the guard is shared; remember_cold() at recovery.
     template <class G>
-    static void enable_cold_window(G& g, std::chrono::nanoseconds window) { g.engine_.enable_cold_window(window); }
+    static void enable_cold_window(G& g, std::chrono::nanoseconds window) { g.table_.enable_cold_window(window); }
     template <class G>
-    [[nodiscard]] static window_filter::entry cold_entry(const G& g, const key& k, std::chrono::nanoseconds updated) noexcept {
-        return g.engine_.cold_entry(k, updated);
+    [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, const key& k, std::chrono::nanoseconds updated) noexcept {
+        return g.table_.cold_entry(k, updated);
     }
     template <class G>
-    [[nodiscard]] static bool remember_cold(G& g, std::span<const window_filter::entry> keys) {
-        return g.engine_.remember_cold(keys);
+    [[nodiscard]] static bool remember_cold(G& g, std::span<const table::window_filter::entry> keys) {
+        return g.table_.remember_cold(keys);
     }
     /// Starts the maintenance thread of a guard built with defer_maintenance (after recovery).
     template <class G>

@@ -129,7 +129,7 @@ private:
 /// recomputed by maintain() (the background thread, every maintenance_interval), not per claim;
 /// the histograms are per process (nothing is shared through the store); keys that do not split,
 /// and operations beyond the first 64 distinct ones (they share one "other" histogram), keep
-/// options.lease. Layout, error bound and thread-safety: detail/lease_histogram.hpp.
+/// options.lease. Layout, error bound and thread-safety: detail/table/lease_histogram.hpp.
 struct adaptive_lease {
     bool enabled = false;
     /// Lease = k x p99. 3 by default: the article planned 3 x the mean; the p99 is a tail already,

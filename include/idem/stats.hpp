@@ -53,7 +53,7 @@ struct stats {
 
 /// One operation's claim-to-completion times in this process and the lease its claims get now
 /// (options.adaptive; guard::operation_latencies()). p50/p99 are the upper edges of their histogram
-/// buckets: never below the true value, at most 12.5% above (detail/lease_histogram.hpp).
+/// buckets: never below the true value, at most 12.5% above (detail/table/lease_histogram.hpp).
 struct operation_latency {
     std::string operation;                  ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes, so two
                                             ///< operations may show one name); "" for the shared histogram of

@@ -1,5 +1,7 @@
 // idem/store_rows.hpp: the rows a store writes and reads back (store.hpp's vocabulary): a
-// transition as written, a record, an audit row, and the text of their columns.
+// transition as written, a record, an audit row, and the text of their columns. Each column's text
+// has one writer and one reader: status_text / parse_status here, the audit detail in
+// detail/rows/audit_detail.hpp (audit_detail() and payload_detail() below are its public face).
 #pragma once
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/detail/rows/audit_detail.hpp"
 #include "idem/transition.hpp"
 
 namespace idem {
@@ -60,7 +63,7 @@ struct audit_entry {
     std::uint64_t fence = 0;
     std::string node;
     std::int64_t at_ms = 0;
-    std::string detail;  ///< the cause ("claim", "succeed", ...), then " outcome=N", then " payload=NB fnv=H" (if any)
+    std::string detail;  ///< "<cause> outcome=N[ payload=NB fnv=H]" (detail/rows/audit_detail.hpp)
 };
 
 /// The biz_type column: the operation part of a composed key (TXID_OPERATION_vN), else "default".
@@ -74,32 +77,16 @@ struct audit_entry {
 }
 
 /// The 64-bit FNV-1a hash of a payload: what the audit trail records of the bytes.
-[[nodiscard]] constexpr std::uint64_t payload_hash(std::string_view bytes) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (const char c : bytes) {
-        h ^= static_cast<unsigned char>(c);
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
+using detail::rows::payload_hash;
 
 /// What an audit row says of a payload: " payload=NB fnv=HHHHHHHHHHHHHHHH" (16 lower-case hex
-/// digits), or "" when there is none. The audit trail keeps the length and a hash, not the bytes:
-/// an auditor can tell which response a completion recorded and check it against the record's
-/// payload, and an audit row stays a few dozen bytes however large the response (a payload is up to
-/// 1 MiB; a trail holds every transition of a key).
-[[nodiscard]] inline std::string payload_detail(std::string_view payload) {
-    if (payload.empty()) return {};
-    static constexpr char digits[] = "0123456789abcdef";
-    char hex[16];
-    std::uint64_t h = payload_hash(payload);
-    for (int i = 15; i >= 0; --i, h >>= 4) hex[i] = digits[h & 0xf];
-    return " payload=" + std::to_string(payload.size()) + "B fnv=" + std::string(hex, sizeof hex);
-}
+/// digits), or "" when there is none: the length and a hash, not the bytes
+/// (detail/rows/audit_detail.hpp says why, and holds the one formatter and parser of the text).
+[[nodiscard]] inline std::string payload_detail(std::string_view payload) { return detail::rows::format_payload_part(payload); }
 
-/// The detail column of an audit row.
+/// The detail column of an audit row: "<cause> outcome=N" and the payload part, if any.
 [[nodiscard]] inline std::string audit_detail(const transition& t) {
-    return std::string(to_string(t.cause)) + " outcome=" + std::to_string(t.outcome) + payload_detail(t.payload);
+    return detail::rows::format_audit_detail(t.cause, t.outcome, t.payload);
 }
 
 }  // namespace idem

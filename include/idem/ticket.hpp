@@ -27,7 +27,7 @@
 #include <thread>
 #include <utility>
 
-#include "idem/detail/engine.hpp"
+#include "idem/detail/table/record_table.hpp"
 #include "idem/guard_contract.hpp"
 
 namespace idem {
@@ -38,15 +38,15 @@ class basic_guard;
 template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
 class [[nodiscard]] basic_ticket : public detail::ticket_contract<basic_ticket<Atomic, Clock>> {
 public:
-    using engine_type = detail::engine<Atomic, Clock>;
+    using table_type = detail::table::record_table<Atomic, Clock>;
 
     basic_ticket() noexcept = default;
     basic_ticket(basic_ticket&& o) noexcept
-        : engine_(std::exchange(o.engine_, nullptr)), ref_(o.ref_), key_(o.key_), ran_(std::exchange(o.ran_, false)) {}
+        : table_(std::exchange(o.table_, nullptr)), ref_(o.ref_), key_(o.key_), ran_(std::exchange(o.ran_, false)) {}
     basic_ticket& operator=(basic_ticket&& o) noexcept {
         if (this != &o) {
             this->drop();
-            engine_ = std::exchange(o.engine_, nullptr);
+            table_ = std::exchange(o.table_, nullptr);
             ref_ = o.ref_;
             key_ = o.key_;
             ran_ = std::exchange(o.ran_, false);
@@ -58,11 +58,11 @@ public:
     ~basic_ticket() { this->drop(); }
 
     /// True while the ticket holds an uncompleted claim.
-    [[nodiscard]] bool valid() const noexcept { return engine_ != nullptr; }
+    [[nodiscard]] bool valid() const noexcept { return table_ != nullptr; }
 
     /// The claim's fencing token (0 for an empty ticket).
     [[nodiscard]] std::uint64_t fence() const noexcept {
-        return engine_ ? detail::state_word::fence(ref_.word) : 0;
+        return table_ ? detail::table::state_word::fence(ref_.word) : 0;
     }
     [[nodiscard]] const key& get_key() const noexcept { return key_; }
 
@@ -85,44 +85,44 @@ public:
     /// Renews the lease to now + `by`. errc::stale_ticket if the claim is no longer this ticket's
     /// (the ticket becomes empty), errc::busy if compensation holds the record for a moment.
     std::error_code extend(std::chrono::nanoseconds by) noexcept {
-        if (!engine_) return errc::empty_ticket;
-        std::error_code ec = engine_->extend(ref_, by);
-        if (ec == errc::stale_ticket) engine_ = nullptr;  // the claim is gone; dropping must not release it
+        if (!table_) return errc::empty_ticket;
+        std::error_code ec = table_->extend(ref_, by);
+        if (ec == errc::stale_ticket) table_ = nullptr;  // the claim is gone; dropping must not release it
         return ec;
     }
 
 private:
     friend class basic_guard<Atomic, Clock>;
     friend class detail::ticket_contract<basic_ticket>;
-    basic_ticket(engine_type* e, detail::claim_ref<Atomic> ref, const key& k) noexcept
-        : engine_(e), ref_(ref), key_(k) {}
+    basic_ticket(table_type* e, detail::table::claim_ref<Atomic> ref, const key& k) noexcept
+        : table_(e), ref_(ref), key_(k) {}
     /// Takes a claim into an empty ticket in place (the guard fills its result without a move).
-    void adopt(engine_type* e, detail::claim_ref<Atomic> ref, const key& k) noexcept {
-        engine_ = e;
+    void adopt(table_type* e, detail::table::claim_ref<Atomic> ref, const key& k) noexcept {
+        table_ = e;
         ref_ = ref;
         key_ = k;
         ran_ = false;
     }
 
-    [[nodiscard]] failure_policy on_failure() const noexcept { return engine_->opts().on_failure; }
-    void forget() noexcept { engine_ = nullptr; }
-    /// leave_in_doubt(): the claim is marked in doubt for the resolver (engine::hold_in_doubt).
-    void hold() noexcept { engine_->hold_in_doubt(key_, ref_); engine_ = nullptr; }
+    [[nodiscard]] failure_policy on_failure() const noexcept { return table_->opts().on_failure; }
+    void forget() noexcept { table_ = nullptr; }
+    /// leave_in_doubt(): the claim is marked in doubt for the resolver (record_table::hold_in_doubt).
+    void hold() noexcept { table_->hold_in_doubt(key_, ref_); table_ = nullptr; }
 
     std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
-        const detail::slot_state to = cause == transition_cause::succeed ? detail::slot_state::succeeded
-                                      : cause == transition_cause::fail  ? detail::slot_state::failed
-                                                                         : detail::slot_state::released;
-        std::error_code ec = engine_->complete(key_, ref_, to, outcome, cause, false, true, payload);
+        const detail::table::slot_state to = cause == transition_cause::succeed ? detail::table::slot_state::succeeded
+                                      : cause == transition_cause::fail  ? detail::table::slot_state::failed
+                                                                         : detail::table::slot_state::released;
+        std::error_code ec = table_->complete(key_, ref_, to, outcome, cause, false, true, payload);
         // done or stale: the claim is gone. Refusals that change nothing keep it (retry).
         if (ec != errc::backpressure && ec != errc::busy &&
             (payload.empty() || (ec != errc::invalid_argument && ec != errc::capacity_exhausted)))
-            engine_ = nullptr;
+            table_ = nullptr;
         return ec;
     }
 
-    engine_type* engine_ = nullptr;
-    detail::claim_ref<Atomic> ref_{};
+    table_type* table_ = nullptr;
+    detail::table::claim_ref<Atomic> ref_{};
     key key_{};
     bool ran_ = false;  ///< a success or terminal failure was refused: a drop leaves the claim in doubt
 };

@@ -27,12 +27,13 @@
 // time order leaves such rows, so that is not checked.
 #pragma once
 
-#include <charconv>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "idem/detail/rows/audit_detail.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
@@ -117,31 +118,33 @@ private:
     std::map<std::string, last_state> last_;
 };
 
-/// A terminal record against the detail of the row that completed it: the outcome the row names,
-/// and the payload's size and hash it names (none named: the record has no payload). A detail
-/// without " outcome=" (a row written by hand) is not checked.
+/// A terminal record against the detail of the row that completed it (parsed by
+/// detail/rows/audit_detail.hpp, the one parser of the text): the outcome the row names, and the
+/// payload's size and hash it names (none named: the record has no payload). A detail without
+/// " outcome=" (a row written by hand) is not checked.
 inline void check_completion(const stored_record& r, const std::string& detail, verify_report& report) {
-    const auto at = detail.find(" outcome=");
-    if (at == std::string::npos) return;
-    const auto named = detail.find(" payload=", at);
-    std::uint64_t outcome = 0;
-    const char* first = detail.data() + at + 9;
-    const char* last = detail.data() + (named == std::string::npos ? detail.size() : named);
-    const auto [end, ec] = std::from_chars(first, last, outcome);
+    const rows::parsed_audit_detail parsed = rows::parse_audit_detail(detail);
+    if (parsed.status == rows::detail_parse::foreign) return;
     const std::string name = "key '" + key::printable(r.key) + "': ";
-    if (ec != std::errc{} || end != last) {
+    if (parsed.status == rows::detail_parse::bad_outcome) {
         report.violations.push_back(name + "its completing audit row names no readable outcome: '" + detail + "'");
         return;
     }
-    if (outcome != r.outcome)
+    if (parsed.fields.outcome != r.outcome)
         report.violations.push_back(name + "record's outcome is " + std::to_string(r.outcome) +
-                                    " but its completing audit row says " + std::to_string(outcome));
-    const std::string want = named == std::string::npos ? std::string() : detail.substr(named);
-    const std::string have = payload_detail(r.payload);
+                                    " but its completing audit row says " + std::to_string(parsed.fields.outcome));
+    if (parsed.status != rows::detail_parse::ok) {
+        report.violations.push_back(name + "its completing audit row names no readable payload: '" + detail + "'");
+        return;
+    }
+    const std::optional<rows::payload_summary> have =
+        r.payload.empty() ? std::nullopt : std::optional(rows::payload_summary::of(r.payload));
+    const std::optional<rows::payload_summary> want = parsed.fields.payload;
     if (have != want)
-        report.violations.push_back(name + "record's payload is" + (have.empty() ? std::string(" empty") : " " + have.substr(9)) +
+        report.violations.push_back(name + "record's payload is" +
+                                    (have ? " " + rows::payload_summary_text(*have) : std::string(" empty")) +
                                     " but its completing audit row says" +
-                                    (want.empty() ? std::string(" none") : " " + want.substr(9)));
+                                    (want ? " " + rows::payload_summary_text(*want) : std::string(" none")));
 }
 
 }  // namespace detail

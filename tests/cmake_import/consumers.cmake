@@ -16,16 +16,17 @@ set(_idem_import_args
   -DIDEM_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}
   -DIDEM_CXX_COMPILER=${CMAKE_CXX_COMPILER})
 
-add_test(NAME cmake_import_install
+idem_test(cmake_import_install
   COMMAND ${CMAKE_COMMAND} ${_idem_import_args}
     -DIDEM_INSTALL_FROM=${PROJECT_BINARY_DIR} -DIDEM_INSTALL_PREFIX=${_idem_import_prefix}
-    -P ${_idem_import_src}/run_consumer.cmake)
-set_tests_properties(cmake_import_install PROPERTIES FIXTURES_SETUP idem_installed LABELS packaging)
+    -P ${_idem_import_src}/run_consumer.cmake
+  LABELS packaging PROPERTIES FIXTURES_SETUP idem_installed)
 
 # idem_consumer_test(NAME SOURCE <dir> [VIEW libs...] [COMPONENTS c...] [EXPECT_CONFIGURE_ERROR s...]
-#                    [RUN_ENV NAME=VALUE...] [RUN_FORBID s...])
+#                    [RUN_ENV NAME=VALUE...] [RUN_FORBID s...] [LABELS l...])
+# Each configures, builds and runs a project: those over about 30 s on the CI machine are LABELS slow.
 function(idem_consumer_test name)
-  cmake_parse_arguments(C "" "SOURCE" "VIEW;COMPONENTS;EXPECT_CONFIGURE_ERROR;RUN_ENV;RUN_FORBID" ${ARGN})
+  cmake_parse_arguments(C "" "SOURCE" "VIEW;COMPONENTS;EXPECT_CONFIGURE_ERROR;RUN_ENV;RUN_FORBID;LABELS" ${ARGN})
   set(args ${_idem_import_args}
     -DIDEM_CONSUMER_SOURCE=${_idem_import_src}/${C_SOURCE}
     -DIDEM_CONSUMER_BINARY=${_idem_import_dir}/${name})
@@ -46,11 +47,12 @@ function(idem_consumer_test name)
       list(APPEND args "-DIDEM_${kind}=${v}")
     endif()
   endforeach()
-  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} ${args} -P ${_idem_import_src}/run_consumer.cmake)
-  set_tests_properties(${name} PROPERTIES LABELS packaging TIMEOUT 300)
+  set(props "")
   if(NOT C_SOURCE STREQUAL "add_subdirectory")
-    set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED idem_installed)
+    set(props PROPERTIES FIXTURES_REQUIRED idem_installed)
   endif()
+  idem_test(${name} COMMAND ${CMAKE_COMMAND} ${args} -P ${_idem_import_src}/run_consumer.cmake
+            LABELS packaging ${C_LABELS} TIMEOUT 300 ${props})
 endfunction()
 
 # The core alone, on a machine with none of the stores' libraries (nor libpqxx.pc).
@@ -58,7 +60,7 @@ idem_consumer_test(cmake_import_find_package SOURCE find_package VIEW none)
 idem_consumer_test(cmake_import_add_subdirectory SOURCE add_subdirectory VIEW none)
 # One component each, on a machine that has only that component's library.
 idem_consumer_test(cmake_import_sqlite SOURCE find_package COMPONENTS sqlite VIEW sqlite)
-idem_consumer_test(cmake_import_postgres SOURCE find_package COMPONENTS postgres VIEW postgres)
+idem_consumer_test(cmake_import_postgres SOURCE find_package COMPONENTS postgres VIEW postgres LABELS slow)
 if(TARGET idem::rocksdb)
   idem_consumer_test(cmake_import_rocksdb SOURCE find_package COMPONENTS rocksdb VIEW rocksdb)
   set(_idem_all sqlite postgres rocksdb)
@@ -66,7 +68,7 @@ else()
   set(_idem_all sqlite postgres)
 endif()
 # Every component at once, on this machine as it is.
-idem_consumer_test(cmake_import_all_components SOURCE find_package COMPONENTS ${_idem_all})
+idem_consumer_test(cmake_import_all_components SOURCE find_package COMPONENTS ${_idem_all} LABELS slow)
 # Components whose libraries are missing: find_package fails, naming each and its Debian package.
 idem_consumer_test(cmake_import_missing_component SOURCE find_package COMPONENTS sqlite postgres VIEW none
   EXPECT_CONFIGURE_ERROR "component sqlite" "libsqlite3-dev" "component postgres" "libpqxx-dev")
@@ -77,5 +79,4 @@ idem_consumer_test(cmake_import_missing_component SOURCE find_package COMPONENTS
 # (it builds its own instrumented consumer, so it needs no sanitizer build of idem).
 idem_consumer_test(cmake_import_tsan SOURCE tsan VIEW sqlite
   RUN_ENV "TSAN_OPTIONS=halt_on_error=1 exitcode=66 second_deadlock_stack=1"
-  RUN_FORBID "WARNING: ThreadSanitizer")
-set_tests_properties(cmake_import_tsan PROPERTIES LABELS "packaging;tsan")
+  RUN_FORBID "WARNING: ThreadSanitizer" LABELS tsan slow)

@@ -3,7 +3,7 @@
 // server is a failure of the test, never a skip.
 #pragma once
 
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 
 #include <cstdio>
 #include <cstdlib>

@@ -21,7 +21,7 @@
 #pragma once
 
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/store.hpp>
 #include <idem/verify.hpp>
 

@@ -13,13 +13,13 @@
 // stores (tests/CMakeLists.txt, idem_store_kinds_test).
 #pragma once
 
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/store.hpp>
 #ifdef IDEM_TEST_WITH_ROCKSDB
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #endif
 #ifdef IDEM_TEST_WITH_POSTGRES
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 
 #include "pg_database.hpp"
 #endif

@@ -9,14 +9,14 @@
 // compensation of expired claims, then a begin on a recovered key and a flush).
 //
 // The same input is first decoded as a rocksdb_store record value and audit value (include/idem/
-// detail/rocksdb_codec.hpp, no database needed): any bytes must decode, or raise corrupt_record,
+// detail/rocks/codec.hpp, no database needed): any bytes must decode, or raise corrupt_record,
 // and what decodes must encode and decode again to the same record.
 //
 // Corrupt or hostile rows must give idem::error (or a clean start); anything else escaping, a
 // crash, a leak or undefined behaviour (ASan + UBSan) is a finding.
-#include <idem/detail/rocksdb_codec.hpp>
+#include <idem/detail/rocks/codec.hpp>
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
 #include <sqlite3.h>
@@ -252,7 +252,7 @@ void recover(const std::string& path) {
 
 /// rocksdb_store's value decoders over the raw input: decode or corrupt_record, never a crash.
 void rocksdb_values(const std::uint8_t* data, std::size_t size) {
-    namespace codec = idem::detail::rocksdb_codec;
+    namespace codec = idem::detail::rocks;
     const std::string_view value(reinterpret_cast<const char*>(data), size);
     try {
         const idem::stored_record r = codec::decode_record("fuzz: ", "TX1_PAY_v1", value);

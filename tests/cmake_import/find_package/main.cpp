@@ -7,13 +7,13 @@
 #include <idem/durable.hpp>
 #endif
 #ifdef IDEM_CONSUMER_SQLITE
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 #endif
 #ifdef IDEM_CONSUMER_POSTGRES
-#include <idem/postgres_store.hpp>
+#include <idem/stores/postgres_store.hpp>
 #endif
 #ifdef IDEM_CONSUMER_ROCKSDB
-#include <idem/rocksdb_store.hpp>
+#include <idem/stores/rocksdb_store.hpp>
 #endif
 
 #include <cstdio>

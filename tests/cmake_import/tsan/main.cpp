@@ -6,7 +6,7 @@
 // each shared key ran exactly once, every own key was acquired and every duplicate saw its key's
 // outcome; ThreadSanitizer must report nothing on the way.
 #include <idem/durable.hpp>
-#include <idem/sqlite_store.hpp>
+#include <idem/stores/sqlite_store.hpp>
 
 #include <array>
 #include <atomic>

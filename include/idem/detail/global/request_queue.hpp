@@ -1,0 +1,108 @@
+// idem/detail/global/request_queue.hpp: the request queue in front of a batcher thread (scope::global).
+//
+// Callers queue a request and wait for its answer; batcher threads take requests in batches, run
+// them against the store, and answer them. Nothing here knows what a request asks: the claim and
+// completion protocols are claim_batcher.hpp's and completion_batcher.hpp's.
+//
+// Invariants (all under `m`):
+//   * a request is in `q` at most once, and a batch holds at most one request per key (take());
+//     a second request for a key already taken waits, in order, for the next batch;
+//   * once `stopping` is set nothing is queued any more (submit() answers false);
+//   * a draining queue (completions: the effect happened, its record belongs in the store) keeps
+//     its batchers retrying after `stopping` until `drain_deadline`; any other queue (claims) stops
+//     at once;
+//   * a request's answer is written by a batcher and read by its caller only after the caller saw
+//     the request done under `m` (the batcher sets done under `m`, then notifies `done`).
+//
+// Thread-safety: every member takes `m`, except take(), drain_over() and the fields, which are used
+// with `m` held. Progress: blocking (a mutex and two condition variables).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <unordered_set>
+
+#include "idem/detail/assert.hpp"
+
+namespace idem::detail::global {
+
+/// A FIFO of requests (each with a key `k`), its batcher threads' wake-ups, and its callers'.
+template <class Req>
+struct request_queue {
+    explicit request_queue(bool drains) noexcept : drains(drains) {}
+
+    std::mutex m;
+    std::condition_variable work;  // batchers wait for requests
+    std::condition_variable done;  // callers wait for their request
+    std::deque<std::shared_ptr<Req>> q;
+    bool stopping = false;
+    const bool drains;
+    std::chrono::steady_clock::time_point drain_deadline = std::chrono::steady_clock::time_point::max();
+
+    /// Queues `r` for a batcher; false once the queue is stopping (nothing was queued).
+    bool submit(const std::shared_ptr<Req>& r) {
+        {
+            std::lock_guard lk(m);
+            if (stopping) return false;
+            q.push_back(r);
+        }
+        work.notify_one();
+        return true;
+    }
+
+    /// Stops the queue; a draining one keeps its batchers retrying until `deadline`.
+    void stop(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+        {
+            std::lock_guard lk(m);
+            stopping = true;
+            drain_deadline = deadline;
+        }
+        work.notify_all();
+    }
+
+    /// Stopping, and no longer draining. With `m` held.
+    [[nodiscard]] bool drain_over() const noexcept {
+        return stopping && (!drains || std::chrono::steady_clock::now() >= drain_deadline);
+    }
+
+    /// Moves up to max_batch requests, one per key, from the queue into `batch` (sorted by key),
+    /// dropping those `skip` names and calling `mark` on those taken. With `m` held.
+    template <class Batch, class Skip, class Mark>
+    void take(Batch& batch, std::size_t max_batch, Skip skip, Mark mark) {
+        IDEM_ASSERT(max_batch >= 1 && batch.empty(),
+                    "a batcher takes into an empty batch, at least one request (global_options.max_batch >= 1)");
+        std::unordered_set<std::string_view> keys;
+        decltype(q) later;
+        while (!q.empty() && batch.size() < max_batch) {
+            auto r = std::move(q.front());
+            q.pop_front();
+            if (skip(r)) continue;
+            if (!keys.insert(r->k.view()).second) {
+                later.push_back(std::move(r));
+                continue;
+            }
+            mark(r);
+            batch.push_back(std::move(r));
+        }
+        for (auto it = later.rbegin(); it != later.rend(); ++it) q.push_front(std::move(*it));
+        std::sort(batch.begin(), batch.end(), [](const auto& a, const auto& b) { return a->k.view() < b->k.view(); });
+    }
+
+    /// Sleeps `pause` before a batcher retries (woken early by new work or a stop), doubling it up
+    /// to `max_pause`. False when the batcher should give up instead (drain_over()).
+    bool backoff(std::chrono::milliseconds& pause, std::chrono::milliseconds max_pause) {
+        std::unique_lock lk(m);
+        if (drain_over()) return false;
+        work.wait_for(lk, pause);
+        pause = std::min(max_pause, pause * 2);
+        return true;
+    }
+};
+
+}  // namespace idem::detail::global
