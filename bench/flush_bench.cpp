@@ -91,9 +91,7 @@ struct args {
 
 std::string store_kind(const std::string& uri) { return uri.substr(0, uri.find(':')); }
 bool is_sqlite(const std::string& uri) { return uri.rfind("sqlite:", 0) == 0; }
-bool is_postgres(const std::string& uri) {
-    return uri.rfind("postgresql:", 0) == 0 || uri.rfind("postgres:", 0) == 0;
-}
+bool is_postgres(const std::string& uri) { return uri.rfind("postgresql:", 0) == 0 || uri.rfind("postgres:", 0) == 0; }
 
 // ---- keys -----------------------------------------------------------------------------------------
 
@@ -158,9 +156,8 @@ double seconds(clk::duration d) { return std::chrono::duration<double>(d).count(
 /// Writes the preloaded records straight through st.apply: per key a claim row and a succeed row
 /// (so each record has its two audit rows), 65536 rows per transaction, sorted by key.
 void write_preload(idem::store& st, const std::vector<uuid>& keys) {
-    const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count();
+    const std::int64_t now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     constexpr std::size_t keys_per_batch = 32768;
     std::vector<idem::store_row> rows;
     rows.reserve(2 * keys_per_batch);
@@ -207,8 +204,8 @@ std::unique_ptr<idem::store> prepare_store(const args& a, bool sync, preload_fig
         const std::string path = a.store.substr(7);
         // Named by the schema version too: a template of an older layout would be upgraded in place
         // at every open instead of measuring the current one.
-        const std::string tmpl = path + ".preload-" + std::to_string(a.preload) + "-seed" + std::to_string(a.seed) +
-                                 "-v" + std::to_string(idem::sqlite_store::schema_version);
+        const std::string tmpl = path + ".preload-" + std::to_string(a.preload) + "-seed" + std::to_string(a.seed) + "-v" +
+                                 std::to_string(idem::sqlite_store::schema_version);
         if (fs::exists(tmpl)) {
             pf.cached = true;
         } else {
@@ -370,10 +367,10 @@ int run_throughput(const args& a) {
         "\"begin_ms_max\":%.3f,\"hot_s\":%.3f,\"total_s\":%.3f,\"backpressure\":%llu,\"begin_refusals\":%ld,"
         "\"succeed_refusals\":%ld,\"flusher_cpu_ns_per_transition\":%.0f,%s}\n",
         common_fields(a, a.mode.c_str()).c_str(), f.failures, static_cast<unsigned long long>(f.transitions),
-        static_cast<unsigned long long>(f.batches), f.transitions_per_sec, f.transitions_per_sec / 2,
-        f.acks_per_sec, pct(0.50), pct(0.99), l.empty() ? 0.0 : l.back(), f.hot_s, f.total_s,
-        static_cast<unsigned long long>(f.backpressure), f.begin_refusals, f.succeed_refusals,
-        f.cpu_ns_per_transition(), preload_fields(f).c_str());
+        static_cast<unsigned long long>(f.batches), f.transitions_per_sec, f.transitions_per_sec / 2, f.acks_per_sec,
+        pct(0.50), pct(0.99), l.empty() ? 0.0 : l.back(), f.hot_s, f.total_s,
+        static_cast<unsigned long long>(f.backpressure), f.begin_refusals, f.succeed_refusals, f.cpu_ns_per_transition(),
+        preload_fields(f).c_str());
     return f.failures == 0 ? 0 : 1;
 }
 
@@ -395,13 +392,13 @@ int run_storm(const args& a) {
         "\"plain_failures\":%ld,\"plain_transitions\":%llu,\"plain_batches\":%llu,\"plain_transitions_per_sec\":%.0f,"
         "\"plain_hot_s\":%.3f,\"plain_total_s\":%.3f,\"plain_backpressure\":%llu,"
         "\"plain_flusher_cpu_ns_per_transition\":%.0f,\"ratio\":%.4f,%s}\n",
-        common_fields(a, "storm").c_str(), a.first == "storm" ? "storm" : "plain",
-        storm.failures, static_cast<unsigned long long>(storm.transitions),
-        static_cast<unsigned long long>(storm.batches), storm.transitions_per_sec, storm.hot_s, storm.total_s,
-        static_cast<unsigned long long>(storm.backpressure), storm.begin_refusals, storm.succeed_refusals,
-        storm.cpu_ns_per_transition(), plain.failures, static_cast<unsigned long long>(plain.transitions),
-        static_cast<unsigned long long>(plain.batches), plain.transitions_per_sec, plain.hot_s, plain.total_s,
-        static_cast<unsigned long long>(plain.backpressure), plain.cpu_ns_per_transition(),
+        common_fields(a, "storm").c_str(), a.first == "storm" ? "storm" : "plain", storm.failures,
+        static_cast<unsigned long long>(storm.transitions), static_cast<unsigned long long>(storm.batches),
+        storm.transitions_per_sec, storm.hot_s, storm.total_s, static_cast<unsigned long long>(storm.backpressure),
+        storm.begin_refusals, storm.succeed_refusals, storm.cpu_ns_per_transition(), plain.failures,
+        static_cast<unsigned long long>(plain.transitions), static_cast<unsigned long long>(plain.batches),
+        plain.transitions_per_sec, plain.hot_s, plain.total_s, static_cast<unsigned long long>(plain.backpressure),
+        plain.cpu_ns_per_transition(),
         plain.transitions_per_sec > 0 ? storm.transitions_per_sec / plain.transitions_per_sec : 0.0,
         preload_fields(storm).c_str());
     return storm.failures == 0 && plain.failures == 0 ? 0 : 1;
@@ -446,11 +443,11 @@ int run_recovery(const args& a) {
     const auto t0 = clk::now();
     idem::durable_guard g(open_store(a.store, false, false), o, {});
     const auto total = clk::now() - t0;
-    std::printf("{\"store\":\"%s\",\"keys\":\"%s\",\"recovered\":%zu,\"cold\":%zu,\"expired\":%zu,"
-                "\"recovery_s\":%.3f,\"open_total_s\":%.3f}\n",
-                store_kind(a.store).c_str(), a.keys.c_str(), g.recovery().records, g.recovery().cold,
-                g.recovery().expired,
-                std::chrono::duration<double>(g.recovery().elapsed).count(), seconds(total));
+    std::printf(
+        "{\"store\":\"%s\",\"keys\":\"%s\",\"recovered\":%zu,\"cold\":%zu,\"expired\":%zu,"
+        "\"recovery_s\":%.3f,\"open_total_s\":%.3f}\n",
+        store_kind(a.store).c_str(), a.keys.c_str(), g.recovery().records, g.recovery().cold, g.recovery().expired,
+        std::chrono::duration<double>(g.recovery().elapsed).count(), seconds(total));
     return g.recovery().records == static_cast<std::size_t>(a.recovery) ? 0 : 1;
 }
 
@@ -496,12 +493,13 @@ int run_latency(const args& a) {
         flushed = g.snapshot().flushed_transitions;  // written while begin() was being timed
         g.flush(std::chrono::minutes(5));
     }
-    std::printf("{\"store\":\"%s\",\"keys\":\"%s\",\"latency_ops\":%zu,\"flushed_during\":%llu,"
-                "\"plain_ns\":{\"p50\":%.0f,\"p99\":%.0f,\"p999\":%.0f,\"max\":%.0f},"
-                "\"flusher_busy_ns\":{\"p50\":%.0f,\"p99\":%.0f,\"p999\":%.0f,\"max\":%.0f}}\n",
-                store_kind(a.store).c_str(), a.keys.c_str(), n, static_cast<unsigned long long>(flushed),
-                pct(plain, 0.5), pct(plain, 0.99), pct(plain, 0.999), plain.empty() ? 0.0 : plain.back(),
-                pct(busy, 0.5), pct(busy, 0.99), pct(busy, 0.999), busy.empty() ? 0.0 : busy.back());
+    std::printf(
+        "{\"store\":\"%s\",\"keys\":\"%s\",\"latency_ops\":%zu,\"flushed_during\":%llu,"
+        "\"plain_ns\":{\"p50\":%.0f,\"p99\":%.0f,\"p999\":%.0f,\"max\":%.0f},"
+        "\"flusher_busy_ns\":{\"p50\":%.0f,\"p99\":%.0f,\"p999\":%.0f,\"max\":%.0f}}\n",
+        store_kind(a.store).c_str(), a.keys.c_str(), n, static_cast<unsigned long long>(flushed), pct(plain, 0.5),
+        pct(plain, 0.99), pct(plain, 0.999), plain.empty() ? 0.0 : plain.back(), pct(busy, 0.5), pct(busy, 0.99),
+        pct(busy, 0.999), busy.empty() ? 0.0 : busy.back());
     return 0;
 }
 

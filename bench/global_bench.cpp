@@ -115,9 +115,7 @@ private:
 };
 
 /// Fresh key text: "<prefix>-<n>_PAY_v1", unique per (prefix, n).
-std::string key_text(const std::string& prefix, std::size_t n) {
-    return prefix + "-" + std::to_string(n) + "_PAY_v1";
-}
+std::string key_text(const std::string& prefix, std::size_t n) { return prefix + "-" + std::to_string(n) + "_PAY_v1"; }
 
 std::string run_prefix(const char* what) {
     static std::atomic<unsigned> runs{0};
@@ -242,8 +240,9 @@ void global_claim(benchmark::State& state) {
         const std::string prefix = run_prefix("G");
         std::vector<std::unique_ptr<child>> cs;
         for (int p = 0; p < procs; ++p)
-            cs.push_back(std::make_unique<child>(std::vector<std::string>{
-                uri, prefix + "p" + std::to_string(p), std::to_string(threads_per_process), std::to_string(seconds_per_run)}));
+            cs.push_back(std::make_unique<child>(std::vector<std::string>{uri, prefix + "p" + std::to_string(p),
+                                                                          std::to_string(threads_per_process),
+                                                                          std::to_string(seconds_per_run)}));
         for (auto& c : cs)
             if (c->line(120s) != "ready") state.SkipWithError("a child did not start");
         for (auto& c : cs) c->send("go");
@@ -270,7 +269,14 @@ void global_claim(benchmark::State& state) {
         state.counters["unexpected"] = static_cast<double>(bad);
     }
 }
-BENCHMARK(global_claim)->ArgName("processes")->Arg(1)->Arg(2)->Arg(4)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+BENCHMARK(global_claim)
+    ->ArgName("processes")
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond);
 
 // ---- duplicates of keys known locally ---------------------------------------------------------------
 

@@ -249,7 +249,8 @@ void fresh_begin_succeed(benchmark::State& state) {
         if (g == nullptr) [[unlikely]] {
             if ((g = attach<sh>(state)) == nullptr) break;
         }
-        if (i == last) [[unlikely]] i = first;  // only if run with more iterations than keys: counted below
+        if (i == last) [[unlikely]]
+            i = first;  // only if run with more iterations than keys: counted below
         auto c = g->begin(ks[i], fps[i]);
         if (c.status() == verdict::acquired) {
             if (!g->succeed(c, i)) ++unexpected;
@@ -335,7 +336,8 @@ void cold_window_fresh(benchmark::State& state) {
         if (g == nullptr) [[unlikely]] {
             if ((g = attach<sh>(state)) == nullptr) break;
         }
-        if (i == last) [[unlikely]] i = first;
+        if (i == last) [[unlikely]]
+            i = first;
         auto c = g->begin(ks[i], fps[i]);
         if (c.status() == verdict::acquired) {
             if (!g->succeed(c, i)) ++unexpected;
@@ -350,8 +352,9 @@ void cold_window_fresh(benchmark::State& state) {
         const double ops = static_cast<double>(state.iterations()) * state.threads();
         state.counters["recalls_per_op"] = static_cast<double>(s.recalls) / ops;
         state.counters["cold_keys"] = static_cast<double>(s.cold_keys);
-        state.counters["cold_bytes_per_key"] =
-            s.cold_keys != 0 ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys) : 0.0;
+        state.counters["cold_bytes_per_key"] = s.cold_keys != 0
+                                                   ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys)
+                                                   : 0.0;
         state.counters["cold_slices"] = static_cast<double>(sh::guard->cold_slices());
         sh::guard.reset();
     }
@@ -467,7 +470,7 @@ void overhead_10us(benchmark::State& state) {
         sh::start_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
     }
     static flusher_mark mark;  // thread 0 only
-    if constexpr (requires(G& d) { d.snapshot().flusher_cpu_ns; })
+    if constexpr (requires(G & d) { d.snapshot().flusher_cpu_ns; })
         if (state.thread_index() == 0 && sh::guard) {
             const auto s = sh::guard->snapshot();
             mark = {s.flusher_cpu_ns, s.flushed_transitions};
@@ -509,7 +512,7 @@ void overhead_10us(benchmark::State& state) {
     // the flusher's CPU time per guarded operation (two transitions), the core it takes from the
     // callers on a machine with as many cores as callers; flushed_share: transitions committed
     // during the run / transitions made.
-    if constexpr (requires(G& d) { d.snapshot().flusher_cpu_ns; })
+    if constexpr (requires(G & d) { d.snapshot().flusher_cpu_ns; })
         if (state.thread_index() == 0 && sh::guard) {
             const auto s = sh::guard->snapshot();
             const double ops = static_cast<double>(state.iterations()) * state.threads();
@@ -628,7 +631,8 @@ void batch_begin(benchmark::State& state) {
     std::size_t i = 0;
     std::uint64_t unexpected = 0;
     for (auto _ : state) {
-        if (i + b > key_count) [[unlikely]] i = 0;  // only if run with more iterations than keys
+        if (i + b > key_count) [[unlikely]]
+            i = 0;  // only if run with more iterations than keys
         const std::span<const idem::key> batch(ks.data() + i, b);
         const std::span<const std::uint64_t> batch_fps(fps.data() + i, b);
         if constexpr (Many) {

@@ -60,8 +60,7 @@ concept bench_guard = requires(G& g, const typename G::key_type& k, typename G::
 inline constexpr std::chrono::nanoseconds lease = std::chrono::seconds(30);
 
 inline std::int64_t now_ns() noexcept {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -136,13 +135,14 @@ public:
     using claim = idem_guard::claim;
     static constexpr std::string_view name = "idem_scraped";
 
-    explicit idem_scraped_guard(std::size_t capacity) : g_(capacity), scraper_([this](std::stop_token stop) {
-        while (!stop.stop_requested()) {
-            const std::string text = idem::to_prometheus(g_.snapshot(), g_.latencies());
-            bytes_.fetch_add(text.size(), std::memory_order_relaxed);  // relaxed: keeps the text alive
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the scrape interval, not a wait for anything
-        }
-    }) {}
+    explicit idem_scraped_guard(std::size_t capacity)
+        : g_(capacity), scraper_([this](std::stop_token stop) {
+              while (!stop.stop_requested()) {
+                  const std::string text = idem::to_prometheus(g_.snapshot(), g_.latencies());
+                  bytes_.fetch_add(text.size(), std::memory_order_relaxed);   // relaxed: keeps the text alive
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the scrape interval, not a wait for anything
+              }
+          }) {}
 
     claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return g_.begin(k, fingerprint); }
     bool succeed(claim& c, std::uint64_t outcome) noexcept { return g_.succeed(c, outcome); }
@@ -173,9 +173,7 @@ public:
                  (Kind == durable_kind::sqlite ? "idem-bench-durable.db" : "idem-bench-durable.rocksdb"))
                     .string()),
           g_(open(path_), options(capacity), store_options()) {}
-    ~basic_idem_durable_guard() {
-        g_.flush(std::chrono::seconds(60));
-    }
+    ~basic_idem_durable_guard() { g_.flush(std::chrono::seconds(60)); }
 
     claim begin(const idem::key& k, std::uint64_t fingerprint) noexcept { return claim{g_->begin(k, fingerprint)}; }
     bool succeed(claim& c, std::uint64_t outcome) noexcept { return !c.r.ticket.succeed(outcome); }
@@ -268,7 +266,8 @@ public:
                                              static_cast<double>(cold_window_keys)));
                 cold.push_back(idem::detail::guard_access::cold_entry(g_, idem::key(format_uuid(draw_uuid(rng))), at));
             }
-            if (!idem::detail::guard_access::remember_cold(g_, cold)) throw std::runtime_error("no memory for the cold window");
+            if (!idem::detail::guard_access::remember_cold(g_, cold))
+                throw std::runtime_error("no memory for the cold window");
         }
     }
 

@@ -108,8 +108,9 @@ int main(int argc, char** argv) {
         wakeups = voluntary_switches() - w0;
     }
     if (own_dir) std::filesystem::remove_all(dir);
-    std::printf("{\"store\": \"sqlite\", \"idle_ms\": %.0f, \"process_cpu_ms\": %.1f, \"core_share_percent\": %.2f, "
-                "\"thread_wakeups\": %llu}\n",
-                wall_ms, cpu_ms, 100.0 * cpu_ms / wall_ms, wakeups);
+    std::printf(
+        "{\"store\": \"sqlite\", \"idle_ms\": %.0f, \"process_cpu_ms\": %.1f, \"core_share_percent\": %.2f, "
+        "\"thread_wakeups\": %llu}\n",
+        wall_ms, cpu_ms, 100.0 * cpu_ms / wall_ms, wakeups);
     return 0;
 }

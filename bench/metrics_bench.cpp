@@ -20,8 +20,8 @@
 namespace {
 
 // Eight operations, so the exposition carries eight latency/lease rows as well as the counters.
-constexpr std::array<const char*, 8> operations{"PAY", "REFUND", "TRANSFER", "CAPTURE",
-                                                "VOID", "PAYOUT", "TOPUP", "CHARGEBACK"};
+constexpr std::array<const char*, 8> operations{"PAY",  "REFUND", "TRANSFER", "CAPTURE",
+                                                "VOID", "PAYOUT", "TOPUP",    "CHARGEBACK"};
 
 /// A guard filled with `records` succeeded records (built once per size, kept for the process).
 idem::guard& filled_guard(std::size_t records) {
@@ -30,8 +30,8 @@ idem::guard& filled_guard(std::size_t records) {
     if (g) return *g;
     idem::options o;
     o.capacity = records + records / 2 + 1024;
-    o.maintenance_interval = {};   // no background thread: only the benchmark runs
-    o.adaptive.enabled = true;     // per-operation latency rows in the exposition
+    o.maintenance_interval = {};  // no background thread: only the benchmark runs
+    o.adaptive.enabled = true;    // per-operation latency rows in the exposition
     g = std::make_unique<idem::guard>(o);
     for (std::size_t i = 0; i < records; ++i) {
         const idem::key k("TX" + std::to_string(i) + "_" + operations[i % operations.size()] + "_v1");

@@ -165,7 +165,8 @@ int run_recall(const args& a) {
     const auto t0 = clk::now();
     {
         auto st = open_store(a.store, true);
-        write_records(*st, keys, [&](std::size_t) { return two_hours_ago; }, 8192);
+        write_records(
+            *st, keys, [&](std::size_t) { return two_hours_ago; }, 8192);
     }
     const double build_s = seconds(clk::now() - t0);
     idem::options o;
@@ -194,14 +195,17 @@ int run_recall(const args& a) {
         if (r.status != idem::begin_status::succeeded || r.outcome != order[j] + 1) ++unexpected;
     }
     std::sort(us.begin(), us.end());
-    auto pct = [&](double p) { return us[std::min(us.size() - 1, static_cast<std::size_t>(p * static_cast<double>(us.size())))]; };
+    auto pct = [&](double p) {
+        return us[std::min(us.size() - 1, static_cast<std::size_t>(p * static_cast<double>(us.size())))];
+    };
     const auto s = g.snapshot();
-    std::printf("{\"mode\":\"recall\",\"store\":\"%s\",\"records\":%zu,\"cold\":%zu,\"ops\":%zu,\"build_s\":%.1f,"
-                "\"begin_us\":{\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f},\"recalls\":%llu,\"recalled\":%llu,"
-                "\"unexpected\":%llu}\n",
-                store_kind(a.store).c_str(), n, g.recovery().cold, m, build_s, pct(0.5), pct(0.99), pct(0.999), us.back(),
-                static_cast<unsigned long long>(s.recalls), static_cast<unsigned long long>(s.recalled),
-                static_cast<unsigned long long>(unexpected));
+    std::printf(
+        "{\"mode\":\"recall\",\"store\":\"%s\",\"records\":%zu,\"cold\":%zu,\"ops\":%zu,\"build_s\":%.1f,"
+        "\"begin_us\":{\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f},\"recalls\":%llu,\"recalled\":%llu,"
+        "\"unexpected\":%llu}\n",
+        store_kind(a.store).c_str(), n, g.recovery().cold, m, build_s, pct(0.5), pct(0.99), pct(0.999), us.back(),
+        static_cast<unsigned long long>(s.recalls), static_cast<unsigned long long>(s.recalled),
+        static_cast<unsigned long long>(unexpected));
     return unexpected == 0 ? 0 : 1;
 }
 
@@ -229,12 +233,13 @@ fresh_figures fresh_run(const args& a, const std::vector<idem::key>& keys, std::
         entries.reserve(cold);
         std::mt19937_64 rng(0xC01D);
         for (std::size_t i = 0; i < cold; ++i) {
-            const auto at = oldest + std::chrono::nanoseconds(static_cast<std::int64_t>(
-                                         static_cast<double>((newest - oldest).count()) * static_cast<double>(i) /
-                                         static_cast<double>(cold)));
+            const auto at = oldest + std::chrono::nanoseconds(
+                                         static_cast<std::int64_t>(static_cast<double>((newest - oldest).count()) *
+                                                                   static_cast<double>(i) / static_cast<double>(cold)));
             entries.push_back(idem::detail::guard_access::cold_entry(g.guard(), idem::key(format_uuid(draw_uuid(rng))), at));
         }
-        if (!idem::detail::guard_access::remember_cold(g.guard(), entries)) throw std::runtime_error("no memory for the cold window");
+        if (!idem::detail::guard_access::remember_cold(g.guard(), entries))
+            throw std::runtime_error("no memory for the cold window");
     }
     fresh_figures f;
     const auto t0 = clk::now();
@@ -255,12 +260,13 @@ int run_fresh(const args& a) {
     for (const auto& k : make_keys(a.seed, static_cast<std::size_t>(a.ops))) keys.emplace_back(k);
     const fresh_figures plain = fresh_run(a, keys, 0);
     const fresh_figures cold = fresh_run(a, keys, static_cast<std::size_t>(a.cold));
-    std::printf("{\"mode\":\"fresh\",\"store\":\"%s\",\"ops\":%zu,\"cold_keys\":%llu,\"no_cold_ops_per_sec\":%.0f,"
-                "\"cold_ops_per_sec\":%.0f,\"ratio\":%.3f,\"recalls_per_op\":%.4f,\"unexpected\":%llu}\n",
-                store_kind(a.store).c_str(), keys.size(), static_cast<unsigned long long>(cold.cold_keys),
-                plain.ops_per_sec, cold.ops_per_sec, cold.ops_per_sec / plain.ops_per_sec,
-                static_cast<double>(cold.recalls) / static_cast<double>(keys.size()),
-                static_cast<unsigned long long>(plain.unexpected + cold.unexpected));
+    std::printf(
+        "{\"mode\":\"fresh\",\"store\":\"%s\",\"ops\":%zu,\"cold_keys\":%llu,\"no_cold_ops_per_sec\":%.0f,"
+        "\"cold_ops_per_sec\":%.0f,\"ratio\":%.3f,\"recalls_per_op\":%.4f,\"unexpected\":%llu}\n",
+        store_kind(a.store).c_str(), keys.size(), static_cast<unsigned long long>(cold.cold_keys), plain.ops_per_sec,
+        cold.ops_per_sec, cold.ops_per_sec / plain.ops_per_sec,
+        static_cast<double>(cold.recalls) / static_cast<double>(keys.size()),
+        static_cast<unsigned long long>(plain.unexpected + cold.unexpected));
     return plain.unexpected + cold.unexpected == 0 ? 0 : 1;
 }
 
@@ -275,8 +281,7 @@ void build_window_store(const args& a, const std::string& path) {
     idem::sqlite_store st(path, false);
     write_records(st, make_keys(a.seed, n), [&](std::size_t i) {
         if (i < hot) return now - hour - static_cast<std::int64_t>(i) * (11 * hour) / static_cast<std::int64_t>(hot);
-        return now - 2 * day -
-               static_cast<std::int64_t>(i - hot) * (4 * day) / static_cast<std::int64_t>(n - hot);
+        return now - 2 * day - static_cast<std::int64_t>(i - hot) * (4 * day) / static_cast<std::int64_t>(n - hot);
     });
 }
 
@@ -287,11 +292,9 @@ int run_recovery(const args& a) {
         return 2;
     }
     const std::string path = a.store.substr(7);
-    const std::string tmpl = path + ".window-" + std::to_string(a.window_records) + "-" + std::to_string(a.hot) +
-                             "-seed" + std::to_string(a.seed) + "-v" +
-                             std::to_string(idem::sqlite_store::schema_version);
-    bool cached = fs::exists(tmpl) &&
-                  fs::last_write_time(tmpl) > fs::file_time_type::clock::now() - std::chrono::hours(6);
+    const std::string tmpl = path + ".window-" + std::to_string(a.window_records) + "-" + std::to_string(a.hot) + "-seed" +
+                             std::to_string(a.seed) + "-v" + std::to_string(idem::sqlite_store::schema_version);
+    bool cached = fs::exists(tmpl) && fs::last_write_time(tmpl) > fs::file_time_type::clock::now() - std::chrono::hours(6);
     double build_s = 0;
     if (!cached) {
         const auto t0 = clk::now();
@@ -335,16 +338,16 @@ int run_recovery(const args& a) {
     const auto& r = g.recovery();
     const auto s = g.snapshot();
     const auto* w = g.guard().cold_window();
-    std::printf("{\"mode\":\"recovery\",\"store\":\"%s\",\"window_records\":%ld,\"hot\":%ld,\"template_cached\":%s,"
-                "\"build_s\":%.1f,\"open_s\":%.3f,\"elapsed_s\":%.3f,\"cold_elapsed_s\":%.3f,\"records\":%zu,"
-                "\"cold\":%zu,\"expired\":%zu,\"rss_before_mb\":%.1f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f,"
-                "\"cold_keys\":%llu,\"cold_bytes\":%llu,\"cold_bytes_per_key\":%.3f,\"cold_slices\":%llu}\n",
-                store_kind(a.store).c_str(), a.window_records, a.hot, cached ? "true" : "false", build_s, open_s,
-                seconds(r.elapsed), seconds(r.cold_elapsed), r.records, r.cold, r.expired, before.rss_kb / 1024.0,
-                after.rss_kb / 1024.0, after.hwm_kb / 1024.0, static_cast<unsigned long long>(s.cold_keys),
-                static_cast<unsigned long long>(s.cold_bytes),
-                s.cold_keys != 0 ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys) : 0.0,
-                static_cast<unsigned long long>(w != nullptr ? w->use().slices : 0));
+    std::printf(
+        "{\"mode\":\"recovery\",\"store\":\"%s\",\"window_records\":%ld,\"hot\":%ld,\"template_cached\":%s,"
+        "\"build_s\":%.1f,\"open_s\":%.3f,\"elapsed_s\":%.3f,\"cold_elapsed_s\":%.3f,\"records\":%zu,"
+        "\"cold\":%zu,\"expired\":%zu,\"rss_before_mb\":%.1f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f,"
+        "\"cold_keys\":%llu,\"cold_bytes\":%llu,\"cold_bytes_per_key\":%.3f,\"cold_slices\":%llu}\n",
+        store_kind(a.store).c_str(), a.window_records, a.hot, cached ? "true" : "false", build_s, open_s, seconds(r.elapsed),
+        seconds(r.cold_elapsed), r.records, r.cold, r.expired, before.rss_kb / 1024.0, after.rss_kb / 1024.0,
+        after.hwm_kb / 1024.0, static_cast<unsigned long long>(s.cold_keys), static_cast<unsigned long long>(s.cold_bytes),
+        s.cold_keys != 0 ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys) : 0.0,
+        static_cast<unsigned long long>(w != nullptr ? w->use().slices : 0));
     const bool ok = r.records == static_cast<std::size_t>(a.hot) &&
                     r.cold == static_cast<std::size_t>(a.window_records - a.hot) && r.expired == 0;
     return ok ? 0 : 1;

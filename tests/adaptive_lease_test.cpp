@@ -60,7 +60,8 @@ TEST(LatencyHistogram, BucketsTileTheRangeAndEachIsAtMostAnEighthOfItsLowerEdgeW
         ASSERT_EQ(latency_histogram::bucket_of(lo), b);
         ASSERT_EQ(latency_histogram::bucket_of(hi - 1ns), b);
         ASSERT_EQ(latency_histogram::bucket_of(hi), b + 1);
-        ASSERT_LE(static_cast<double>((hi - lo).count()), static_cast<double>(lo.count()) * latency_histogram::relative_error);
+        ASSERT_LE(static_cast<double>((hi - lo).count()),
+                  static_cast<double>(lo.count()) * latency_histogram::relative_error);
     }
     EXPECT_EQ(latency_histogram::bucket_of(0ns), 0u);
     EXPECT_EQ(latency_histogram::bucket_of(ns(std::int64_t{1} << 42)), latency_histogram::buckets - 1);
@@ -201,7 +202,8 @@ protected:
 TEST_F(AdaptiveLease, NextClaimGetsKTimesTheP99AfterMaintain) {
     manual_guard g(opts(), clock);
     // 200 completions of 1..200 ms (step 1 ms, shifted by 0.5 ms so none sits on a bucket edge).
-    const auto samples = feed(g, "PAY", 200, [](int i) { return ns(1ms) * (i + 1) - ns(500us); }, &next);
+    const auto samples = feed(
+        g, "PAY", 200, [](int i) { return ns(1ms) * (i + 1) - ns(500us); }, &next);
     EXPECT_EQ(next_lease(g, "PAY", &next), 30s) << "before maintain() the static lease applies";
     g.maintain();
     const auto rows = g.operation_latencies();
@@ -234,8 +236,10 @@ TEST_F(AdaptiveLease, NextClaimGetsKTimesTheP99AfterMaintain) {
 
 TEST_F(AdaptiveLease, BoundsHoldForVeryFastAndVerySlowOperations) {
     manual_guard g(opts(), clock);
-    (void)feed(g, "FAST", 100, [](int) { return 3us; }, &next);
-    (void)feed(g, "SLOW", 100, [](int) { return 40min; }, &next);
+    (void)feed(
+        g, "FAST", 100, [](int) { return 3us; }, &next);
+    (void)feed(
+        g, "SLOW", 100, [](int) { return 40min; }, &next);
     g.maintain();
     EXPECT_EQ(next_lease(g, "FAST", &next), g.opts().adaptive.min);
     EXPECT_EQ(next_lease(g, "SLOW", &next), g.opts().adaptive.max);
@@ -243,7 +247,8 @@ TEST_F(AdaptiveLease, BoundsHoldForVeryFastAndVerySlowOperations) {
 
 TEST_F(AdaptiveLease, BeforeMinSamplesTheStaticLeaseApplies) {
     manual_guard g(opts(), clock);
-    (void)feed(g, "PAY", 99, [](int) { return 50ms; }, &next);
+    (void)feed(
+        g, "PAY", 99, [](int) { return 50ms; }, &next);
     g.maintain();
     EXPECT_EQ(next_lease(g, "PAY", &next), 30s) << "99 samples < min_samples 100";  // this claim's completion is the 100th
     const auto rows = g.operation_latencies();
@@ -256,8 +261,10 @@ TEST_F(AdaptiveLease, BeforeMinSamplesTheStaticLeaseApplies) {
 
 TEST_F(AdaptiveLease, TwoOperationsGetIndependentLeases) {
     manual_guard g(opts(), clock);
-    (void)feed(g, "PAY", 100, [](int) { return 10ms; }, &next);
-    (void)feed(g, "REFUND", 100, [](int) { return 200ms; }, &next);
+    (void)feed(
+        g, "PAY", 100, [](int) { return 10ms; }, &next);
+    (void)feed(
+        g, "REFUND", 100, [](int) { return 200ms; }, &next);
     g.maintain();
     const ns pay = next_lease(g, "PAY", &next), refund = next_lease(g, "REFUND", &next);
     EXPECT_EQ(pay, expected(ns(latency_histogram::upper_edge(latency_histogram::bucket_of(10ms))), g.opts().adaptive));
@@ -301,7 +308,8 @@ TEST_F(AdaptiveLease, OperationsBeyondTheTableShareOtherAndKeepTheStaticLease) {
     manual_guard g(o, clock);
     constexpr std::size_t extra = 6;
     for (std::size_t i = 0; i < operation_leases::capacity + extra; ++i)
-        (void)feed(g, "OP" + std::to_string(i), 2, [](int) { return 1ms; }, &next);
+        (void)feed(
+            g, "OP" + std::to_string(i), 2, [](int) { return 1ms; }, &next);
     g.maintain();
     const auto rows = g.operation_latencies();
     ASSERT_EQ(rows.size(), operation_leases::capacity + 1);
@@ -328,14 +336,16 @@ TEST_F(AdaptiveLease, AgeingFollowsAShiftedLatency) {
     o.adaptive.min_samples = 100;
     o.adaptive.window = 200;
     manual_guard g(o, clock);
-    (void)feed(g, "PAY", 201, [](int) { return 500ms; }, &next);
+    (void)feed(
+        g, "PAY", 201, [](int) { return 500ms; }, &next);
     g.maintain();  // 201 > window: halved to about 100
     const auto aged = g.operation_latencies();
     ASSERT_EQ(aged.size(), 1u);
     EXPECT_LE(aged[0].samples, 101u);
     // The work got faster: after a few windows the p99 (and the lease) follows.
     for (int round = 0; round < 8; ++round) {
-        (void)feed(g, "PAY", 200, [](int) { return 20ms; }, &next);
+        (void)feed(
+            g, "PAY", 200, [](int) { return 20ms; }, &next);
         g.maintain();
     }
     EXPECT_EQ(g.operation_latencies()[0].p99, latency_histogram::upper_edge(latency_histogram::bucket_of(20ms)));
@@ -366,7 +376,8 @@ TEST_F(AdaptiveLease, TheTimeRunsFromTheClaimThroughExtendAndDoubt) {
 
 TEST_F(AdaptiveLease, BatchedClaimsGetTheAdaptiveLeaseToo) {
     manual_guard g(opts(), clock);
-    (void)feed(g, "PAY", 100, [](int) { return 10ms; }, &next);
+    (void)feed(
+        g, "PAY", 100, [](int) { return 10ms; }, &next);
     g.maintain();
     const ns want = expected(latency_histogram::upper_edge(latency_histogram::bucket_of(10ms)), g.opts().adaptive);
     const std::vector<idem::key> burst{idem::key::compose("B1", "PAY", 1), idem::key::compose("B2", "PAY", 1),
@@ -395,7 +406,8 @@ TEST_F(AdaptiveLease, RacingClaimsCompletionsAndMaintenanceLoseNoSample) {
             start.arrive_and_wait();
             for (int i = 0; i < per_thread; ++i) {
                 auto r = g.begin(idem::key::compose("T" + std::to_string(t) + "x" + std::to_string(i), ops[i % 3], 1));
-                if (r.status != begin_status::acquired || r.ticket.succeed(1)) ADD_FAILURE() << "claim " << t << "/" << i << ": " << r.status;
+                if (r.status != begin_status::acquired || r.ticket.succeed(1))
+                    ADD_FAILURE() << "claim " << t << "/" << i << ": " << r.status;
             }
         });
     std::thread maint([&] {  // refreshes and reads while the workers claim and complete
@@ -415,7 +427,8 @@ TEST_F(AdaptiveLease, RacingClaimsCompletionsAndMaintenanceLoseNoSample) {
 
 TEST_F(AdaptiveLease, PolicyOffIsTheStaticLeaseExactly) {
     manual_guard g(opts(/*on=*/false), clock);
-    (void)feed(g, "PAY", 200, [](int) { return 1ms; }, &next);
+    (void)feed(
+        g, "PAY", 200, [](int) { return 1ms; }, &next);
     g.maintain();
     EXPECT_EQ(next_lease(g, "PAY", &next), 30s);
     EXPECT_TRUE(g.operation_latencies().empty());
@@ -454,7 +467,8 @@ TEST_F(AdaptiveLease, BadPolicyIsRefusedNamingTheOption) {
 
 TEST_F(AdaptiveLease, PrometheusLinesNameTheOperation) {
     manual_guard g(opts(), clock);
-    (void)feed(g, "PAY", 100, [](int) { return 10ms; }, &next);
+    (void)feed(
+        g, "PAY", 100, [](int) { return 10ms; }, &next);
     g.maintain();
     const auto rows = g.operation_latencies();
     const std::string text = idem::to_prometheus(g.snapshot(), rows);

@@ -19,9 +19,10 @@ namespace {
 namespace rows = idem::detail::rows;
 using idem::transition_cause;
 
-const std::vector<transition_cause> causes = {
-    transition_cause::claim,   transition_cause::reclaim,    transition_cause::succeed, transition_cause::fail,
-    transition_cause::release, transition_cause::compensate, transition_cause::doubt,   transition_cause::not_durable};
+const std::vector<transition_cause> causes = {transition_cause::claim,   transition_cause::reclaim,
+                                              transition_cause::succeed, transition_cause::fail,
+                                              transition_cause::release, transition_cause::compensate,
+                                              transition_cause::doubt,   transition_cause::not_durable};
 
 std::string binary_payload(std::size_t n) {
     std::string s(n, '\0');
@@ -33,15 +34,14 @@ TEST(audit_detail, every_text_the_formatter_writes_parses_back_to_its_fields) {
     const std::vector<std::uint64_t> outcomes = {0, 1, 42, std::numeric_limits<std::uint64_t>::max()};
     const std::vector<std::string> payloads = {"", "a", binary_payload(15), binary_payload(4096),
                                                binary_payload(std::size_t{1} << 20)};
-    const std::vector<std::optional<std::int64_t>> batches = {std::nullopt, 0, 1, -5,
-                                                              std::numeric_limits<std::int64_t>::max(),
-                                                              std::numeric_limits<std::int64_t>::min()};
+    const std::vector<std::optional<std::int64_t>> batches = {
+        std::nullopt, 0, 1, -5, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()};
     for (const transition_cause c : causes)
         for (const std::uint64_t o : outcomes)
             for (const std::string& p : payloads)
                 for (const auto& b : batches) {
-                    const std::optional<rows::payload_summary> ps =
-                        p.empty() ? std::nullopt : std::optional(rows::payload_summary::of(p));
+                    const std::optional<rows::payload_summary> ps = p.empty() ? std::nullopt
+                                                                              : std::optional(rows::payload_summary::of(p));
                     const rows::detail_text text(c, o, ps, b);
                     const rows::parsed_audit_detail parsed = rows::parse_audit_detail(text.view());
                     ASSERT_EQ(parsed.status, rows::detail_parse::ok) << text.view();

@@ -75,13 +75,13 @@ void random_batches(bool reclaim) {
         std::vector<manual_guard::result_type> out(n);
         // A batch without fingerprints now and then: the empty span means none.
         const bool with_fps = rng() % 4 != 0;
-        ASSERT_EQ(many.begin_many(keys, out, with_fps ? std::span<const std::uint64_t>(fps)
-                                                      : std::span<const std::uint64_t>()),
+        ASSERT_EQ(many.begin_many(keys, out,
+                                  with_fps ? std::span<const std::uint64_t>(fps) : std::span<const std::uint64_t>()),
                   n);
         for (std::size_t i = 0; i < n; ++i) {
             auto r = one.begin(keys[i], with_fps ? fps[i] : 0);
-            const std::string where =
-                "round " + std::to_string(round) + " item " + std::to_string(i) + " key " + std::string(keys[i].view());
+            const std::string where = "round " + std::to_string(round) + " item " + std::to_string(i) + " key " +
+                                      std::string(keys[i].view());
             EXPECT_EQ(out[i].status, r.status) << where;
             EXPECT_EQ(out[i].outcome, r.outcome) << where;
             EXPECT_EQ(out[i].fence, r.fence) << where;
@@ -288,7 +288,8 @@ TEST(BeginMany, DurableRestartAnswersAsSingleBegins) {
     auto open = [](const std::string& p) {
         idem::store_options so;
         so.mode = idem::durability::async;
-        return std::make_unique<idem::durable_guard>(std::make_unique<idem::sqlite_store>(p), idem_test::durable_options(), so);
+        return std::make_unique<idem::durable_guard>(std::make_unique<idem::sqlite_store>(p), idem_test::durable_options(),
+                                                     so);
     };
     std::mt19937_64 rng(seed);
     std::vector<idem::key> keys;

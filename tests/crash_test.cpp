@@ -370,8 +370,8 @@ TEST_F(CrashTest, SyncModeLosesNoAcknowledgedPaymentAndExecutesNoneTwice) {
     }
     std::cout << "[ idem    ] sync crash drill: " << cycles << " cycles, " << acks << " acknowledged payments, "
               << ledger.size() << " keys executed; at reopen " << resolved_executed_
-              << " in-flight claims resolved as executed (ledger) and " << resolved_not_executed_
-              << " as not executed; " << retried << " keys claimed again after a release\n";
+              << " in-flight claims resolved as executed (ledger) and " << resolved_not_executed_ << " as not executed; "
+              << retried << " keys claimed again after a release\n";
     EXPECT_GT(acks, 0u) << "no payment was ever acknowledged: the drill tested nothing";
 }
 
@@ -418,8 +418,8 @@ TEST_F(CrashTest, SyncModeRestoresEveryAcknowledgedPayloadByteForByte) {
         for (auto& k : acked) {
             const auto r = g->begin(idem::key(k));
             if ((r.status != begin_status::succeeded || r.payload != payload_of(k)) && ++bad <= 5)
-                ADD_FAILURE() << k << ": after the restart a duplicate got " << r.status << " with "
-                              << r.payload.size() << " payload bytes, want succeeded with " << payload_of(k).size();
+                ADD_FAILURE() << k << ": after the restart a duplicate got " << r.status << " with " << r.payload.size()
+                              << " payload bytes, want succeeded with " << payload_of(k).size();
         }
         EXPECT_EQ(bad, 0u);
         if (HasFailure()) break;

@@ -52,8 +52,7 @@ std::string mode_name(durability m) { return m == durability::sync ? "sync" : "a
 
 /// A durable guard on the SQLite file `path` (synchronous=FULL in sync mode, as a user would).
 std::unique_ptr<idem::durable_guard> open_sqlite(const std::string& path, durability mode,
-                                                 idem::options o = durable_options(),
-                                                 idem::store_options so = {}) {
+                                                 idem::options o = durable_options(), idem::store_options so = {}) {
     so.mode = mode;
     return std::make_unique<idem::durable_guard>(std::make_unique<idem::sqlite_store>(path, mode == durability::sync),
                                                  std::move(o), so);
@@ -61,8 +60,7 @@ std::unique_ptr<idem::durable_guard> open_sqlite(const std::string& path, durabi
 
 /// A durable guard over `inner` through a faulty_store; *faults receives the wrapper's address.
 std::unique_ptr<idem::durable_guard> open_faulty(idem::store& inner, faulty_store** faults, durability mode,
-                                                 idem::options o = durable_options(),
-                                                 idem::store_options so = {}) {
+                                                 idem::options o = durable_options(), idem::store_options so = {}) {
     return idem_test::open_wrapped(faults, mode, std::move(o), so, inner);
 }
 
@@ -90,8 +88,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, Durable, ::testing::Values(durability::async, du
 enum class kind { succeeded, failed, released, dropped, processing };
 kind kind_of(std::size_t i) {
     const auto r = i % 10;
-    return r < 5 ? kind::succeeded : r < 7 ? kind::failed : r < 8 ? kind::released : r < 9 ? kind::dropped
-                                                                                         : kind::processing;
+    return r < 5   ? kind::succeeded
+           : r < 7 ? kind::failed
+           : r < 8 ? kind::released
+           : r < 9 ? kind::dropped
+                   : kind::processing;
 }
 std::uint64_t fp_of(std::size_t i) { return i % 3 == 0 ? 0 : mix(i) | 1; }
 std::uint64_t outcome_of(std::size_t i) { return i % 20 == 0 ? 0 : mix(i + 1) >> 1; }  // falsy outcomes too
@@ -212,8 +213,8 @@ TEST_P(Durable, ReopenRestoresEveryRecordAndBeginAnswersTheSame) {
             if (!ok && wrong.fetch_add(1) < 5) {
                 std::lock_guard lock(m);
                 wrong_first.push_back(pay_key(i).str() + ": was " + idem::to_string(a.state) + " fence " +
-                                      std::to_string(a.fence) + ", begin answered " + idem::to_string(r.status) +
-                                      " fence " + std::to_string(r.fence));
+                                      std::to_string(a.fence) + ", begin answered " + idem::to_string(r.status) + " fence " +
+                                      std::to_string(r.fence));
             }
         }
     });
@@ -265,10 +266,10 @@ TEST_P(Durable, ReopenKeepsTheFingerprintOfACompletedClaim) {
 
 TEST_P(Durable, RecoverySendsExpiredClaimsToTheResolverAndAuditsTheResolution) {
     const auto live = idem::key("LIVE_PAY_v1");
-    const auto ks = idem::key("RS_PAY_v1");   // resolver: succeeded
-    const auto kf = idem::key("RF_PAY_v1");   // resolver: failed
-    const auto kn = idem::key("RN_PAY_v1");   // resolver: not executed
-    const auto ku = idem::key("RU_PAY_v1");   // resolver: unknown, then succeeded on the next pass
+    const auto ks = idem::key("RS_PAY_v1");  // resolver: succeeded
+    const auto kf = idem::key("RF_PAY_v1");  // resolver: failed
+    const auto kn = idem::key("RN_PAY_v1");  // resolver: not executed
+    const auto ku = idem::key("RU_PAY_v1");  // resolver: unknown, then succeeded on the next pass
     std::map<std::string, std::uint64_t> fence;
     {
         // A claim with an hour's lease, abandoned (its owner "crashed").
@@ -299,7 +300,8 @@ TEST_P(Durable, RecoverySendsExpiredClaimsToTheResolverAndAuditsTheResolution) {
     }
     {
         idem::sqlite_store st(db_);
-        for (const auto* k : {&ks, &kf, &kn, &ku}) lease_until_ms = std::max(lease_until_ms, st.get(k->view())->lease_until_ms);
+        for (const auto* k : {&ks, &kf, &kn, &ku})
+            lease_until_ms = std::max(lease_until_ms, st.get(k->view())->lease_until_ms);
         const auto l = st.get(live.view());
         ASSERT_TRUE(l.has_value());
         EXPECT_GT(l->lease_until_ms, wall_ms_now() + 3'500'000) << "the hour-long lease was stored in the wrong unit";
@@ -443,8 +445,8 @@ void expect_known_workload(idem::store& st, std::size_t from, std::size_t to) {
         }
         const std::size_t rows = i % 4 == 3 ? 4 : 2;
         if (st.audit(pay_key(i).view()).size() != rows && ++bad <= 5)
-            ADD_FAILURE() << pay_key(i).str() << ": " << st.audit(pay_key(i).view()).size() << " audit rows, want "
-                          << rows << " (a batch written twice, or lost)";
+            ADD_FAILURE() << pay_key(i).str() << ": " << st.audit(pay_key(i).view()).size() << " audit rows, want " << rows
+                          << " (a batch written twice, or lost)";
     }
     EXPECT_EQ(bad, 0u);
 }
@@ -712,7 +714,8 @@ TEST(DurableBackpressure, FullQueueRefusesWithoutChangingMemory) {
         held.push_back(std::move(r.ticket));
     }
     ASSERT_EQ(last, begin_status::backpressure) << "the queue never filled";
-    std::cout << "[ idem    ] queue_capacity 8, max_batch 1: " << held.size() << " transitions accepted while the store was down\n";
+    std::cout << "[ idem    ] queue_capacity 8, max_batch 1: " << held.size()
+              << " transitions accepted while the store was down\n";
     EXPECT_GE(held.size(), so.queue_capacity);
     EXPECT_LE(held.size(), so.queue_capacity + so.max_batch);
     const auto refused = pay_key(i);

@@ -52,8 +52,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using idem::begin_status;
-using idem::record_state;
 using idem::recalled;
+using idem::record_state;
 
 // ---- stores ------------------------------------------------------------------------------------
 
@@ -247,8 +247,7 @@ TEST_P(Recall, WaitersOfOneKeyShareOneRead) {
     EXPECT_EQ(pipe_->snapshot().recall_queue, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, Recall, ::testing::Values("sqlite", "memory"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Stores, Recall, ::testing::Values("sqlite", "memory"), [](const auto& info) { return info.param; });
 
 // The same storm through the guard: 8 threads send duplicates of 4 evicted keys while the store's
 // reads hang, each told store_unavailable (or in_progress, behind a racer); once the store answers

@@ -144,12 +144,13 @@ TEST_F(GlobalPayloads, RacingRunsOnTwoNodesRunOnceAndAllGetTheBytes) {
             ro.wait = 10s;  // a loser waits for the winner's success, then replays it
             start.arrive_and_wait();
             for (int i = 0; i < keys; ++i)
-                got[t].push_back(g.run(idem::key("race-" + std::to_string(i)),
-                                       [&] {
-                                           runs.fetch_add(1);
-                                           return bytes + std::to_string(i);
-                                       },
-                                       ro));
+                got[t].push_back(g.run(
+                    idem::key("race-" + std::to_string(i)),
+                    [&] {
+                        runs.fetch_add(1);
+                        return bytes + std::to_string(i);
+                    },
+                    ro));
         });
     for (auto& t : ts) t.join();
     EXPECT_EQ(runs.load(), keys) << "a key ran more than once across the two nodes";

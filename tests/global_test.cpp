@@ -204,7 +204,8 @@ public:
                 if (l.rfind(word, 0) == 0) return l;
                 std::cerr << "[child " << pid_ << "] " << l << '\n';
             }
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until -
+                                                                                    std::chrono::steady_clock::now());
             if (left.count() <= 0) return "";
             pollfd p{from_, POLLIN, 0};
             if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000))) <= 0) continue;
@@ -341,17 +342,17 @@ int child_race(std::map<std::string, std::string> a) {
         }
     }
     const auto s = g.snapshot();
-    std::printf("done executed=%llu acked=%llu unacked=%llu stale=%llu replays=%llu wrong=%llu bad=%llu disagree=%llu "
-                "unresolved=%llu unavailable=%llu local=%llu sent=%llu won=%llu lost=%llu batches=%llu "
-                "completion_batches=%llu in_doubt=%llu errors=%llu timeouts=%llu withdrawn=%llu\n",
-                (unsigned long long)executed.load(), (unsigned long long)acked.load(), (unsigned long long)unacked.load(),
-                (unsigned long long)stale.load(), (unsigned long long)replays.load(), (unsigned long long)wrong.load(),
-                (unsigned long long)bad.load(), (unsigned long long)disagree, (unsigned long long)unresolved,
-                (unsigned long long)unavailable.load(), (unsigned long long)s.answered_locally,
-                (unsigned long long)s.claims_sent, (unsigned long long)s.claims_won, (unsigned long long)s.claims_lost,
-                (unsigned long long)s.claim_batches, (unsigned long long)s.completion_batches,
-                (unsigned long long)s.commits_in_doubt, (unsigned long long)s.store_errors,
-                (unsigned long long)s.timeouts, (unsigned long long)s.withdrawn);
+    std::printf(
+        "done executed=%llu acked=%llu unacked=%llu stale=%llu replays=%llu wrong=%llu bad=%llu disagree=%llu "
+        "unresolved=%llu unavailable=%llu local=%llu sent=%llu won=%llu lost=%llu batches=%llu "
+        "completion_batches=%llu in_doubt=%llu errors=%llu timeouts=%llu withdrawn=%llu\n",
+        (unsigned long long)executed.load(), (unsigned long long)acked.load(), (unsigned long long)unacked.load(),
+        (unsigned long long)stale.load(), (unsigned long long)replays.load(), (unsigned long long)wrong.load(),
+        (unsigned long long)bad.load(), (unsigned long long)disagree, (unsigned long long)unresolved,
+        (unsigned long long)unavailable.load(), (unsigned long long)s.answered_locally, (unsigned long long)s.claims_sent,
+        (unsigned long long)s.claims_won, (unsigned long long)s.claims_lost, (unsigned long long)s.claim_batches,
+        (unsigned long long)s.completion_batches, (unsigned long long)s.commits_in_doubt, (unsigned long long)s.store_errors,
+        (unsigned long long)s.timeouts, (unsigned long long)s.withdrawn);
     if (!first_bad.empty()) std::printf("note %s\n", first_bad.c_str());
     if (s.store_errors) std::printf("note last store error: %s\n", g.last_error().c_str());
     std::fflush(stdout);
@@ -481,16 +482,19 @@ protected:
     /// reads; false when they did not within 10 s.
     bool await_expired(std::int64_t n) {
         return await([&] {
-            return sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
-                           "(extract(epoch FROM clock_timestamp()) * 1000)::bigint") >= n;
+            return sql_int(
+                       "SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING' AND lease_until < "
+                       "(extract(epoch FROM clock_timestamp()) * 1000)::bigint") >= n;
         });
     }
 
     /// Whether a session of this test's database selected by `where` (a condition on pg_stat_activity,
     /// e.g. "pid = 42" or "application_name = 'idem-global-completions'") is waiting for a lock.
     bool waits_for_lock(const std::string& where) {
-        return sql_int("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
-                       "wait_event_type = 'Lock' AND (" + where + ")") > 0;
+        return sql_int(
+                   "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                   "wait_event_type = 'Lock' AND (" +
+                   where + ")") > 0;
     }
     bool await_lock_wait(const std::string& where) {
         return await([&] { return waits_for_lock(where); });
@@ -624,7 +628,7 @@ TEST_F(Global, ClaimReplayAndMismatch) {
     ASSERT_EQ(r.status, idem::begin_status::acquired);
     EXPECT_EQ(r.ticket.fence(), 1u);
     EXPECT_EQ(g.begin(k, 7).status, idem::begin_status::in_progress);  // local: no round trip
-    EXPECT_FALSE(r.ticket.succeed(0));                                  // a falsy outcome is an outcome
+    EXPECT_FALSE(r.ticket.succeed(0));                                 // a falsy outcome is an outcome
     auto d = g.begin(k, 7);
     EXPECT_EQ(d.status, idem::begin_status::succeeded);
     EXPECT_EQ(d.outcome, 0u);
@@ -673,8 +677,7 @@ TEST_F(Global, PrunedKeyIsNewAgainWithAHigherFence) {
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
         // The window is measured on the wall clock: wait for it to pass (not a synchronisation).
-        while (std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
+        while (std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                    .count() <= written + 1100)
             std::this_thread::sleep_for(5ms);
         const auto pr = g.prune();
@@ -703,8 +706,9 @@ TEST_F(Global, PruneJudgesTheWindowOnTheServersClock) {
         pqxx::connection c(uri_);
         pqxx::nontransaction n(c);
         n.exec("CREATE SCHEMA skew");
-        n.exec("CREATE FUNCTION skew.statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS "
-               "$$ SELECT pg_catalog.statement_timestamp() - interval '1 hour' $$");
+        n.exec(
+            "CREATE FUNCTION skew.statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS "
+            "$$ SELECT pg_catalog.statement_timestamp() - interval '1 hour' $$");
         n.exec("ALTER DATABASE " + db_ + " SET search_path = skew, pg_catalog, public");
     }
     idem::options o = opts();
@@ -716,8 +720,10 @@ TEST_F(Global, PruneJudgesTheWindowOnTheServersClock) {
     {
         pqxx::connection c(uri_);
         pqxx::nontransaction n(c);
-        const auto behind_ms = n.exec("SELECT (extract(epoch FROM pg_catalog.statement_timestamp() - "
-                                      "statement_timestamp()) * 1000)::bigint")[0][0].as<std::int64_t>();
+        const auto behind_ms = n.exec(
+                                    "SELECT (extract(epoch FROM pg_catalog.statement_timestamp() - "
+                                    "statement_timestamp()) * 1000)::bigint")[0][0]
+                                   .as<std::int64_t>();
         ASSERT_EQ(behind_ms, 3'600'000) << "the test's server clock is not an hour behind";
     }
     auto r = g.begin(idem::key("SKEW1_PAY_v1"));
@@ -766,7 +772,11 @@ TEST(GlobalOptions, RefusedBeforeAnyConnection) {
         {"global_options.completion_connections", [](auto&, auto& g) { g.completion_connections = 0; }},
         {"global_options.window", [](auto&, auto& g) { g.window = 0ms; }},
         {"global_options.audit_window", [](auto&, auto& g) { g.audit_window = -5ms; }},
-        {"global_options.window", [](auto& o, auto& g) { o.retention = 2h; g.window = 1h; }},
+        {"global_options.window",
+         [](auto& o, auto& g) {
+             o.retention = 2h;
+             g.window = 1h;
+         }},
         {"options.lease", [](auto& o, auto&) { o.lease = 500us; }},
         {"options.capacity", [](auto& o, auto&) { o.capacity = 0; }},  // the local table's own rule
     };
@@ -908,16 +918,17 @@ TEST_F(Global, InDoubtProbeWaitsForABlockedOrderedBatch) {
 TEST_F(Global, InDoubtProbeWaitsForABlockedCompletionBatch) {
     { idem::global_guard schema(uri_, opts(), gopts("schema")); }
     namespace gsql = idem::detail::global::sql;
-    sql_exec("INSERT INTO idempotent_record VALUES ('PK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0), "
-             "('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    sql_exec(
+        "INSERT INTO idempotent_record VALUES ('PK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0), "
+        "('PK1_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
     pqxx::connection holder(uri_);
     pqxx::work hold(holder);
     lock_row(hold, "PK1_PAY_v1");
     const auto complete = [](auto& n, const std::string& name) {
         return n.exec_prepared(name, std::int64_t{4343}, std::string("{PK0_PAY_v1,PK1_PAY_v1}"), std::string("{1,1}"),
                                std::string("{SUCCESS,SUCCESS}"), std::string("{7,7}"),
-                               std::string("{\"succeed outcome=7\",\"succeed outcome=7\"}"), std::string("probe"),
-                               false, std::string("{\"\",\"\"}"));  // $9: no payloads
+                               std::string("{\"succeed outcome=7\",\"succeed outcome=7\"}"), std::string("probe"), false,
+                               std::string("{\"\",\"\"}"));  // $9: no payloads
     };
     const auto p = probe_blocked_batch(hold, gsql::complete_name, gsql::complete, 4343, complete);
     EXPECT_TRUE(p.batch_blocked) << "the completion batch never blocked on the locked row";
@@ -1103,16 +1114,15 @@ struct race_result {
 
 /// Starts `procs` race children, lets them go together, optionally runs `during` while they race,
 /// and checks the ledger, the acknowledgements, every process's view and the store.
-race_result run_race(const std::string& uri, const std::string& dir, int procs, int threads, std::uint64_t keys,
-                     int seconds, std::chrono::milliseconds wait, const std::function<void()>& during) {
+race_result run_race(const std::string& uri, const std::string& dir, int procs, int threads, std::uint64_t keys, int seconds,
+                     std::chrono::milliseconds wait, const std::function<void()>& during) {
     std::vector<std::unique_ptr<child>> cs;
     for (int p = 1; p <= procs; ++p)
         cs.push_back(std::make_unique<child>(std::vector<std::string>{
             "race", "uri=" + uri, "keys=" + std::to_string(keys), "threads=" + std::to_string(threads),
             "node=" + std::to_string(p), "seed=7", "lease_ms=60000", "seconds=" + std::to_string(seconds),
-            "wait_ms=" + std::to_string(wait.count()),
-            "ledger=" + dir + "/ledger." + std::to_string(p), "acks=" + dir + "/acks." + std::to_string(p),
-            "seen=" + dir + "/seen." + std::to_string(p)}));
+            "wait_ms=" + std::to_string(wait.count()), "ledger=" + dir + "/ledger." + std::to_string(p),
+            "acks=" + dir + "/acks." + std::to_string(p), "seen=" + dir + "/seen." + std::to_string(p)}));
     for (auto& c : cs) {
         const bool ready = !c->expect("ready", 120s).empty();
         EXPECT_TRUE(ready) << "a child did not start";
@@ -1168,7 +1178,8 @@ race_result run_race(const std::string& uri, const std::string& dir, int procs, 
     // Every acknowledged success is SUCCESS in the store with the acknowledged outcome.
     std::map<std::string, std::uint64_t> acked;
     for (int p = 1; p <= procs; ++p)
-        for (const auto& f : read_fields(dir + "/acks." + std::to_string(p))) acked[race_key(std::stoull(f.at(1)))] = std::stoull(f.at(2));
+        for (const auto& f : read_fields(dir + "/acks." + std::to_string(p)))
+            acked[race_key(std::stoull(f.at(1)))] = std::stoull(f.at(2));
     std::uint64_t lost = 0, success = 0;
     {
         idem::postgres_store st(uri, 10s);
@@ -1184,13 +1195,14 @@ race_result run_race(const std::string& uri, const std::string& dir, int procs, 
     race_result rr;
     for (const auto& d : done)
         for (const auto& [k, v] : d) rr.total[k] += v;
-    std::printf("[ race     ] %d processes x %d threads, %llu keys: %.1f s, %llu effects, %lld claims sent in %lld "
-                "batches, %lld answered locally; store errors %lld, commits in doubt %lld, caller timeouts %lld, "
-                "unacknowledged successes %lld, withdrawn claims %lld\n",
-                procs, threads, (unsigned long long)keys, secs, (unsigned long long)effects, (long long)rr.total["sent"],
-                (long long)rr.total["batches"], (long long)rr.total["local"], (long long)rr.total["errors"],
-                (long long)rr.total["in_doubt"], (long long)rr.total["timeouts"], (long long)rr.total["unacked"],
-                (long long)rr.total["withdrawn"]);
+    std::printf(
+        "[ race     ] %d processes x %d threads, %llu keys: %.1f s, %llu effects, %lld claims sent in %lld "
+        "batches, %lld answered locally; store errors %lld, commits in doubt %lld, caller timeouts %lld, "
+        "unacknowledged successes %lld, withdrawn claims %lld\n",
+        procs, threads, (unsigned long long)keys, secs, (unsigned long long)effects, (long long)rr.total["sent"],
+        (long long)rr.total["batches"], (long long)rr.total["local"], (long long)rr.total["errors"],
+        (long long)rr.total["in_doubt"], (long long)rr.total["timeouts"], (long long)rr.total["unacked"],
+        (long long)rr.total["withdrawn"]);
     return rr;
 }
 
@@ -1232,8 +1244,14 @@ TEST_F(Global, NodeDeath) {
     std::atomic<std::size_t> resolved{0};
     {
         std::latch go(2);
-        std::thread tb([&] { go.arrive_and_wait(); resolved += b.compensate(); });
-        std::thread tc([&] { go.arrive_and_wait(); resolved += c.compensate(); });
+        std::thread tb([&] {
+            go.arrive_and_wait();
+            resolved += b.compensate();
+        });
+        std::thread tc([&] {
+            go.arrive_and_wait();
+            resolved += c.compensate();
+        });
         tb.join();
         tc.join();
     }

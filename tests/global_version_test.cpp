@@ -69,8 +69,9 @@ protected:
 
 std::string answer(const idem::global_begin_result& r) {
     return std::string(idem::to_string(r.status)) +
-           (r.status == begin_status::superseded || r.status == begin_status::succeeded ? "(" + std::to_string(r.outcome) + ")"
-                                                                                       : "");
+           (r.status == begin_status::superseded || r.status == begin_status::succeeded
+                ? "(" + std::to_string(r.outcome) + ")"
+                : "");
 }
 
 TEST_F(GlobalVersions, ALowerVersionIsSupersededOnEveryNode) {
@@ -206,8 +207,8 @@ std::vector<std::string> violations(const std::vector<attempt>& all) {
         if (x.status == begin_status::acquired && x.version < before)
             out.push_back("v" + std::to_string(x.version) + " acquired after v" + std::to_string(before));
         if (x.status == begin_status::superseded && (x.newest <= x.version || x.newest < before))
-            out.push_back("v" + std::to_string(x.version) + " superseded by v" + std::to_string(x.newest) +
-                          " after v" + std::to_string(before) + " was acquired");
+            out.push_back("v" + std::to_string(x.version) + " superseded by v" + std::to_string(x.newest) + " after v" +
+                          std::to_string(before) + " was acquired");
     }
     return out;
 }
@@ -368,7 +369,8 @@ TEST_F(GlobalVersions, OneBatchAnswersAsSomeSequentialOrder) {
         const std::string hold_key = "hold-" + std::to_string(round);
         pqxx::connection holder(uri_);
         pqxx::work hold(holder);
-        hold.exec("INSERT INTO idempotent_record VALUES (" + hold.quote(hold_key) + ", 'X', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+        hold.exec("INSERT INTO idempotent_record VALUES (" + hold.quote(hold_key) +
+                  ", 'X', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
         const std::uint64_t sent_before = g.snapshot().claims_sent;
         std::thread blocked([&] { (void)g.begin(idem::key(hold_key)); });  // occupies the one batcher
         // claims_sent counts a batch the batcher took: the claims below queue behind it.

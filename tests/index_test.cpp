@@ -169,8 +169,8 @@ TEST(Memory, AHugeCapacityHoldingFewKeysStaysSmall) {
     for (int i = 0; i < 1000; ++i)
         ASSERT_EQ(e.begin(idem::key("few-keys-" + std::to_string(i)), 1).status, begin_status::acquired);
     const std::size_t grown = resident_bytes() - before;
-    EXPECT_LT(grown, std::size_t{48} << 20) << "resident memory grew by " << (grown >> 20)
-                                              << " MiB for 1,000 records: memory is no longer committed lazily";
+    EXPECT_LT(grown, std::size_t{48} << 20)
+        << "resident memory grew by " << (grown >> 20) << " MiB for 1,000 records: memory is no longer committed lazily";
 }
 
 // The arenas are advised MADV_HUGEPAGE and aligned to 2 MiB: a fault (or the toucher) commits 2 MiB

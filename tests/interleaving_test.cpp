@@ -293,8 +293,7 @@ void expect_resolved_once(hooked_guard& g, resolution verdict, std::error_code o
     }
 }
 
-constexpr std::array all_verdicts{resolution::succeeded, resolution::failed, resolution::not_executed,
-                                  resolution::unknown};
+constexpr std::array all_verdicts{resolution::succeeded, resolution::failed, resolution::not_executed, resolution::unknown};
 
 // The owner completes at every point of a compensation pass over its expired claim.
 TEST(Interleaving, CompensationPreemptedByOwnerCompletion) {

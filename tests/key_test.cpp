@@ -30,8 +30,8 @@ idem::error thrown_by(Fn make) {
 }
 
 TEST(Key, AcceptsValidKeys) {
-    for (std::string_view text : {"a", "TX20230615123456_TRANSFER_v2", "order-42", "with space", "~!@#$%^&*()",
-                                  "\x80\xff"}) {
+    for (std::string_view text :
+         {"a", "TX20230615123456_TRANSFER_v2", "order-42", "with space", "~!@#$%^&*()", "\x80\xff"}) {
         const idem::key k(text);
         EXPECT_EQ(k.view(), text);
         EXPECT_EQ(k.size(), text.size());
@@ -171,8 +171,7 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
             text = idem::key::compose(txid, op, version).str();
         } catch (const idem::error& e) {
             EXPECT_EQ(e.kind(), errc::invalid_key);
-            EXPECT_FALSE(valid) << "rejected a valid triple (" << txid << ", " << op << ", " << version
-                                << "): " << e.what();
+            EXPECT_FALSE(valid) << "rejected a valid triple (" << txid << ", " << op << ", " << version << "): " << e.what();
             ++rejected;
             continue;
         }
@@ -180,9 +179,8 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
         ASSERT_TRUE(valid) << "accepted (" << txid << ", " << op << ", " << version << ") as " << text;
         const auto [it, inserted] = seen.emplace(text, t);
         ASSERT_TRUE(inserted || it->second == t)
-            << "two triples give key '" << text << "': (" << std::get<0>(it->second) << ", "
-            << std::get<1>(it->second) << ", " << std::get<2>(it->second) << ") and (" << txid << ", " << op
-            << ", " << version << ")";
+            << "two triples give key '" << text << "': (" << std::get<0>(it->second) << ", " << std::get<1>(it->second)
+            << ", " << std::get<2>(it->second) << ") and (" << txid << ", " << op << ", " << version << ")";
         // Splitting at the first and last separators recovers the triple.
         const auto first = text.find('_'), last = text.rfind('_');
         ASSERT_NE(first, last);
@@ -197,8 +195,8 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
         EXPECT_EQ(parts->operation, op);
         EXPECT_EQ(parts->version, version);
     }
-    std::cout << "[ idem    ] composed " << composed << " keys (" << seen.size() << " distinct), rejected "
-              << rejected << '\n';
+    std::cout << "[ idem    ] composed " << composed << " keys (" << seen.size() << " distinct), rejected " << rejected
+              << '\n';
     EXPECT_GT(composed, rounds / 10);
     EXPECT_GT(rejected, rounds / 10);
 }
@@ -206,8 +204,8 @@ TEST(KeyCompose, IsInjectiveOverRandomTriples) {
 // split() answers only for keys compose() could have made: anything else has no parts, so ordered
 // versions and per-operation leases leave it alone.
 TEST(KeySplit, RefusesWhatComposeCannotMake) {
-    for (const char* text : {"plain", "a_b", "a_b_c_v1", "_b_v1", "a__v1", "a_b_v", "a_b_1", "a_b_V1", "a_b_v01",
-                             "a_b_v-1", "a_b_v+1", "a_b_v1x", "a_b_v4294967296", "a_b_v 1"})
+    for (const char* text : {"plain", "a_b", "a_b_c_v1", "_b_v1", "a__v1", "a_b_v", "a_b_1", "a_b_V1", "a_b_v01", "a_b_v-1",
+                             "a_b_v+1", "a_b_v1x", "a_b_v4294967296", "a_b_v 1"})
         EXPECT_FALSE(idem::key(text).split().has_value()) << text;
     const auto zero = idem::key("a_b_v0").split();
     ASSERT_TRUE(zero.has_value());
@@ -232,8 +230,7 @@ TEST(ErrorCategory, NameAndMessages) {
     }
     EXPECT_EQ(idem::error_category().message(0), "unknown idem error");
     EXPECT_EQ(idem::error_category().message(9999), "unknown idem error");
-    EXPECT_EQ(idem::make_error_code(errc::duplicate_request).message(),
-              "duplicate request: the key already completed");
+    EXPECT_EQ(idem::make_error_code(errc::duplicate_request).message(), "duplicate request: the key already completed");
 }
 
 TEST(ErrorCategory, ErrcConvertsToErrorCode) {

@@ -182,7 +182,8 @@ TEST_F(Lease, ResolverPayloadWithTheBudgetSpentLeavesTheClaimInDoubt) {
 // A response the guard cannot hold is neither truncated nor dropped: the claim goes in doubt, and
 // the next pass asks again; a response that fits is then recorded.
 TEST_F(Lease, ResolverPayloadOverTheMaximumLeavesTheClaimInDoubt) {
-    scripted_resolver res{{resolution::succeeded, 1, std::string(17, 'x')}, {resolution::succeeded, 2, std::string(16, 'y')}};
+    scripted_resolver res{{resolution::succeeded, 1, std::string(17, 'x')},
+                          {resolution::succeeded, 2, std::string(16, 'y')}};
     auto o = opts(&res);
     o.max_payload = 16;
     o.payload_budget = 1 << 20;
@@ -456,11 +457,12 @@ TEST_F(Lease, RestoredExpiredClaimGoesToCompensation) {
     scripted_resolver res{{resolution::not_executed, 0}};
     manual_guard g(opts(&res), clock);
     constexpr std::uint64_t fence = 41;
-    ASSERT_EQ(idem::detail::guard_access::restore(g, k, {record_state::processing, fence, 0, fp,
-                                                  clock.now() - std::chrono::seconds(1), clock.now() - lease}),
+    ASSERT_EQ(idem::detail::guard_access::restore(g, k,
+                                                  {record_state::processing, fence, 0, fp,
+                                                   clock.now() - std::chrono::seconds(1), clock.now() - lease}),
               begin_status::acquired);
-    ASSERT_EQ(idem::detail::guard_access::restore(g, idem::key("done"), {record_state::succeeded, 7, 99, 0, {},
-                                                  clock.now()}),
+    ASSERT_EQ(idem::detail::guard_access::restore(g, idem::key("done"),
+                                                  {record_state::succeeded, 7, 99, 0, {}, clock.now()}),
               begin_status::acquired);
     EXPECT_EQ(g.begin(k, fp).status, begin_status::in_progress);
     auto done = g.begin(idem::key("done"));

@@ -338,7 +338,8 @@ TEST(Run, TerminallyFailedKeyThrowsAlreadyFailedNamingKeyAndCode) {
         idem::run_options ro;
         ro.on_duplicate = policy;
         try {
-            (void)g.run(k, [&] { return ++executed; }, ro);
+            (void)g.run(
+                k, [&] { return ++executed; }, ro);
             ADD_FAILURE() << "run() of a failed key returned (" << policy << ")";
         } catch (const idem::error& e) {
             EXPECT_EQ(e.kind(), errc::already_failed) << policy << ": " << e.what();

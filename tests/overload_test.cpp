@@ -50,22 +50,20 @@ using idem::begin_status;
 using idem::durability;
 using idem::errc;
 using idem::record_state;
-using idem_test::durable_options;
 using idem_test::commit_gate;
+using idem_test::durable_options;
 using idem_test::faulty_store;
 using idem_test::gate_opener;
 using idem_test::gated_store;
+using idem_test::open_wrapped;
 using idem_test::poisoned_store;
 using idem_test::temp_dir;
 using idem_test::verify_clean;
-using idem_test::open_wrapped;
 using idem_test::wait_for;
 
 using manual_durable_guard = idem::basic_durable_guard<std::atomic, idem::manual_clock>;
 
-idem::key pay_key(const std::string& prefix, std::size_t i) {
-    return idem::key(prefix + std::to_string(i) + "_PAY_v1");
-}
+idem::key pay_key(const std::string& prefix, std::size_t i) { return idem::key(prefix + std::to_string(i) + "_PAY_v1"); }
 
 
 /// begin() until the answer is not backpressure (the queue is small in these tests), as run() and
@@ -381,12 +379,11 @@ TEST_P(DurableBeforeVisible, WhileTheCommitIsHeldDuplicatesSeeInProgress) {
             outcome = d.outcome;
         });
         dup.join();
-        EXPECT_EQ(seen, begin_status::in_progress)
-            << "a duplicate saw " << idem::to_string(seen) << " (outcome " << outcome
-            << ") while the owner's result was not yet durable";
+        EXPECT_EQ(seen, begin_status::in_progress) << "a duplicate saw " << idem::to_string(seen) << " (outcome " << outcome
+                                                   << ") while the owner's result was not yet durable";
         const auto v = g->guard().query(k);
-        EXPECT_EQ(v.state, record_state::processing) << "query() showed " << idem::to_string(v.state)
-                                                     << " before the commit";
+        EXPECT_EQ(v.state, record_state::processing)
+            << "query() showed " << idem::to_string(v.state) << " before the commit";
         EXPECT_EQ(v.outcome, 0u);
         EXPECT_FALSE(v.in_doubt);
     }
@@ -572,7 +569,8 @@ TEST(Poison, SyncClaimOfAKeyTheStoreRejectsAnswersInvalidKey) {
             const auto k = pay_key("SPOISON", i);
             auto r = g->guard().begin(k);
             if (i == 17) {
-                if (r.status != begin_status::invalid_key) note(k.str() + ": poisoned claim answered " + idem::to_string(r.status));
+                if (r.status != begin_status::invalid_key)
+                    note(k.str() + ": poisoned claim answered " + idem::to_string(r.status));
                 continue;
             }
             if (r.status != begin_status::acquired) {
@@ -720,9 +718,8 @@ TEST(SyncWaiters, EveryWaiterReturnsOnceItsRowCommits) {
 
         // Completions: every owner waits for the commit of its success.
         gate.close();
-        std::jthread successes([&] {
-            idem_test::run_on_latch(threads, [&](std::size_t t) { completed[t] = tickets[t].succeed(t + 1); });
-        });
+        std::jthread successes(
+            [&] { idem_test::run_on_latch(threads, [&](std::size_t t) { completed[t] = tickets[t].succeed(t + 1); }); });
         ASSERT_TRUE(wait_for([&] { return g->snapshot().queue_depth == threads && gate.waiting() == 1; }))
             << "the successes never all queued";
         gate.open();

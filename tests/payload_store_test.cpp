@@ -47,12 +47,12 @@ std::string version_1_value() {
     std::string v;
     v.push_back(1);
     v.push_back(static_cast<char>(record_state::succeeded));
-    codec::put_varint(v, 5);          // fence
-    codec::put_signed(v, 900);        // lease_until
-    codec::put_varint(v, 42);         // outcome
-    codec::put_varint(v, 0xabc);      // fingerprint
-    codec::put_signed(v, 100);        // created
-    codec::put_signed(v, 101);        // updated
+    codec::put_varint(v, 5);      // fence
+    codec::put_signed(v, 900);    // lease_until
+    codec::put_varint(v, 42);     // outcome
+    codec::put_varint(v, 0xabc);  // fingerprint
+    codec::put_signed(v, 100);    // created
+    codec::put_signed(v, 101);    // updated
     return v;
 }
 
@@ -161,8 +161,12 @@ void write_record(const std::string& db, const std::string& k, std::string_view 
                   std::uint64_t batch) {
     idem::sqlite_store st(db);
     idem::store_row claim = row({.key = k, .at_ms = at_ms}, 1);
-    idem::store_row done = row({.key = k, .from = record_state::processing, .to = record_state::succeeded,
-                                .cause = transition_cause::succeed, .outcome = 3, .at_ms = at_ms},
+    idem::store_row done = row({.key = k,
+                                .from = record_state::processing,
+                                .to = record_state::succeeded,
+                                .cause = transition_cause::succeed,
+                                .outcome = 3,
+                                .at_ms = at_ms},
                                2);
     done.t.payload = payload;
     st.apply(std::vector{claim, done}, batch);
@@ -196,9 +200,11 @@ TEST(VerifyPayload, ARecordWhoseOutcomeOrPayloadDiffersFromItsCompletingRowIsAVi
     const std::string db = dir.file("p.db");
     const std::int64_t at = 1'700'000'000'000;
     std::uint64_t batch = 0;
-    for (const auto& [k, payload] : std::vector<std::pair<std::string, std::string>>{
-             {"SAME_PAY_v1", any_bytes}, {"BYTES_PAY_v1", any_bytes}, {"GONE_PAY_v1", "abc"},
-             {"ADDED_PAY_v1", ""}, {"OUT_PAY_v1", ""}})
+    for (const auto& [k, payload] : std::vector<std::pair<std::string, std::string>>{{"SAME_PAY_v1", any_bytes},
+                                                                                     {"BYTES_PAY_v1", any_bytes},
+                                                                                     {"GONE_PAY_v1", "abc"},
+                                                                                     {"ADDED_PAY_v1", ""},
+                                                                                     {"OUT_PAY_v1", ""}})
         write_record(db, k, payload, at, ++batch);
     {
         idem::sqlite_store st(db);

@@ -89,7 +89,12 @@ TEST(Payload, NulAndInvalidUtf8RoundTrip) {
     ASSERT_FALSE(complete(g, k, 1, bytes));
     EXPECT_EQ(g.begin(k).payload, bytes);
     EXPECT_EQ(g.begin_wait(k, 0, std::chrono::milliseconds(1)).payload, bytes);
-    EXPECT_EQ(g.run(k, []() -> std::string { ADD_FAILURE() << "ran a duplicate"; return {}; }), bytes);
+    EXPECT_EQ(g.run(k,
+                    []() -> std::string {
+                        ADD_FAILURE() << "ran a duplicate";
+                        return {};
+                    }),
+              bytes);
     std::size_t seen = 0;
     g.for_each([&](const std::string& key, const idem::record_view& v) {
         if (key == "BINARY") {
@@ -206,7 +211,10 @@ TEST(Payload, BudgetExhaustionIsRetryableAndRecoversAfterRotation) {
     // in doubt for the resolver, and run() says why.
     int ran = 0;
     try {
-        (void)g.run(idem::key("RUNFULL"), [&] { ++ran; return pattern(100, 9); });
+        (void)g.run(idem::key("RUNFULL"), [&] {
+            ++ran;
+            return pattern(100, 9);
+        });
         ADD_FAILURE() << "a payload over the budget was recorded";
     } catch (const idem::error& e) {
         EXPECT_EQ(e.code(), errc::capacity_exhausted);
@@ -399,10 +407,11 @@ TEST(TypedRun, StringsAndBytesAreStoredAndReplayed) {
     const auto first = g.run(idem::key("SPAN"), sfn);
     static_assert(std::is_same_v<decltype(first), const std::vector<std::byte>>, "a span replays as a vector");
     EXPECT_EQ(first, as_vector);
-    EXPECT_EQ(g.run(idem::key("SPAN"), [] {
-                  ADD_FAILURE() << "a duplicate ran fn";
-                  return std::span<const std::byte>();
-              }),
+    EXPECT_EQ(g.run(idem::key("SPAN"),
+                    [] {
+                        ADD_FAILURE() << "a duplicate ran fn";
+                        return std::span<const std::byte>();
+                    }),
               as_vector);
 }
 
@@ -445,7 +454,13 @@ TEST(TypedRun, WaitingDuplicateGetsThePayload) {
     idem::run_options ro;
     ro.wait = std::chrono::seconds(30);
     asked.count_down();
-    EXPECT_EQ(g.run(k, [] { ADD_FAILURE() << "ran while another held the claim"; return std::string(); }, ro),
+    EXPECT_EQ(g.run(
+                  k,
+                  [] {
+                      ADD_FAILURE() << "ran while another held the claim";
+                      return std::string();
+                  },
+                  ro),
               "done");
     t.join();
 }
@@ -607,11 +622,10 @@ TEST(PayloadRecovery, RestorePutsThePayloadBack) {
     using acc = idem::detail::guard_access;
     ASSERT_EQ(acc::restore(g, idem::key("R1"), {record_state::succeeded, 5, 77, 0, {}, g.now(), bytes}),
               begin_status::acquired);
-    ASSERT_EQ(acc::restore(g, idem::key("R2"), {record_state::failed, 6, 3, 0, {}, g.now(), "why"}),
-              begin_status::acquired);
+    ASSERT_EQ(acc::restore(g, idem::key("R2"), {record_state::failed, 6, 3, 0, {}, g.now(), "why"}), begin_status::acquired);
     ASSERT_EQ(acc::restore(g, idem::key("R3"), {record_state::succeeded, 7, 1, 0, {}, g.now()}), begin_status::acquired);
-    EXPECT_EQ(acc::restore(g, idem::key("R4"), {record_state::succeeded, 8, 1, 0, {}, g.now(),
-                                              std::string(g.opts().max_payload + 1, 'x')}),
+    EXPECT_EQ(acc::restore(g, idem::key("R4"),
+                           {record_state::succeeded, 8, 1, 0, {}, g.now(), std::string(g.opts().max_payload + 1, 'x')}),
               begin_status::capacity_exhausted);
     const auto d1 = g.begin(idem::key("R1"));
     EXPECT_EQ(d1.status, begin_status::succeeded);

@@ -60,14 +60,21 @@ TEST(Payment, DuplicateTransferIsRefusedAndMovesNothing) {
     idem::guard g(idem_test::test_options());
     ledger book;
     const auto k = idem::key::compose("TX20230615123456", "TRANSFER", 2);
-    const std::uint64_t receipt = g.run(k, [&] { return book.transfer("alice", "bob", 100); }, raise());
+    const std::uint64_t receipt = g.run(
+        k, [&] { return book.transfer("alice", "bob", 100); }, raise());
     EXPECT_EQ(receipt, 7001u);
     EXPECT_EQ(book.balance("alice"), 900);
     EXPECT_EQ(book.balance("bob"), 100);
 
     int executed = 0;
     const auto e = thrown_by([&] {
-        (void)g.run(k, [&] { ++executed; return book.transfer("alice", "bob", 100); }, raise());
+        (void)g.run(
+            k,
+            [&] {
+                ++executed;
+                return book.transfer("alice", "bob", 100);
+            },
+            raise());
     });
     EXPECT_EQ(e.kind(), errc::duplicate_request);
     EXPECT_NE(std::string(e.what()).find("TX20230615123456_TRANSFER_v2"), std::string::npos) << e.what();
@@ -104,14 +111,28 @@ TEST(Payment, FalsyOutcomeIsReplayed) {
     idem::guard g(idem_test::test_options());
     int executed = 0;
     const idem::key zero("TX-ZERO_PAY_v1");
-    EXPECT_EQ(g.run(zero, [&] { ++executed; return 0; }), 0u);
-    EXPECT_EQ(g.run(zero, [&] { ++executed; return 5; }), 0u);
+    EXPECT_EQ(g.run(zero,
+                    [&] {
+                        ++executed;
+                        return 0;
+                    }),
+              0u);
+    EXPECT_EQ(g.run(zero,
+                    [&] {
+                        ++executed;
+                        return 5;
+                    }),
+              0u);
     EXPECT_EQ(executed, 1);
     auto r = g.begin(zero);
     EXPECT_EQ(r.status, idem::begin_status::succeeded);
     EXPECT_EQ(r.outcome, 0u);
     EXPECT_EQ(g.query(zero).state, idem::record_state::succeeded);
-    EXPECT_EQ(thrown_by([&] { (void)g.run(zero, [&] { ++executed; }, raise()); }).kind(), errc::duplicate_request);
+    EXPECT_EQ(thrown_by([&] {
+                  (void)g.run(
+                      zero, [&] { ++executed; }, raise());
+              }).kind(),
+              errc::duplicate_request);
 
     const idem::key unit("TX-VOID_PAY_v1");
     g.run(unit, [&] { ++executed; });
@@ -121,8 +142,18 @@ TEST(Payment, FalsyOutcomeIsReplayed) {
 
     // false is falsy too.
     const idem::key no("TX-FALSE_PAY_v1");
-    EXPECT_EQ(g.run(no, [&] { ++executed; return false; }), 0u);
-    EXPECT_EQ(g.run(no, [&] { ++executed; return true; }), 0u);
+    EXPECT_EQ(g.run(no,
+                    [&] {
+                        ++executed;
+                        return false;
+                    }),
+              0u);
+    EXPECT_EQ(g.run(no,
+                    [&] {
+                        ++executed;
+                        return true;
+                    }),
+              0u);
     EXPECT_EQ(executed, 3);
 }
 
@@ -154,7 +185,12 @@ TEST(Payment, ThrowingTransferIsFinalUnderTerminalPolicy) {
     EXPECT_EQ(g.query(k).state, idem::record_state::failed);
 
     int executed = 0;
-    const auto e = thrown_by([&] { (void)g.run(k, [&] { ++executed; return 1; }); });
+    const auto e = thrown_by([&] {
+        (void)g.run(k, [&] {
+            ++executed;
+            return 1;
+        });
+    });
     // Not a duplicate_request: that names a completed success; this key failed and is not run again.
     EXPECT_EQ(e.kind(), errc::already_failed);
     EXPECT_NE(std::string(e.what()).find("failed"), std::string::npos) << e.what();
@@ -169,13 +205,22 @@ TEST(Payment, InProgressAndPayloadMismatchThrow) {
     ro.fingerprint = idem::fingerprint_of(R"({"to":"bob","amount":10})");
     auto held = g.begin(k, ro.fingerprint);
     ASSERT_EQ(held.status, idem::begin_status::acquired);
-    EXPECT_EQ(thrown_by([&] { (void)g.run(k, [] { return 1; }, ro); }).kind(), errc::in_progress);
+    EXPECT_EQ(thrown_by([&] {
+                  (void)g.run(
+                      k, [] { return 1; }, ro);
+              }).kind(),
+              errc::in_progress);
     ASSERT_FALSE(held.ticket.succeed(33));
 
-    EXPECT_EQ(g.run(k, [] { return 1; }, ro), 33u);
+    EXPECT_EQ(g.run(
+                  k, [] { return 1; }, ro),
+              33u);
     idem::run_options other = ro;
     other.fingerprint = idem::fingerprint_of(R"({"to":"bob","amount":1000})");
-    const auto e = thrown_by([&] { (void)g.run(k, [] { return 1; }, other); });
+    const auto e = thrown_by([&] {
+        (void)g.run(
+            k, [] { return 1; }, other);
+    });
     EXPECT_EQ(e.kind(), errc::payload_mismatch);
     EXPECT_NE(std::string(e.what()).find("TX4_PAY_v1"), std::string::npos) << e.what();
 }
@@ -194,7 +239,13 @@ TEST(Payment, WaitingDuplicateGetsTheReceipt) {
         idem::run_options ro;
         ro.wait = std::chrono::hours(1);
         try {
-            replay = g.run(k, []() -> std::uint64_t { ADD_FAILURE() << "executed twice"; return 0; }, ro);
+            replay = g.run(
+                k,
+                []() -> std::uint64_t {
+                    ADD_FAILURE() << "executed twice";
+                    return 0;
+                },
+                ro);
         } catch (const idem::error& e) {
             ADD_FAILURE() << "the waiting duplicate threw: " << e.what();
         }

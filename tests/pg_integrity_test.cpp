@@ -70,8 +70,7 @@ std::string fresh_setting(const std::string& uri, const std::string& setting) {
 /// ALTER SYSTEM SET setting = value (RESET when value is empty) and a reload; returns once a new
 /// session sees it. The postmaster signals every backend before it accepts that new session, and a
 /// backend applies the reload before the next statement it reads.
-bool reconfigure(const std::string& uri, const std::string& setting, const std::string& value,
-                 const std::string& expect) {
+bool reconfigure(const std::string& uri, const std::string& setting, const std::string& value, const std::string& expect) {
     admin(uri, value.empty() ? "ALTER SYSTEM RESET " + setting : "ALTER SYSTEM SET " + setting + " = " + value);
     admin(uri, "SELECT pg_reload_conf()");
     return wait_for([&] { return fresh_setting(uri, setting) == expect; });
@@ -178,8 +177,8 @@ TEST(PgIntegrity, SyncGuardStopsAcknowledgingWhenFsyncIsTurnedOffByAReloadOrARes
         // The guard says why it stops: its last store error (one met after the change) names the setting.
         EXPECT_TRUE(wait_for([&] {
             return g->snapshot().store_errors > errors_before && contains(g->last_store_error(), "fsync=off");
-        }))
-            << how << ": the guard never named fsync=off; last store error: " << g->last_store_error();
+        })) << how
+            << ": the guard never named fsync=off; last store error: " << g->last_store_error();
         phase = 1;
         EXPECT_TRUE(wait_for([&] { return refused_in_off.load() >= 3; }))
             << how << ": calls made while fsync is off neither returned nor were refused";

@@ -114,10 +114,11 @@ TEST(PostgresServerCrash, FlusherRidesThroughAServerCrashAndNothingAcknowledgedI
     for (auto& th : pool) th.join();
     ASSERT_TRUE(g->flush(30s)) << "the queue did not drain after the restart: " << g->last_store_error();
     const idem::stats s = g->snapshot();
-    std::printf("[ idem    ] %zu acknowledged successes (%zu before the crash), %zu claims refused while down, "
-                "%zu completions answered store_unavailable, %zu duplicate checks, %llu store errors\n",
-                acks.load(), acks_at_crash, refused.load(), unavailable_completions.load(), duplicates_checked.load(),
-                static_cast<unsigned long long>(s.store_errors));
+    std::printf(
+        "[ idem    ] %zu acknowledged successes (%zu before the crash), %zu claims refused while down, "
+        "%zu completions answered store_unavailable, %zu duplicate checks, %llu store errors\n",
+        acks.load(), acks_at_crash, refused.load(), unavailable_completions.load(), duplicates_checked.load(),
+        static_cast<unsigned long long>(s.store_errors));
     g.reset();
 
     // Read everything back through a fresh connection to the restarted server.
@@ -136,8 +137,8 @@ TEST(PostgresServerCrash, FlusherRidesThroughAServerCrashAndNothingAcknowledgedI
         EXPECT_EQ(rec->state, record_state::succeeded) << k;
     }
     const idem::verify_report rep = idem::verify(check);
-    EXPECT_TRUE(rep.violations.empty()) << rep.violations.size() << " violations, first: "
-                                        << (rep.violations.empty() ? "" : rep.violations.front());
+    EXPECT_TRUE(rep.violations.empty()) << rep.violations.size()
+                                        << " violations, first: " << (rep.violations.empty() ? "" : rep.violations.front());
     EXPECT_GE(rep.keys, claimed.size());
 }
 

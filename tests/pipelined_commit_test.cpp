@@ -307,7 +307,7 @@ TEST_F(Pipelined, KeyOrderHeldThroughAnUnknownCommit) {
     EXPECT_FALSE(store_.started(a2));
     EXPECT_FALSE(pipe_.durable(b1));
     store_.settle(ca2, verdict::unknown_committed);  // written this time, but in doubt again
-    auto ca3 = store_.wait_call(a2);                  // resolved by committed_on(): no third apply of the claim
+    auto ca3 = store_.wait_call(a2);                 // resolved by committed_on(): no third apply of the claim
     ASSERT_TRUE(ca3);
     store_.settle(ca3, verdict::commit);
     finish();

@@ -109,8 +109,8 @@ TEST_F(PoisonPg, GuardAnswersInvalidKeyForAKeyPostgresCannotHoldAndLaterKeysReac
         for (std::size_t i = 0; i < 100; ++i) {
             const auto k = idem::key("PG" + tag + std::to_string(i) + "_PAY_v1");
             auto c = g->begin(k);
-            ASSERT_EQ(c.status, begin_status::acquired) << k.str() << ": " << idem::to_string(c.status)
-                                                        << "; " << g.last_store_error();
+            ASSERT_EQ(c.status, begin_status::acquired)
+                << k.str() << ": " << idem::to_string(c.status) << "; " << g.last_store_error();
             ASSERT_FALSE(c.ticket.succeed(i + 1)) << k.str();
         }
         ASSERT_TRUE(g.flush(30s)) << g.last_store_error();

@@ -214,8 +214,8 @@ TEST_F(PostgresStore, MatchesMemoryStoreOnRandomBatches) {
     // Mixed case and non-ASCII so byte order differs from any locale's order.
     std::vector<std::string> pool;
     for (int i = 0; i < 60; ++i) pool.push_back("TX" + std::to_string(1000 + i) + "_TRANSFER_v" + std::to_string(i % 3));
-    for (std::string k : {"alpha_PAY_v1", "Alpha_PAY_v1", "ZULU_REFUND_v2", "zulu_x", "Ärger_PAY_v1",
-                          "a'b\"c_ORDER_v1", "x;--y", "{NULL}", "\\N", " space "})
+    for (std::string k : {"alpha_PAY_v1", "Alpha_PAY_v1", "ZULU_REFUND_v2", "zulu_x", "Ärger_PAY_v1", "a'b\"c_ORDER_v1",
+                          "x;--y", "{NULL}", "\\N", " space "})
         pool.push_back(k);
     std::map<std::string, std::uint64_t> fence;  // current fence per key
     std::uniform_int_distribution<int> pick(0, static_cast<int>(pool.size()) - 1);
@@ -231,8 +231,8 @@ TEST_F(PostgresStore, MatchesMemoryStoreOnRandomBatches) {
             auto& f = fence[s.key];
             switch (rng() % 8) {
                 case 0: s.fence = f > 2 ? f - 1 - rng() % 2 : 1; break;             // stale owner
-                case 1: s.fence = f = f + 1 + rng() % 3; break;                      // new claim
-                case 2: s.fence = (std::uint64_t{1} << 52) - 1 - rng() % 5; break;   // the largest fences
+                case 1: s.fence = f = f + 1 + rng() % 3; break;                     // new claim
+                case 2: s.fence = (std::uint64_t{1} << 52) - 1 - rng() % 5; break;  // the largest fences
                 default: s.fence = f = std::max<std::uint64_t>(f, 1); break;        // same claim
             }
             s.from = static_cast<record_state>(rng() % 5);
@@ -275,8 +275,12 @@ TEST_F(PostgresStore, FoldCasesMatchMemoryStore) {
         {"claim then succeed in one batch keeps the claim's lease", {}, {r(P, 1, 10, 100, 7), r(S, 1, 11, 0, 0, 42)}},
         {"older fence does not overwrite", {r(S, 5, 10, 100, 7, 1)}, {r(P, 3, 20, 200, 8), r(F, 3, 21, 0, 0, 9)}},
         {"stale row inside a batch is skipped", {}, {r(P, 7, 10, 100, 7), r(P, 6, 11, 999, 9), r(S, 7, 12, 0, 0, 5)}},
-        {"claim above stored fence, then higher non-claim", {r(S, 5, 10, 100, 7)}, {r(P, 6, 20, 200, 8), r(S, 8, 21, 0, 0, 3)}},
-        {"claim below stored fence, then higher non-claim", {r(P, 7, 10, 100, 7)}, {r(P, 6, 20, 200, 8), r(S, 8, 21, 0, 0, 3)}},
+        {"claim above stored fence, then higher non-claim",
+         {r(S, 5, 10, 100, 7)},
+         {r(P, 6, 20, 200, 8), r(S, 8, 21, 0, 0, 3)}},
+        {"claim below stored fence, then higher non-claim",
+         {r(P, 7, 10, 100, 7)},
+         {r(P, 6, 20, 200, 8), r(S, 8, 21, 0, 0, 3)}},
         {"no claim in batch keeps stored lease", {r(P, 4, 10, 100, 7)}, {r(S, 4, 20, 0, 0, 11)}},
         {"release keeps fence and lease", {r(P, 4, 10, 100, 7)}, {r(R, 4, 20, 0, 0), r(P, 5, 21, 300, 9)}},
         {"insert without claim has zero lease", {}, {r(F, 2, 10, 500, 6, 1)}},
@@ -306,11 +310,19 @@ TEST_F(PostgresStore, FenceGuardKeepsNewerRecord) {
     auto& pgs = open();
     std::uint64_t seq = 0;
     row_spec claim{.key = "TX9_TRANSFER_v1", .fence = 5, .fingerprint = 77, .lease_until_ms = 5000};
-    row_spec done{.key = "TX9_TRANSFER_v1", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = 5, .outcome = 42};
+    row_spec done{.key = "TX9_TRANSFER_v1",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = 5,
+                  .outcome = 42};
     pgs.apply(make_batch({claim, done}, seq), 1);
-    row_spec stale{.key = "TX9_TRANSFER_v1", .from = record_state::processing, .to = record_state::failed,
-                   .cause = transition_cause::fail, .fence = 4, .outcome = 13};
+    row_spec stale{.key = "TX9_TRANSFER_v1",
+                   .from = record_state::processing,
+                   .to = record_state::failed,
+                   .cause = transition_cause::fail,
+                   .fence = 4,
+                   .outcome = 13};
     pgs.apply(make_batch({stale}, seq), 2);
     const auto rec = pgs.get("TX9_TRANSFER_v1");
     ASSERT_TRUE(rec);
@@ -349,7 +361,8 @@ TEST_F(PostgresStore, FencesCompareUnsignedLikeMemoryStore) {
     for (const char* k : {"up", "down"}) {
         EXPECT_EQ(mem.get(k)->fence, above);
         EXPECT_EQ(static_cast<std::uint64_t>(sql_int(std::string("SELECT fencing_token FROM idempotent_record WHERE "
-                                                                 "idempotent_key = '") + k + "'")),
+                                                                 "idempotent_key = '") +
+                                                     k + "'")),
                   above)
             << k;
     }
@@ -361,7 +374,7 @@ TEST_F(PostgresStore, HostileKeysRoundTripByteForByte) {
     auto& pgs = open();
     std::string long_utf8;
     while (long_utf8.size() + 3 <= 126) long_utf8 += "\xe2\x82\xac";  // U+20AC, 3 bytes
-    long_utf8 += "_v";                                                  // 128 bytes in all
+    long_utf8 += "_v";                                                // 128 bytes in all
     const std::vector<std::string> hostile = {
         "a'b",
         "'; DROP TABLE idempotent_record; --",
@@ -380,8 +393,8 @@ TEST_F(PostgresStore, HostileKeysRoundTripByteForByte) {
         "%s%n",
         "E'\\x00'",
         "\xe6\x97\xa5\xe6\x9c\xac_\xe6\xb1\xba\xe6\xb8\x88_v1",  // 日本_決済_v1
-        "\xf0\x9f\x92\xb8 money",                                  // 4-byte UTF-8
-        "\xef\xbf\xbf",                                            // U+FFFF
+        "\xf0\x9f\x92\xb8 money",                                // 4-byte UTF-8
+        "\xef\xbf\xbf",                                          // U+FFFF
         long_utf8,
         std::string(128, 'k'),
     };
@@ -391,8 +404,12 @@ TEST_F(PostgresStore, HostileKeysRoundTripByteForByte) {
     for (const auto& k : hostile) {
         ++f;
         specs.push_back({.key = k, .fence = f, .fingerprint = f * 3, .lease_until_ms = 1000});
-        specs.push_back({.key = k, .from = record_state::processing, .to = record_state::succeeded,
-                         .cause = transition_cause::succeed, .fence = f, .outcome = f * 7});
+        specs.push_back({.key = k,
+                         .from = record_state::processing,
+                         .to = record_state::succeeded,
+                         .cause = transition_cause::succeed,
+                         .fence = f,
+                         .outcome = f * 7});
     }
     std::uint64_t seq = 0;
     const auto rows = make_batch(specs, seq);
@@ -523,8 +540,11 @@ TEST_F(PostgresStore, LoadsHundredThousandRecords) {
     // Fresh claims, 4096 per batch.
     for (int i = 0; i < records; ++i) {
         std::snprintf(key, sizeof key, "TX%09d_TRANSFER_v1", i);
-        specs.push_back({.key = key, .fence = static_cast<std::uint64_t>(i + 1), .fingerprint = 99,
-                         .at_ms = 1'700'000'000'000 + i, .lease_until_ms = 1'700'000'030'000 + i});
+        specs.push_back({.key = key,
+                         .fence = static_cast<std::uint64_t>(i + 1),
+                         .fingerprint = 99,
+                         .at_ms = 1'700'000'000'000 + i,
+                         .lease_until_ms = 1'700'000'030'000 + i});
         if (specs.size() == batch_rows) flush(claim_seconds, claim_rows);
     }
     if (!specs.empty()) flush(claim_seconds, claim_rows);
@@ -533,8 +553,12 @@ TEST_F(PostgresStore, LoadsHundredThousandRecords) {
         std::snprintf(key, sizeof key, "TY%09d_REFUND_v2", i);
         const auto f = static_cast<std::uint64_t>(records + i + 1);
         specs.push_back({.key = key, .fence = f, .fingerprint = 5, .lease_until_ms = 9});
-        specs.push_back({.key = key, .from = record_state::processing, .to = record_state::succeeded,
-                         .cause = transition_cause::succeed, .fence = f, .outcome = 1});
+        specs.push_back({.key = key,
+                         .from = record_state::processing,
+                         .to = record_state::succeeded,
+                         .cause = transition_cause::succeed,
+                         .fence = f,
+                         .outcome = 1});
         if (specs.size() == batch_rows) flush(mixed_seconds, mixed_rows);
     }
     std::printf("[ apply    ] fresh claims: %zu rows in %.3f s = %.0f rows/s (4096-row batches)\n", claim_rows,
@@ -798,8 +822,11 @@ TEST_F(PostgresStore, SchemaIsCreatedOnceAndVersioned) {
 /// A batch claiming and completing `key` at fence 1 with `payload` (the view must outlive apply).
 std::vector<idem::store_row> completion_with(const std::string& key, std::string_view payload, std::uint64_t& seq) {
     auto rows = make_batch({{.key = key},
-                            {.key = key, .from = record_state::processing, .to = record_state::succeeded,
-                             .cause = transition_cause::succeed, .outcome = 5}},
+                            {.key = key,
+                             .from = record_state::processing,
+                             .to = record_state::succeeded,
+                             .cause = transition_cause::succeed,
+                             .outcome = 5}},
                            seq);
     rows[1].t.payload = payload;
     return rows;
@@ -926,7 +953,10 @@ TEST(PostgresSql, Utf8CheckMatchesPostgres) {
     EXPECT_FALSE(pg::valid_utf8("\x80"));
     EXPECT_EQ(pg::utf8_prefix("ab\xe2\x82"), "ab");
     EXPECT_EQ(pg::utf8_prefix("ab\xe2\x82\xac"), "ab\xe2\x82\xac");
-    EXPECT_EQ(pg::utf8_truncate("a\xe2\x82\xac" "bc", 2), "a\xe2\x82\xac");
+    EXPECT_EQ(pg::utf8_truncate("a\xe2\x82\xac"
+                                "bc",
+                                2),
+              "a\xe2\x82\xac");
     EXPECT_EQ(pg::utf8_truncate("abc", 3), "abc");
     EXPECT_EQ(pg::utf8_truncate("abc", 0), "");
 }

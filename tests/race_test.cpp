@@ -44,7 +44,8 @@ TEST(Race, HundredThreadsExactlyOneAcquires) {
     idem::guard g(idem_test::test_options(rounds * keys + 16));
     for (std::size_t round = 0; round < rounds; ++round) {
         std::vector<idem::key> ks;
-        for (std::size_t k = 0; k < keys; ++k) ks.push_back(idem::key("R" + std::to_string(round) + "_K" + std::to_string(k)));
+        for (std::size_t k = 0; k < keys; ++k)
+            ks.push_back(idem::key("R" + std::to_string(round) + "_K" + std::to_string(k)));
         struct tally {
             std::atomic<int> acquired{0}, in_progress{0}, succeeded{0}, wrong_outcome{0}, other{0};
         };
@@ -130,8 +131,8 @@ TEST(Race, OwnerCompletionVersusCompensationResolvesOnce) {
     const std::size_t rounds = idem_test::env_size("IDEM_ROUNDS", 200, 24);
     const std::size_t keys = idem_test::env_size("IDEM_KEYS", 32, 16);
     constexpr std::size_t owners = 2, compensators = 2;
-    constexpr std::array verdicts{idem::resolution::succeeded, idem::resolution::failed,
-                                  idem::resolution::not_executed, idem::resolution::unknown};
+    constexpr std::array verdicts{idem::resolution::succeeded, idem::resolution::failed, idem::resolution::not_executed,
+                                  idem::resolution::unknown};
     std::size_t owner_wins = 0, compensation_wins = 0;
     std::mt19937_64 rng(seed);
 
@@ -371,9 +372,7 @@ TEST(Race, MoreThreadsThanOwnedStripesKeepArenasAndCountersExact) { more_threads
 
 // With a yield before about one atomic access in four, a thread is often descheduled between the
 // load and the store of a plain add: a stripe with two writers would lose counts here.
-TEST(Race, MoreThreadsThanOwnedStripesWithInjectedYields) {
-    more_threads_than_owned_stripes<idem_test::yielding_atomic>(4);
-}
+TEST(Race, MoreThreadsThanOwnedStripesWithInjectedYields) { more_threads_than_owned_stripes<idem_test::yielding_atomic>(4); }
 
 // Stripe ownership itself: of threads alive at the same time, at most 64 own a stripe, no two own
 // the same one, the rest share the 8 shared stripes (and are not told they own them), and stripes
@@ -411,7 +410,8 @@ TEST(Race, StripesAreOwnedByOneLiveThreadEach) {
         else EXPECT_EQ(owned.size(), owned_first_wave) << "stripes of ended threads were not given back";
     }
     // Atomics built on std::atomic run on real threads and own stripes like it.
-    EXPECT_EQ((idem::detail::table::record_table<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned), mine.owned);
+    EXPECT_EQ((idem::detail::table::record_table<idem_test::yielding_atomic, idem::steady_clock_source>::stripe().owned),
+              mine.owned);
 }
 
 // A ticket held in a thread_local that was built before the thread's first guard call is dropped
@@ -423,7 +423,8 @@ std::atomic<int> g_owned_at_drop{0};
 struct ticket_held_at_exit {
     std::optional<idem::ticket> t;
     ~ticket_held_at_exit() {
-        if (idem::detail::table::record_table<std::atomic, idem::steady_clock_source>::stripe().owned) g_owned_at_drop.fetch_add(1);
+        if (idem::detail::table::record_table<std::atomic, idem::steady_clock_source>::stripe().owned)
+            g_owned_at_drop.fetch_add(1);
         t.reset();  // drops the claim: a release, counted
     }
 };

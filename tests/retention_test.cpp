@@ -90,17 +90,17 @@ TEST_F(Retention, RecordsAreEvictedOnlyByTheSecondRotation) {
 
 TEST_F(Retention, EveryRecordLivesAtLeastTheRetention) {
     constexpr auto ns = std::chrono::nanoseconds(1);
-    complete("A", 3, 100);      // t0
-    ASSERT_TRUE(g.collect());   // rotation 1: A moves to the previous generation
+    complete("A", 3, 100);     // t0
+    ASSERT_TRUE(g.collect());  // rotation 1: A moves to the previous generation
     clock.advance(retention - ns);
-    complete("B", 3, 200);      // t0 + retention - 1ns
+    complete("B", 3, 200);  // t0 + retention - 1ns
     EXPECT_FALSE(g.collect()) << "the A records are younger than the retention";
     EXPECT_FALSE(g.collect());
     expect_replayed("A", 3, 100);
     EXPECT_EQ(g.snapshot().rotations, 1u);
     EXPECT_EQ(g.snapshot().evicted, 0u);
 
-    clock.advance(ns);          // t0 + retention: A is exactly `retention` old
+    clock.advance(ns);  // t0 + retention: A is exactly `retention` old
     ASSERT_TRUE(g.collect());
     EXPECT_EQ(g.snapshot().evicted, 3u);
     EXPECT_EQ(g.query(key_n("A", 0)).state, record_state::absent);
@@ -203,8 +203,8 @@ TEST_F(Retention, ReplayingAFullPreviousGenerationDoesNotWedgeTheTable) {
     for (int pass = 0; pass < 4; ++pass) g.maintain();
     auto fresh = g.begin(idem::key("new-after-retention"));
     EXPECT_EQ(fresh.status, begin_status::acquired)
-        << "got " << idem::to_string(fresh.status) << " after the retention passed; rotations "
-        << g.snapshot().rotations << ". Lookups of the " << n
+        << "got " << idem::to_string(fresh.status) << " after the retention passed; rotations " << g.snapshot().rotations
+        << ". Lookups of the " << n
         << " previous-generation keys took current-generation slots without counting as fill, so the "
            "rotation threshold is never reached";
 }

@@ -270,9 +270,13 @@ TEST_F(RocksdbStore, ARecordValueFromBeforePayloadsReadsAndTakesAPayloadLater) {
         ASSERT_TRUE(before);
         EXPECT_EQ(before->fingerprint, 77u);
         EXPECT_EQ(before->payload, "");
-        idem::store_row done = idem_test::row({.key = "OLD_PAY_v1", .from = record_state::processing,
-                                               .to = record_state::succeeded, .cause = idem::transition_cause::succeed,
-                                               .fence = F1, .outcome = 9, .at_ms = T0 + 1},
+        idem::store_row done = idem_test::row({.key = "OLD_PAY_v1",
+                                               .from = record_state::processing,
+                                               .to = record_state::succeeded,
+                                               .cause = idem::transition_cause::succeed,
+                                               .fence = F1,
+                                               .outcome = 9,
+                                               .at_ms = T0 + 1},
                                               1);
         done.t.payload = bytes;
         st.apply(std::vector{done}, 1);
@@ -333,11 +337,22 @@ TEST_F(RocksdbStore, ReconnectNeverCreatesANewDatabaseWhereOneWas) {
 TEST_F(RocksdbStore, PruneRemovesExactlyTheExpiredFinishedRecords) {
     const std::int64_t old = T0, cut = T0 + 1000, fresh = T0 + 2000;
     auto rows_at = [](std::int64_t at, const std::string& tag) {
-        std::vector<row_fields> f{
-            {.key = tag + "_ok", .to = record_state::succeeded, .cause = idem::transition_cause::succeed, .fence = F1, .at_ms = at},
-            {.key = tag + "_failed", .to = record_state::failed, .cause = idem::transition_cause::fail, .fence = F1, .at_ms = at},
-            {.key = tag + "_released", .to = record_state::released, .cause = idem::transition_cause::release, .fence = F1, .at_ms = at},
-            {.key = tag + "_processing", .fence = F1, .at_ms = at, .lease_until_ms = at + 30'000}};
+        std::vector<row_fields> f{{.key = tag + "_ok",
+                                   .to = record_state::succeeded,
+                                   .cause = idem::transition_cause::succeed,
+                                   .fence = F1,
+                                   .at_ms = at},
+                                  {.key = tag + "_failed",
+                                   .to = record_state::failed,
+                                   .cause = idem::transition_cause::fail,
+                                   .fence = F1,
+                                   .at_ms = at},
+                                  {.key = tag + "_released",
+                                   .to = record_state::released,
+                                   .cause = idem::transition_cause::release,
+                                   .fence = F1,
+                                   .at_ms = at},
+                                  {.key = tag + "_processing", .fence = F1, .at_ms = at, .lease_until_ms = at + 30'000}};
         std::vector<idem::store_row> rows;
         for (auto& x : f) rows.push_back(idem_test::row(x, rows.size() + 1));
         idem_test::sort_like_flusher(rows);
@@ -364,9 +379,8 @@ TEST_F(RocksdbStore, PruneRemovesExactlyTheExpiredFinishedRecords) {
     }
     std::filesystem::remove_all(path_);
     // The window ends at now - window: a window reaching back to `cut` from now.
-    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+    const auto now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     idem::rocksdb_store st(path_, idem::rocksdb_options{.window = std::chrono::milliseconds(now - cut)});
     st.apply(rows_at(old, "old"), 1);
     st.apply(rows_at(fresh, "new"), 2);

@@ -180,8 +180,7 @@ TEST(SqliteFault, IoErrorFromAnUnwritableFileIsReportedAndNothingAcknowledgedIsL
     const std::string db = dir.file("idem.db");
     acked a;
     {
-        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(),
-                              sync_options());
+        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(), sync_options());
         std::size_t next = pay_until_refused(g, 0, 30, a);
         ASSERT_EQ(a.successes.size(), 30u);
         for (const char* f : {"", "-wal"})
@@ -267,12 +266,13 @@ TEST(SqliteFault, StoreErrorsNameTheFileAndTheFaultAfterAFailedReconnect) {
 TEST(SqliteFault, DamagedTimesAndSequenceCounterAreRefusedAsCorruptRecords) {
     idem_test::temp_dir dir("idem-damaged");
     const std::string db = dir.file("idem.db");
-    const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+    const auto now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     {
         idem::sqlite_store st(db, true);
-        st.apply(std::vector<idem::store_row>{idem_test::row({.key = "TX1_PAY_v1", .fence = 1, .at_ms = now_ms,
-                                                              .lease_until_ms = now_ms + 30000}, 1)}, 1);
+        st.apply(std::vector<idem::store_row>{idem_test::row(
+                     {.key = "TX1_PAY_v1", .fence = 1, .at_ms = now_ms, .lease_until_ms = now_ms + 30000}, 1)},
+                 1);
     }
     auto set = [&](const std::string& sql) {
         sqlite3* h = nullptr;

@@ -83,8 +83,13 @@ void fill(const std::string& db, int n) {
     for (int i = 0; i < n; ++i) {
         const std::string k = "TX" + std::to_string(i) + "_PAY_v1";
         rows.push_back(row({.key = k, .fence = 1, .at_ms = T0, .lease_until_ms = T0 + 30'000}, ++seq));
-        rows.push_back(row({.key = k, .from = record_state::processing, .to = record_state::succeeded,
-                            .cause = transition_cause::succeed, .fence = 1, .outcome = 7, .at_ms = T0 + 1},
+        rows.push_back(row({.key = k,
+                            .from = record_state::processing,
+                            .to = record_state::succeeded,
+                            .cause = transition_cause::succeed,
+                            .fence = 1,
+                            .outcome = 7,
+                            .at_ms = T0 + 1},
                            ++seq));
     }
     idem_test::sort_like_flusher(rows);
@@ -194,8 +199,8 @@ std::string child_action(const std::string& action, const std::string& db) {
         return outcome_of([&] {
             idem::sqlite_store st(db, true);
             const auto report = idem::verify(st);
-            return std::to_string(idem_test::load_all(st).size()) + " records, " +
-                   std::to_string(report.violations.size()) + " violations";
+            return std::to_string(idem_test::load_all(st).size()) + " records, " + std::to_string(report.violations.size()) +
+                   " violations";
         });
     return "error unknown action " + action;
 }
@@ -294,12 +299,12 @@ TEST(SqliteIntegrity, NonIntegerValuesAreCorruptRecordsNamingKeyColumnAndValue) 
         const char* sql_value;
         const char* shown;
     };
-    for (const bad_value& c : {bad_value{"fencing_token", "'abc'", "'abc'"}, bad_value{"outcome", "'x7'", "'x7'"},
-                               bad_value{"lease_until", "1.5", "'1.5'"},
-                               bad_value{"request_fingerprint", "x'00ff'", "blob"}}) {
+    for (const bad_value& c :
+         {bad_value{"fencing_token", "'abc'", "'abc'"}, bad_value{"outcome", "'x7'", "'x7'"},
+          bad_value{"lease_until", "1.5", "'1.5'"}, bad_value{"request_fingerprint", "x'00ff'", "blob"}}) {
         SCOPED_TRACE(c.column);
         sqlite_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = " + c.sql_value +
-                         " WHERE idempotent_key = 'TX1_PAY_v1'");
+                            " WHERE idempotent_key = 'TX1_PAY_v1'");
         {
             idem::sqlite_store st(db, true);
             expect_error("load", errc::corrupt_record, {db, "TX1_PAY_v1", c.column, c.shown},
@@ -310,7 +315,8 @@ TEST(SqliteIntegrity, NonIntegerValuesAreCorruptRecordsNamingKeyColumnAndValue) 
                 expect_error("max_fence", errc::corrupt_record, {c.column, c.shown}, [&] { (void)st.max_fence(); });
             EXPECT_TRUE(st.get("TX2_PAY_v1").has_value());  // the other rows still read
         }
-        sqlite_exec(db, std::string("UPDATE idempotent_record SET ") + c.column + " = 1 WHERE idempotent_key = 'TX1_PAY_v1'");
+        sqlite_exec(db,
+                    std::string("UPDATE idempotent_record SET ") + c.column + " = 1 WHERE idempotent_key = 'TX1_PAY_v1'");
     }
     sqlite_exec(db, "UPDATE idempotent_audit SET fencing_token = 'abc' WHERE idempotent_key = 'TX2_PAY_v1'");
     idem::sqlite_store st(db, true);
@@ -331,24 +337,36 @@ TEST(SqliteIntegrity, TerminalRecordIsNeverReplacedByANonTerminalRowOfTheSameFen
     for (const record_state terminal : {record_state::succeeded, record_state::failed}) {
         const std::string k = std::string("TX_") + idem::to_string(terminal) + "_v1";
         SCOPED_TRACE(k);
-        st.apply(std::vector{row({.key = k, .fence = F, .fingerprint = 9, .at_ms = T0, .lease_until_ms = T0 + 30'000},
-                                 ++seq)},
-                 ++batch);
-        st.apply(std::vector{row({.key = k, .from = record_state::processing, .to = terminal,
+        st.apply(
+            std::vector{row({.key = k, .fence = F, .fingerprint = 9, .at_ms = T0, .lease_until_ms = T0 + 30'000}, ++seq)},
+            ++batch);
+        st.apply(std::vector{row({.key = k,
+                                  .from = record_state::processing,
+                                  .to = terminal,
                                   .cause = terminal == record_state::succeeded ? transition_cause::succeed
                                                                                : transition_cause::fail,
-                                  .fence = F, .outcome = 42, .at_ms = T0 + 1},
+                                  .fence = F,
+                                  .outcome = 42,
+                                  .at_ms = T0 + 1},
                                  ++seq)},
                  ++batch);
         // What a second writer's recovery sends for a claim it saw PROCESSING: a doubt mark, then a
         // release, both with the claim's fence. Audited; the record keeps its terminal state.
-        st.apply(std::vector{row({.key = k, .from = record_state::processing, .to = record_state::processing,
-                                  .cause = transition_cause::doubt, .fence = F, .at_ms = T0 + 2,
+        st.apply(std::vector{row({.key = k,
+                                  .from = record_state::processing,
+                                  .to = record_state::processing,
+                                  .cause = transition_cause::doubt,
+                                  .fence = F,
+                                  .at_ms = T0 + 2,
                                   .lease_until_ms = T0 + 60'000},
                                  ++seq)},
                  ++batch);
-        st.apply(std::vector{row({.key = k, .from = record_state::processing, .to = record_state::released,
-                                  .cause = transition_cause::release, .fence = F, .at_ms = T0 + 3},
+        st.apply(std::vector{row({.key = k,
+                                  .from = record_state::processing,
+                                  .to = record_state::released,
+                                  .cause = transition_cause::release,
+                                  .fence = F,
+                                  .at_ms = T0 + 3},
                                  ++seq)},
                  ++batch);
         const auto r = st.get(k);
@@ -365,8 +383,12 @@ TEST(SqliteIntegrity, TerminalRecordIsNeverReplacedByANonTerminalRowOfTheSameFen
     }
     // A same-fence completion of a PROCESSING record is still applied (the normal path).
     st.apply(std::vector{row({.key = "TX_plain_v1", .fence = F, .at_ms = T0}, ++seq)}, ++batch);
-    st.apply(std::vector{row({.key = "TX_plain_v1", .from = record_state::processing, .to = record_state::released,
-                              .cause = transition_cause::release, .fence = F, .at_ms = T0 + 1},
+    st.apply(std::vector{row({.key = "TX_plain_v1",
+                              .from = record_state::processing,
+                              .to = record_state::released,
+                              .cause = transition_cause::release,
+                              .fence = F,
+                              .at_ms = T0 + 1},
                              ++seq)},
              ++batch);
     EXPECT_EQ(st.get("TX_plain_v1")->state, record_state::released);
@@ -395,8 +417,7 @@ void run_fault(fault f) {
     }
     std::size_t acked_before = 0;
     {
-        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(),
-                              sync_options());
+        idem::durable_guard g(std::make_unique<idem::sqlite_store>(db, true), idem_test::durable_options(), sync_options());
         for (std::size_t i = 0; i < 40; ++i) acked_before += pay(g, i) ? 1 : 0;
         ASSERT_EQ(acked_before, 40u) << g.last_store_error();
         switch (f) {
@@ -494,8 +515,8 @@ TEST(SqliteIntegrity, SecondWriterProcessIsRefusedNamingTheLockAndTheHolder) {
     auto open_claim = g->begin(idem::key("TX_OPEN_PAY_v1"));  // in flight while the children run
     ASSERT_EQ(open_claim.status, idem::begin_status::acquired);
     ASSERT_TRUE(idem_test::wait_wall_past(
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count() + 2));
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count() +
+        2));
 
     const std::string sync_child = in_child("sync_guard", db);
     EXPECT_TRUE(has(sync_child, "error durable store unavailable")) << sync_child;
@@ -549,9 +570,8 @@ TEST(SqliteIntegrity, SecondStoreInTheSameProcessCannotWriteAndReadersDoNotDistu
                      [&] { reader.apply(std::vector{row({.key = "R1", .fence = 1, .at_ms = T0}, ++seq)}, 2); });
         expect_error("second store's sync check", errc::store_unavailable, {db + ".lock"},
                      [&] { reader.check_sync_durability(); });
-        expect_error("a store that locks at open", errc::store_unavailable, {db + ".lock"}, [&] {
-            idem::sqlite_store eager(db, idem::sqlite_options{.writer_lock = idem::sqlite_lock::at_open});
-        });
+        expect_error("a store that locks at open", errc::store_unavailable, {db + ".lock"},
+                     [&] { idem::sqlite_store eager(db, idem::sqlite_options{.writer_lock = idem::sqlite_lock::at_open}); });
         sqlite3* plain = nullptr;  // and a plain SQLite reader, opened and closed
         ASSERT_EQ(sqlite3_open(db.c_str(), &plain), SQLITE_OK);
         sqlite3_exec(plain, "SELECT count(*) FROM idempotent_audit", nullptr, nullptr, nullptr);
@@ -622,23 +642,26 @@ TEST(SqliteIntegrity, ReadOnlyFileOrDirectoryIsRefusedAtOpenForANonRootUser) {
     std::vector<case_> cases;
     {
         const std::string d = make_dir("ro_dir_no_file", false);
-        cases.push_back({"read-only directory, no database yet", d + "/idem.db",
-                         {"no permission to create files in directory " + d}});
+        cases.push_back(
+            {"read-only directory, no database yet", d + "/idem.db", {"no permission to create files in directory " + d}});
     }
     {
         const std::string d = make_dir("ro_dir", false);
-        cases.push_back({"read-only directory, a writable database without its -wal/-shm", make_db(d, true, 0644),
+        cases.push_back({"read-only directory, a writable database without its -wal/-shm",
+                         make_db(d, true, 0644),
                          {"no permission to create the -wal", d}});
         std::filesystem::remove(d + "/idem.db.lock");  // the lock file too must be created beside it
     }
     {
         const std::string d = make_dir("ro_file", true);
-        cases.push_back({"writable directory, read-only database file (mode 0444)", make_db(d, true, 0444),
+        cases.push_back({"writable directory, read-only database file (mode 0444)",
+                         make_db(d, true, 0444),
                          {"no permission to read and write the file"}});
     }
     {
         const std::string d = make_dir("root_file", true);
-        cases.push_back({"writable directory, database file owned by root (mode 0644)", make_db(d, false, 0644),
+        cases.push_back({"writable directory, database file owned by root (mode 0644)",
+                         make_db(d, false, 0644),
                          {"no permission to read and write the file"}});
     }
     for (const case_& c : cases) {

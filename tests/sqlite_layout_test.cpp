@@ -95,16 +95,20 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_biz_status'"), 0);
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 5);
         EXPECT_EQ(trail(st, "A_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
-        EXPECT_EQ(trail(st, "B_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>RELEASED@1",
-                                                                   "RELEASED>PROCESSING@2"}));
+        EXPECT_EQ(trail(st, "B_PAY_v1"),
+                  (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>RELEASED@1", "RELEASED>PROCESSING@2"}));
         auto a = st.get("A_PAY_v1");
         ASSERT_TRUE(a);
         EXPECT_EQ(a->state, record_state::succeeded);
         EXPECT_EQ(a->outcome, 7u);
         EXPECT_TRUE(st.committed(1));
         // New batches continue the file's sequence and chain onto the upgraded trail.
-        st.apply(std::vector{row({.key = "B_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
-                                  .cause = transition_cause::succeed, .fence = 2, .outcome = 9},
+        st.apply(std::vector{row({.key = "B_PAY_v1",
+                                  .from = record_state::processing,
+                                  .to = record_state::succeeded,
+                                  .cause = transition_cause::succeed,
+                                  .fence = 2,
+                                  .outcome = 9},
                                  1)},
                  2);
         EXPECT_EQ(raw_int(db, "SELECT max(sequence) FROM idempotent_audit"), 6);
@@ -127,7 +131,9 @@ TEST(SqliteLayout, AnUnknownVersionOrAMissingVersionRowIsRefusedAtOpen) {
         std::vector<std::string> words;
     };
     for (const damage& d : std::vector<damage>{
-             {"UPDATE idem_schema SET version = 7", errc::store_error, {"schema version 7", "1 and 2, upgraded in place, or 3"}},
+             {"UPDATE idem_schema SET version = 7",
+              errc::store_error,
+              {"schema version 7", "1 and 2, upgraded in place, or 3"}},
              {"DELETE FROM idem_schema", errc::corrupt_record, {"idem_schema has no version row"}},
          }) {
         SCOPED_TRACE(d.sql);
@@ -154,12 +160,19 @@ TEST(SqliteLayout, TheChainHoldsARowTheFenceGuardRefused) {
     // Fence 2 claims and succeeds; the fence-1 owner's late release arrives in a later batch. The
     // record keeps SUCCESS at fence 2, and the trail still shows the late row, in order.
     st.apply(std::vector{row({.key = "K_PAY_v1", .fence = 2}, ++seq)}, 1);
-    st.apply(std::vector{row({.key = "K_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
-                              .cause = transition_cause::succeed, .fence = 2, .outcome = 3},
+    st.apply(std::vector{row({.key = "K_PAY_v1",
+                              .from = record_state::processing,
+                              .to = record_state::succeeded,
+                              .cause = transition_cause::succeed,
+                              .fence = 2,
+                              .outcome = 3},
                              ++seq)},
              2);
-    st.apply(std::vector{row({.key = "K_PAY_v1", .from = record_state::processing, .to = record_state::released,
-                              .cause = transition_cause::release, .fence = 1},
+    st.apply(std::vector{row({.key = "K_PAY_v1",
+                              .from = record_state::processing,
+                              .to = record_state::released,
+                              .cause = transition_cause::release,
+                              .fence = 1},
                              ++seq),
                          row({.key = "L_PAY_v1"}, ++seq)},
              3);
@@ -168,8 +181,8 @@ TEST(SqliteLayout, TheChainHoldsARowTheFenceGuardRefused) {
     EXPECT_EQ(r->state, record_state::succeeded);
     EXPECT_EQ(r->fence, 2u);
     EXPECT_EQ(r->outcome, 3u);
-    EXPECT_EQ(trail(st, "K_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@2", "PROCESSING>SUCCESS@2",
-                                                               "PROCESSING>RELEASED@1"}));
+    EXPECT_EQ(trail(st, "K_PAY_v1"),
+              (std::vector<std::string>{"ABSENT>PROCESSING@2", "PROCESSING>SUCCESS@2", "PROCESSING>RELEASED@1"}));
     EXPECT_EQ(trail(st, "L_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
 }
 
@@ -192,7 +205,9 @@ TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
     {
         idem::sqlite_store st(db);
         st.apply(std::vector{row({.key = "C_PAY_v1"}, 1), row({.key = "D_PAY_v1"}, 2)}, 1);
-        st.apply(std::vector{row({.key = "C_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
+        st.apply(std::vector{row({.key = "C_PAY_v1",
+                                  .from = record_state::processing,
+                                  .to = record_state::succeeded,
                                   .cause = transition_cause::succeed},
                                  3)},
                  2);
@@ -217,7 +232,8 @@ TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
             ADD_FAILURE() << "audit() returned a trail from a broken chain";
         } catch (const idem::error& e) {
             EXPECT_EQ(e.code(), errc::corrupt_record) << e.what();
-            for (const auto& w : d.words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << w << " in " << e.what();
+            for (const auto& w : d.words)
+                EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << w << " in " << e.what();
         }
     }
 }
@@ -228,16 +244,20 @@ TEST(SqliteLayout, AVersion2FileIsUpgradedToVersion3InPlaceAndPrunes) {
     {
         idem::sqlite_store st(db);
         st.apply(std::vector{row({.key = "E_PAY_v1", .at_ms = 100}, 1), row({.key = "F_PAY_v1", .at_ms = 100}, 2)}, 1);
-        st.apply(std::vector{row({.key = "E_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
-                                  .cause = transition_cause::succeed, .at_ms = 101},
+        st.apply(std::vector{row({.key = "E_PAY_v1",
+                                  .from = record_state::processing,
+                                  .to = record_state::succeeded,
+                                  .cause = transition_cause::succeed,
+                                  .at_ms = 101},
                                  3)},
                  2);
     }
     // Back to version 2 as that release created it: no prune columns, no updated_time index.
-    sqlite_exec(db, "ALTER TABLE idem_schema DROP COLUMN records_horizon; ALTER TABLE idem_schema DROP COLUMN "
-                    "audit_horizon; ALTER TABLE idem_schema DROP COLUMN pruned_sequence; ALTER TABLE idem_schema "
-                    "DROP COLUMN pruned_fence; DROP INDEX idx_idempotent_record_updated; UPDATE idem_schema SET "
-                    "version = 2");
+    sqlite_exec(db,
+                "ALTER TABLE idem_schema DROP COLUMN records_horizon; ALTER TABLE idem_schema DROP COLUMN "
+                "audit_horizon; ALTER TABLE idem_schema DROP COLUMN pruned_sequence; ALTER TABLE idem_schema "
+                "DROP COLUMN pruned_fence; DROP INDEX idx_idempotent_record_updated; UPDATE idem_schema SET "
+                "version = 2");
     idem::sqlite_store st(db);
     EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
     EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_updated'"), 1);
@@ -256,14 +276,17 @@ TEST(SqliteLayout, AChainCutByAPruneStartsTheTrailButAMissingRowAboveItIsCorrupt
     const std::string db = dir.file("cut.db");
     {
         idem::sqlite_store st(db);
-        st.apply(std::vector{row({.key = "G_PAY_v1", .at_ms = 100}, 1)}, 1);          // sequence 1
-        st.apply(std::vector{row({.key = "H_PAY_v1", .at_ms = 150}, 2)}, 2);          // sequence 2
-        st.apply(std::vector{row({.key = "G_PAY_v1", .from = record_state::processing, .to = record_state::released,
-                                  .cause = transition_cause::release, .at_ms = 200},
+        st.apply(std::vector{row({.key = "G_PAY_v1", .at_ms = 100}, 1)}, 1);  // sequence 1
+        st.apply(std::vector{row({.key = "H_PAY_v1", .at_ms = 150}, 2)}, 2);  // sequence 2
+        st.apply(std::vector{row({.key = "G_PAY_v1",
+                                  .from = record_state::processing,
+                                  .to = record_state::released,
+                                  .cause = transition_cause::release,
+                                  .at_ms = 200},
                                  3)},
-                 3);                                                                   // sequence 3
+                 3);  // sequence 3
         st.apply(std::vector{row({.key = "G_PAY_v1", .from = record_state::released, .fence = 2, .at_ms = 300}, 4)},
-                 4);                                                                   // sequence 4
+                 4);                                                   // sequence 4
         EXPECT_EQ(st.prune({.audit_before_ms = 120}).audit_rows, 1u);  // G's claim
         EXPECT_EQ(trail(st, "G_PAY_v1"), (std::vector<std::string>{"PROCESSING>RELEASED@1", "RELEASED>PROCESSING@2"}));
         const auto v = idem::verify(st);
@@ -328,8 +351,13 @@ TEST(SqliteLayout, AFileFromBeforePayloadsGainsThePayloadColumnAtOpenKeepingEver
         EXPECT_EQ(trail(st, "B_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
         EXPECT_TRUE(st.committed(1));
         // The claim in flight completes with a payload: stored, and its audit row chained on.
-        idem::store_row done = row({.key = "B_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
-                                    .cause = transition_cause::succeed, .fence = 1, .outcome = 8, .at_ms = 102},
+        idem::store_row done = row({.key = "B_PAY_v1",
+                                    .from = record_state::processing,
+                                    .to = record_state::succeeded,
+                                    .cause = transition_cause::succeed,
+                                    .fence = 1,
+                                    .outcome = 8,
+                                    .at_ms = 102},
                                    1);
         done.t.payload = bytes;
         st.apply(std::vector{done}, 2);

@@ -29,27 +29,27 @@ TEST(Stats, CountersFollowAScriptedSequence) {
     idem_test::manual_guard g(opts, clock);
     EXPECT_EQ(g.snapshot().acquired, 0u);
 
-    auto a = g.begin(idem::key("A"), 11);                         // acquired 1
+    auto a = g.begin(idem::key("A"), 11);                                           // acquired 1
     EXPECT_EQ(g.begin(idem::key("A"), 11).status, begin_status::in_progress);       // in_progress_hits 1
     EXPECT_EQ(g.begin(idem::key("A"), 12).status, begin_status::payload_mismatch);  // payload_mismatches 1
-    ASSERT_FALSE(a.ticket.succeed(7));                            // succeeded 1
-    EXPECT_EQ(g.begin(idem::key("A")).status, begin_status::succeeded);  // duplicates 1
-    EXPECT_EQ(g.begin(idem::key("A")).status, begin_status::succeeded);  // duplicates 2
+    ASSERT_FALSE(a.ticket.succeed(7));                                              // succeeded 1
+    EXPECT_EQ(g.begin(idem::key("A")).status, begin_status::succeeded);             // duplicates 1
+    EXPECT_EQ(g.begin(idem::key("A")).status, begin_status::succeeded);             // duplicates 2
 
-    auto b = g.begin(idem::key("B"));                             // acquired 2
-    ASSERT_FALSE(b.ticket.fail(3, idem::failure_policy::terminal));  // failed 1
+    auto b = g.begin(idem::key("B"));                                 // acquired 2
+    ASSERT_FALSE(b.ticket.fail(3, idem::failure_policy::terminal));   // failed 1
     EXPECT_EQ(g.begin(idem::key("B")).status, begin_status::failed);  // duplicates 3
 
-    { auto c = g.begin(idem::key("C")); }                         // acquired 3, released 1 (dropped)
-    auto c = g.begin(idem::key("C"));                             // acquired 4
-    ASSERT_FALSE(c.ticket.fail(1));                               // released 2 (retryable policy)
+    { auto c = g.begin(idem::key("C")); }  // acquired 3, released 1 (dropped)
+    auto c = g.begin(idem::key("C"));      // acquired 4
+    ASSERT_FALSE(c.ticket.fail(1));        // released 2 (retryable policy)
 
-    auto e1 = g.begin(idem::key("E1"));                           // acquired 5
-    auto e2 = g.begin(idem::key("E2"));                           // acquired 6
+    auto e1 = g.begin(idem::key("E1"));  // acquired 5
+    auto e2 = g.begin(idem::key("E2"));  // acquired 6
     clock.advance(std::chrono::seconds(10));
-    EXPECT_EQ(g.compensate(), 1u);                                // compensated 1 (E1), in_doubt 1 (E2)
+    EXPECT_EQ(g.compensate(), 1u);  // compensated 1 (E1), in_doubt 1 (E2)
     EXPECT_EQ(asked, 2);
-    EXPECT_EQ(e1.ticket.succeed(), idem::errc::stale_ticket);     // stale_tickets 1
+    EXPECT_EQ(e1.ticket.succeed(), idem::errc::stale_ticket);            // stale_tickets 1
     EXPECT_EQ(g.begin(idem::key("E2")).status, begin_status::in_doubt);  // in_progress_hits 2
 
     const auto s = g.snapshot();
@@ -84,14 +84,15 @@ TEST(Stats, PrometheusTextIsWellFormed) {
     idem::stats s;
     s.acquired = 12345678901234ull;
     s.evicted = 2;
-    s.flush_lag_ns = 1'500'000'042;   // durations are exported in seconds, Prometheus's base unit
+    s.flush_lag_ns = 1'500'000'042;  // durations are exported in seconds, Prometheus's base unit
     s.flusher_cpu_ns = 7;
     const std::string text = idem::to_prometheus(s);
     EXPECT_NE(text.find("\nidem_acquired_total 12345678901234\n"), std::string::npos) << text;
-    EXPECT_NE(text.find("# TYPE idem_flush_lag_seconds gauge\nidem_flush_lag_seconds 1.500000042\n"),
-              std::string::npos) << text;
+    EXPECT_NE(text.find("# TYPE idem_flush_lag_seconds gauge\nidem_flush_lag_seconds 1.500000042\n"), std::string::npos)
+        << text;
     EXPECT_NE(text.find("# TYPE idem_flusher_cpu_seconds_total counter\nidem_flusher_cpu_seconds_total 0.000000007\n"),
-              std::string::npos) << text;
+              std::string::npos)
+        << text;
     EXPECT_EQ(text.find("x1e9"), std::string::npos) << "a metric named in seconds must hold seconds";
     EXPECT_NE(text.find("\nidem_evicted_total 2\n"), std::string::npos) << text;
     ASSERT_FALSE(text.empty());
@@ -237,10 +238,9 @@ TEST(Stats, OperationLabelsAreEscapedAndUniqueForAnyRows) {
         return o;
     };
     const std::string cut_e_acute = std::string(31, 'e') + "\xc3";  // "...é" cut after its first byte
-    const std::vector<idem::operation_latency> rows{
-        row("PAY", 3), row("PAY", 0), row("PAY_2", 1), row("PAY", 2),
-        row("a\"b\\c\nd", 1), row("a\"b\\c\nd", 1),
-        row(cut_e_acute, 1), row("\xff\xfe", 1), row("", 4)};
+    const std::vector<idem::operation_latency> rows{row("PAY", 3),       row("PAY", 0),        row("PAY_2", 1),
+                                                    row("PAY", 2),       row("a\"b\\c\nd", 1), row("a\"b\\c\nd", 1),
+                                                    row(cut_e_acute, 1), row("\xff\xfe", 1),   row("", 4)};
     const std::string text = idem::to_prometheus(idem::stats{}, rows);
     expect_unique_series(text);
     std::size_t leases = 0;
@@ -284,37 +284,25 @@ TEST(Stats, GlobalStatsExpositionCarriesEveryField) {
     g.pruned_audit_rows = 1017;
     g.local.acquired = 2001;
     g.local.duplicates = 2002;
-    g.local.superseded = 2003;     // a name global_stats has too: must stay a series of its own
+    g.local.superseded = 2003;  // a name global_stats has too: must stay a series of its own
     g.local.compensated = 2004;
     g.local.store_errors = 2005;
     g.local.max_probe = 2006;
     g.local.flush_lag_ns = 3'000'000'007;
 
     const std::map<std::string, std::string> expected = {
-        {"idem_global_answered_locally_total", "1001"},
-        {"idem_global_claims_sent_total", "1002"},
-        {"idem_global_claims_won_total", "1003"},
-        {"idem_global_claims_lost_total", "1004"},
-        {"idem_global_superseded_total", "1005"},
-        {"idem_global_claim_batches_total", "1006"},
-        {"idem_global_completions_total", "1007"},
-        {"idem_global_stale_completions_total", "1008"},
-        {"idem_global_completion_batches_total", "1009"},
-        {"idem_global_compensated_total", "1010"},
-        {"idem_global_doubt_marks_total", "1011"},
-        {"idem_global_withdrawn_total", "1012"},
-        {"idem_global_commits_in_doubt_total", "1013"},
-        {"idem_global_store_errors_total", "1014"},
-        {"idem_global_timeouts_total", "1015"},
-        {"idem_global_pruned_records_total", "1016"},
-        {"idem_global_pruned_audit_rows_total", "1017"},
-        {"idem_global_local_acquired_total", "2001"},
-        {"idem_global_local_duplicates_total", "2002"},
-        {"idem_global_local_superseded_total", "2003"},
-        {"idem_global_local_compensated_total", "2004"},
-        {"idem_global_local_store_errors_total", "2005"},
-        {"idem_global_local_max_probe", "2006"},
-        {"idem_global_local_flush_lag_seconds", "3.000000007"},
+        {"idem_global_answered_locally_total", "1001"},   {"idem_global_claims_sent_total", "1002"},
+        {"idem_global_claims_won_total", "1003"},         {"idem_global_claims_lost_total", "1004"},
+        {"idem_global_superseded_total", "1005"},         {"idem_global_claim_batches_total", "1006"},
+        {"idem_global_completions_total", "1007"},        {"idem_global_stale_completions_total", "1008"},
+        {"idem_global_completion_batches_total", "1009"}, {"idem_global_compensated_total", "1010"},
+        {"idem_global_doubt_marks_total", "1011"},        {"idem_global_withdrawn_total", "1012"},
+        {"idem_global_commits_in_doubt_total", "1013"},   {"idem_global_store_errors_total", "1014"},
+        {"idem_global_timeouts_total", "1015"},           {"idem_global_pruned_records_total", "1016"},
+        {"idem_global_pruned_audit_rows_total", "1017"},  {"idem_global_local_acquired_total", "2001"},
+        {"idem_global_local_duplicates_total", "2002"},   {"idem_global_local_superseded_total", "2003"},
+        {"idem_global_local_compensated_total", "2004"},  {"idem_global_local_store_errors_total", "2005"},
+        {"idem_global_local_max_probe", "2006"},          {"idem_global_local_flush_lag_seconds", "3.000000007"},
         {"idem_global_local_succeeded_total", "0"},
     };
     const std::string text = idem::to_prometheus(g);

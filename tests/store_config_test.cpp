@@ -56,8 +56,7 @@ template <class Call>
             return ::testing::AssertionFailure() << "errc '" << make_error_code(e.kind()).message() << "', expected '"
                                                  << make_error_code(kind).message() << "': " << what;
         for (const auto& w : words)
-            if (what.find(w) == std::string::npos)
-                return ::testing::AssertionFailure() << "no '" << w << "' in: " << what;
+            if (what.find(w) == std::string::npos) return ::testing::AssertionFailure() << "no '" << w << "' in: " << what;
         return ::testing::AssertionSuccess() << what;
     }
     return ::testing::AssertionFailure() << "accepted";
@@ -109,8 +108,8 @@ TEST(SqlitePaths, TemporaryPathsAreRefusedWithoutTheExplicitOptIn) {
         EXPECT_TRUE(refused([&] { sqlite_store st(path); }, errc::invalid_argument, words)) << "sync (default)";
         EXPECT_TRUE(refused([&] { sqlite_store st(path, false); }, errc::invalid_argument, words)) << "async";
         EXPECT_TRUE(refused([&] { sqlite_store st(path, sqlite_options{}); }, errc::invalid_argument, words));
-        EXPECT_TRUE(refused([&] { sqlite_store st(path, sqlite_options{.full_sync = false}); }, errc::invalid_argument,
-                            words));
+        EXPECT_TRUE(
+            refused([&] { sqlite_store st(path, sqlite_options{.full_sync = false}); }, errc::invalid_argument, words));
     }
 }
 
@@ -226,8 +225,7 @@ TEST(SqliteConfiguration, UnwritableFileIsAnInvalidArgumentEvenForRoot) {
     { sqlite_store st(db); }
     ASSERT_EQ(idem_test::set_immutable(db, true), "") << "needs root and ext4/xfs/btrfs under /tmp";
     EXPECT_TRUE(refused([&] { sqlite_store st(db); }, errc::invalid_argument,
-                        {"sqlite:" + db + ": ", "no permission to read and write the file",
-                         std::strerror(EPERM)}));
+                        {"sqlite:" + db + ": ", "no permission to read and write the file", std::strerror(EPERM)}));
     ASSERT_EQ(idem_test::set_immutable(db, false), "");
     sqlite_store st(db);  // the flag was the only fault
     st.apply(claim("TX1_PAY_v1", 1), 1);
@@ -241,8 +239,7 @@ TEST(SqliteConfiguration, ReadOnlyFileSystemIsAnInvalidArgument) {
         << "remount " << dir << " read-only: " << std::strerror(errno);
     const std::string db = fs.file("idem.db");
     EXPECT_TRUE(refused([&] { sqlite_store st(db); }, errc::invalid_argument,
-                        {"sqlite:" + db + ": ", "no permission to create files in directory " + dir,
-                         std::strerror(EROFS)}));
+                        {"sqlite:" + db + ": ", "no permission to create files in directory " + dir, std::strerror(EROFS)}));
 }
 
 // A configuration fault that appears while the store runs is named the same way by reconnect()
@@ -313,9 +310,9 @@ TEST(ToolStoreUri, ConfigurationFaultsAreInvalidArguments) {
     const std::string missing_file = dir.file("missing.db");
     const auto existing = idem::tool::parse_store("sqlite:" + missing_file);
     ASSERT_TRUE(existing.has_value());
-    EXPECT_TRUE(refused(
-        [&] { (void)idem::tool::open_store(*existing, idem::durability::sync, idem::tool::open_mode::existing); },
-        errc::invalid_argument, {"sqlite:" + missing_file + ": ", "no such database file"}));
+    EXPECT_TRUE(
+        refused([&] { (void)idem::tool::open_store(*existing, idem::durability::sync, idem::tool::open_mode::existing); },
+                errc::invalid_argument, {"sqlite:" + missing_file + ": ", "no such database file"}));
     EXPECT_NE(idem::tool::open_store(*existing), nullptr);  // created on request: a plain path works
 }
 #endif

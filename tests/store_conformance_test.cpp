@@ -54,15 +54,15 @@ using idem_test::row;
 using idem_test::row_fields;
 
 constexpr std::uint64_t F1 = (std::uint64_t{1} << 32) | 1;  // a first claim's fence, as the engine makes it
-constexpr std::int64_t T0 = 1'700'000'000'000;             // Unix ms
+constexpr std::int64_t T0 = 1'700'000'000'000;              // Unix ms
 const std::string node = "conformance:1";
 
 // ---- makers: one per store ----------------------------------------------------------------------
 
 /// The reference. Reopening gives back the same maps (it has no disk).
 struct memory_maker {
-    static constexpr bool raw_rows = false;   // holds typed records only: nothing can be corrupt
-    static constexpr bool any_bytes = true;   // keys with bytes 0x80-0xff that are not UTF-8
+    static constexpr bool raw_rows = false;  // holds typed records only: nothing can be corrupt
+    static constexpr bool any_bytes = true;  // keys with bytes 0x80-0xff that are not UTF-8
     idem::memory_store store;
     idem::store& open() { return store; }
     idem::store& reopen() { return store; }
@@ -148,8 +148,9 @@ struct postgres_maker {
         if (uri.empty()) {
             const char* u = std::getenv("IDEM_TEST_PG_URI");
             if (u == nullptr || *u == '\0')
-                throw std::runtime_error("IDEM_TEST_PG_URI is unset: the postgres_store conformance tests need a "
-                                         "PostgreSQL server (scripts/test starts one)");
+                throw std::runtime_error(
+                    "IDEM_TEST_PG_URI is unset: the postgres_store conformance tests need a "
+                    "PostgreSQL server (scripts/test starts one)");
             server = u;
             std::random_device rd;
             char name[40];
@@ -238,9 +239,8 @@ struct rocksdb_maker {
         return raw([&](rocksdb::DB& db) { return db.Put(rocksdb::WriteOptions(), codec::record_key(key), value); });
     }
     std::string delete_raw(const std::string& key) {
-        return raw([&](rocksdb::DB& db) {
-            return db.Delete(rocksdb::WriteOptions(), idem::detail::rocks::record_key(key));
-        });
+        return raw(
+            [&](rocksdb::DB& db) { return db.Delete(rocksdb::WriteOptions(), idem::detail::rocks::record_key(key)); });
     }
     template <class Fn>
     std::string raw(Fn&& fn) {
@@ -439,15 +439,29 @@ TYPED_TEST(StoreConformance, ApplyGetAuditRoundTrip) {
 
 TYPED_TEST(StoreConformance, LastRowOfAKeyWinsWithinABatch) {
     this->apply({{.key = "A", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 1000},
-                 {.key = "A", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = F1, .outcome = 42, .at_ms = T0 + 1},
+                 {.key = "A",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = F1,
+                  .outcome = 42,
+                  .at_ms = T0 + 1},
                  {.key = "B", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 1000},
-                 {.key = "B", .from = record_state::processing, .to = record_state::released,
-                  .cause = transition_cause::release, .fence = F1, .outcome = 7, .at_ms = T0 + 1},
-                 {.key = "B", .from = record_state::released, .fence = F1 + 1, .at_ms = T0 + 2,
-                  .lease_until_ms = T0 + 2000},
-                 {.key = "B", .from = record_state::processing, .to = record_state::failed,
-                  .cause = transition_cause::fail, .fence = F1 + 1, .outcome = 9, .at_ms = T0 + 3}},
+                 {.key = "B",
+                  .from = record_state::processing,
+                  .to = record_state::released,
+                  .cause = transition_cause::release,
+                  .fence = F1,
+                  .outcome = 7,
+                  .at_ms = T0 + 1},
+                 {.key = "B", .from = record_state::released, .fence = F1 + 1, .at_ms = T0 + 2, .lease_until_ms = T0 + 2000},
+                 {.key = "B",
+                  .from = record_state::processing,
+                  .to = record_state::failed,
+                  .cause = transition_cause::fail,
+                  .fence = F1 + 1,
+                  .outcome = 9,
+                  .at_ms = T0 + 3}},
                 1);
     const auto a = this->st().get("A");
     const auto b = this->st().get("B");
@@ -475,12 +489,17 @@ TYPED_TEST(StoreConformance, LastRowOfAKeyWinsWithinABatch) {
 // payload instead of answering payload_mismatch.
 TYPED_TEST(StoreConformance, CompletionInTheClaimsBatchKeepsLeaseFingerprintAndCreatedTime) {
     this->apply({{.key = "TX9_PAY_v1", .fence = F1, .fingerprint = 0xabcdef, .at_ms = T0, .lease_until_ms = T0 + 30'000},
-                 {.key = "TX9_PAY_v1", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = F1, .outcome = 5, .fingerprint = 0xabcdef,
+                 {.key = "TX9_PAY_v1",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = F1,
+                  .outcome = 5,
+                  .fingerprint = 0xabcdef,
                   .at_ms = T0 + 4}},
                 1);
     const idem::stored_record want{"TX9_PAY_v1", "PAY", record_state::succeeded, F1, T0 + 30'000, 5, 0xabcdef, T0,
-                                   T0 + 4, {}};
+                                   T0 + 4,       {}};
     const auto got = this->st().get("TX9_PAY_v1");
     ASSERT_TRUE(got.has_value());
     EXPECT_EQ(*got, want) << record_diff(want, *got);
@@ -491,12 +510,21 @@ TYPED_TEST(StoreConformance, CompletionInTheClaimsBatchKeepsLeaseFingerprintAndC
 // completion, must not take a terminal record back: at the same fence SUCCESS / FAILED stay.
 TYPED_TEST(StoreConformance, ATerminalRecordNeverRegressesAtItsOwnFence) {
     this->apply({{.key = "K", .fence = F1, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 500}}, 1);
-    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = F1, .outcome = 100, .at_ms = T0 + 1}},
+    this->apply({{.key = "K",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = F1,
+                  .outcome = 100,
+                  .at_ms = T0 + 1}},
                 2);
     this->apply({{.key = "K", .fence = F1, .fingerprint = 3, .at_ms = T0 + 2, .lease_until_ms = T0 + 900}}, 3);
-    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::released,
-                  .cause = transition_cause::release, .fence = F1, .at_ms = T0 + 3}},
+    this->apply({{.key = "K",
+                  .from = record_state::processing,
+                  .to = record_state::released,
+                  .cause = transition_cause::release,
+                  .fence = F1,
+                  .at_ms = T0 + 3}},
                 4);
     const auto got = this->st().get("K");
     ASSERT_TRUE(got.has_value());
@@ -515,31 +543,49 @@ TYPED_TEST(StoreConformance, ATerminalRecordNeverRegressesAtItsOwnFence) {
 TYPED_TEST(StoreConformance, TheBatchFoldIsExactForAnyRowsOfAKey) {
     using rs = record_state;
     using tc = transition_cause;
-    this->apply({{.key = "A", .fence = F1, .fingerprint = 11, .at_ms = T0, .lease_until_ms = T0 + 100},
-                 {.key = "B", .fence = F1, .fingerprint = 21, .at_ms = T0, .lease_until_ms = T0 + 100},
-                 {.key = "C", .fence = F1 + 3, .fingerprint = 31, .at_ms = T0, .lease_until_ms = T0 + 300},
-                 {.key = "D", .fence = F1 + 2, .fingerprint = 41, .at_ms = T0, .lease_until_ms = T0 + 400},
-                 {.key = "A", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed, .fence = F1,
-                  .outcome = 5, .at_ms = T0 + 1},
-                 {.key = "B", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1,
-                  .at_ms = T0 + 1},
-                 {.key = "C", .from = rs::processing, .to = rs::failed, .cause = tc::fail, .fence = F1,
-                  .outcome = 9, .at_ms = T0 + 1},
-                 {.key = "D", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed, .fence = F1 + 2,
-                  .outcome = 3, .at_ms = T0 + 1},
-                 {.key = "B", .from = rs::released, .fence = F1 + 1, .fingerprint = 22, .at_ms = T0 + 2,
-                  .lease_until_ms = T0 + 200}},
-                1);
-    this->apply({{.key = "D", .from = rs::released, .fence = F1 + 1, .fingerprint = 42, .at_ms = T0 + 5,
-                  .lease_until_ms = T0 + 900},
-                 {.key = "D", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1 + 4,
-                  .at_ms = T0 + 6}},
-                2);
+    this->apply(
+        {{.key = "A", .fence = F1, .fingerprint = 11, .at_ms = T0, .lease_until_ms = T0 + 100},
+         {.key = "B", .fence = F1, .fingerprint = 21, .at_ms = T0, .lease_until_ms = T0 + 100},
+         {.key = "C", .fence = F1 + 3, .fingerprint = 31, .at_ms = T0, .lease_until_ms = T0 + 300},
+         {.key = "D", .fence = F1 + 2, .fingerprint = 41, .at_ms = T0, .lease_until_ms = T0 + 400},
+         {.key = "A",
+          .from = rs::processing,
+          .to = rs::succeeded,
+          .cause = tc::succeed,
+          .fence = F1,
+          .outcome = 5,
+          .at_ms = T0 + 1},
+         {.key = "B", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1, .at_ms = T0 + 1},
+         {.key = "C",
+          .from = rs::processing,
+          .to = rs::failed,
+          .cause = tc::fail,
+          .fence = F1,
+          .outcome = 9,
+          .at_ms = T0 + 1},
+         {.key = "D",
+          .from = rs::processing,
+          .to = rs::succeeded,
+          .cause = tc::succeed,
+          .fence = F1 + 2,
+          .outcome = 3,
+          .at_ms = T0 + 1},
+         {.key = "B",
+          .from = rs::released,
+          .fence = F1 + 1,
+          .fingerprint = 22,
+          .at_ms = T0 + 2,
+          .lease_until_ms = T0 + 200}},
+        1);
+    this->apply(
+        {{.key = "D", .from = rs::released, .fence = F1 + 1, .fingerprint = 42, .at_ms = T0 + 5, .lease_until_ms = T0 + 900},
+         {.key = "D", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1 + 4, .at_ms = T0 + 6}},
+        2);
     const std::vector<idem::stored_record> want = {
         {"A", "default", rs::succeeded, F1, T0 + 100, 5, 11, T0, T0 + 1, {}},
         {"B", "default", rs::processing, F1 + 1, T0 + 200, 0, 22, T0, T0 + 2, {}},
-        {"C", "default", rs::processing, F1 + 3, T0 + 300, 0, 31, T0, T0, {}},       // the stale FAILED row: audited only
-        {"D", "default", rs::released, F1 + 4, T0 + 400, 0, 41, T0, T0 + 6, {}},     // the stale claim's lease: never
+        {"C", "default", rs::processing, F1 + 3, T0 + 300, 0, 31, T0, T0, {}},    // the stale FAILED row: audited only
+        {"D", "default", rs::released, F1 + 4, T0 + 400, 0, 41, T0, T0 + 6, {}},  // the stale claim's lease: never
     };
     for (const auto& w : want) {
         SCOPED_TRACE(w.key);
@@ -558,15 +604,29 @@ TYPED_TEST(StoreConformance, TheBatchFoldIsExactForAnyRowsOfAKey) {
 TYPED_TEST(StoreConformance, OlderFenceDoesNotOverwriteANewerRecord) {
     const std::uint64_t newer = F1 + 5;
     this->apply({{.key = "K", .fence = newer, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 500}}, 1);
-    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = newer, .outcome = 100, .at_ms = T0 + 1}},
+    this->apply({{.key = "K",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = newer,
+                  .outcome = 100,
+                  .at_ms = T0 + 1}},
                 2);
     // A stale owner's completion (older fence), arriving later: audited, but the record keeps the newer claim.
-    this->apply({{.key = "K", .from = record_state::processing, .to = record_state::failed,
-                  .cause = transition_cause::fail, .fence = F1, .outcome = 1, .at_ms = T0 + 2}},
+    this->apply({{.key = "K",
+                  .from = record_state::processing,
+                  .to = record_state::failed,
+                  .cause = transition_cause::fail,
+                  .fence = F1,
+                  .outcome = 1,
+                  .at_ms = T0 + 2}},
                 3);
     // And a stale claim with an older fence.
-    this->apply({{.key = "K", .from = record_state::released, .fence = F1 + 1, .fingerprint = 9, .at_ms = T0 + 3,
+    this->apply({{.key = "K",
+                  .from = record_state::released,
+                  .fence = F1 + 1,
+                  .fingerprint = 9,
+                  .at_ms = T0 + 3,
                   .lease_until_ms = T0 + 9000}},
                 4);
     const auto got = this->st().get("K");
@@ -587,12 +647,23 @@ TYPED_TEST(StoreConformance, LeaseAndFingerprintKeptWhenALaterNonProcessingRowAr
                  {.key = "D", .fence = F1, .fingerprint = 88, .at_ms = T0, .lease_until_ms = T0 + 30'000}},
                 1);
     // Completions carry no lease; the claim's lease and fingerprint stay in the record.
-    this->apply({{.key = "S", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = F1, .outcome = 1, .fingerprint = 0, .at_ms = T0 + 10}},
+    this->apply({{.key = "S",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = F1,
+                  .outcome = 1,
+                  .fingerprint = 0,
+                  .at_ms = T0 + 10}},
                 2);
     // A doubt mark is a PROCESSING row: its (cleared) lease replaces the claim's.
-    this->apply({{.key = "D", .from = record_state::processing, .to = record_state::processing,
-                  .cause = transition_cause::doubt, .fence = F1, .fingerprint = 88, .at_ms = T0 + 10,
+    this->apply({{.key = "D",
+                  .from = record_state::processing,
+                  .to = record_state::processing,
+                  .cause = transition_cause::doubt,
+                  .fence = F1,
+                  .fingerprint = 88,
+                  .at_ms = T0 + 10,
                   .lease_until_ms = -5}},
                 3);
     const auto s = this->st().get("S");
@@ -610,15 +681,24 @@ TYPED_TEST(StoreConformance, LeaseAndFingerprintKeptWhenALaterNonProcessingRowAr
 
 TYPED_TEST(StoreConformance, ReleasedRowsKeepTheirFenceAndCanBeClaimedAgain) {
     this->apply({{.key = "R", .fence = F1, .at_ms = T0, .lease_until_ms = T0 + 10}}, 1);
-    this->apply({{.key = "R", .from = record_state::processing, .to = record_state::released,
-                  .cause = transition_cause::release, .fence = F1, .outcome = 3, .at_ms = T0 + 1}},
+    this->apply({{.key = "R",
+                  .from = record_state::processing,
+                  .to = record_state::released,
+                  .cause = transition_cause::release,
+                  .fence = F1,
+                  .outcome = 3,
+                  .at_ms = T0 + 1}},
                 2);
     auto r = this->st().get("R");
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->state, record_state::released);
     EXPECT_EQ(r->fence, F1);
     EXPECT_EQ(r->outcome, 3u);
-    this->apply({{.key = "R", .from = record_state::released, .fence = F1 + 1, .fingerprint = 4, .at_ms = T0 + 2,
+    this->apply({{.key = "R",
+                  .from = record_state::released,
+                  .fence = F1 + 1,
+                  .fingerprint = 4,
+                  .at_ms = T0 + 2,
                   .lease_until_ms = T0 + 20}},
                 3);
     r = this->st().get("R");
@@ -650,8 +730,10 @@ TYPED_TEST(StoreConformance, LoadReturnsEveryRecord) {
     for (int b = 0; b < 10; ++b) {
         std::vector<row_fields> rows;
         for (int i = 0; i < 200; ++i)
-            rows.push_back({.key = "L" + std::to_string(b) + "_" + std::to_string(i), .fence = F1 + b,
-                            .at_ms = T0 + b, .lease_until_ms = T0 + 1000});
+            rows.push_back({.key = "L" + std::to_string(b) + "_" + std::to_string(i),
+                            .fence = F1 + b,
+                            .at_ms = T0 + b,
+                            .lease_until_ms = T0 + 1000});
         this->apply(rows, 100 + b);
     }
     this->reopen();
@@ -666,12 +748,17 @@ TYPED_TEST(StoreConformance, LoadReturnsEveryRecord) {
 TYPED_TEST(StoreConformance, MaxFenceIsTheLargestStoredFence) {
     EXPECT_EQ(this->st().max_fence(), 0u);
     const std::uint64_t high = (std::uint64_t{9} << 32) | 3;
-    this->apply({{.key = "M1", .fence = F1, .at_ms = T0}, {.key = "M2", .fence = high, .at_ms = T0},
+    this->apply({{.key = "M1", .fence = F1, .at_ms = T0},
+                 {.key = "M2", .fence = high, .at_ms = T0},
                  {.key = "M3", .fence = F1 + 7, .at_ms = T0}},
                 1);
     EXPECT_EQ(this->st().max_fence(), high);
-    this->apply({{.key = "M2", .from = record_state::processing, .to = record_state::failed,
-                  .cause = transition_cause::fail, .fence = F1, .at_ms = T0 + 1}},
+    this->apply({{.key = "M2",
+                  .from = record_state::processing,
+                  .to = record_state::failed,
+                  .cause = transition_cause::fail,
+                  .fence = F1,
+                  .at_ms = T0 + 1}},
                 2);  // stale: must not lower it
     EXPECT_EQ(this->st().max_fence(), high);
     this->reopen();
@@ -689,8 +776,12 @@ TYPED_TEST(StoreConformance, ScanAuditOrdersByKeyBytesThenSequence) {
         for (const auto& k : keys) {
             const auto from = round == 0 ? record_state::absent : record_state::released;
             rows.push_back({.key = k, .from = from, .fence = F1 + 2 * round, .at_ms = T0 + round});
-            rows.push_back({.key = k, .from = record_state::processing, .to = record_state::released,
-                            .cause = transition_cause::release, .fence = F1 + 2 * round, .at_ms = T0 + round});
+            rows.push_back({.key = k,
+                            .from = record_state::processing,
+                            .to = record_state::released,
+                            .cause = transition_cause::release,
+                            .fence = F1 + 2 * round,
+                            .at_ms = T0 + round});
         }
         this->apply(rows, 10 + round);
         // The next round's fence must exceed this one's: claim fences are F1, F1+2, F1+4.
@@ -715,8 +806,13 @@ TYPED_TEST(StoreConformance, HostileKeysRoundTripByteForByte) {
     std::vector<row_fields> claims, completions;
     for (const auto& k : keys) {
         claims.push_back({.key = k, .fence = F1, .fingerprint = 5, .at_ms = T0, .lease_until_ms = T0 + 9});
-        completions.push_back({.key = k, .from = record_state::processing, .to = record_state::succeeded,
-                               .cause = transition_cause::succeed, .fence = F1, .outcome = k.size(), .at_ms = T0 + 1});
+        completions.push_back({.key = k,
+                               .from = record_state::processing,
+                               .to = record_state::succeeded,
+                               .cause = transition_cause::succeed,
+                               .fence = F1,
+                               .outcome = k.size(),
+                               .at_ms = T0 + 1});
     }
     this->apply(claims, 1);
     this->apply(completions, 2);
@@ -840,8 +936,13 @@ std::vector<row_fields> four_keys(const std::string& tag, std::int64_t at, std::
                                    std::tuple{"_failed", record_state::failed, transition_cause::fail},
                                    std::tuple{"_released", record_state::released, transition_cause::release}}) {
         f.push_back({.key = tag + name, .fence = fence, .at_ms = at, .lease_until_ms = at + 30'000});
-        f.push_back({.key = tag + name, .from = record_state::processing, .to = to, .cause = cause, .fence = fence,
-                     .outcome = 5, .at_ms = at + 1});
+        f.push_back({.key = tag + name,
+                     .from = record_state::processing,
+                     .to = to,
+                     .cause = cause,
+                     .fence = fence,
+                     .outcome = 5,
+                     .at_ms = at + 1});
     }
     f.push_back({.key = tag + "_processing", .fence = fence, .at_ms = at, .lease_until_ms = at + 30'000});
     return f;
@@ -864,9 +965,11 @@ TYPED_TEST(StoreConformance, PayloadsOfAnySizeAndAnyBytesRoundTripExactly) {
     using rs = record_state;
     std::string max(idem::detail::rows::payload_hard_max, '\0');
     for (std::size_t i = 0; i < max.size(); ++i) max[i] = static_cast<char>((i * 131 + 7) & 0xff);
-    const std::vector<std::pair<std::string, std::string>> cases = {
-        {"P_EMPTY_v1", ""}, {"P_ONE_v1", std::string(1, '\0')}, {"P_FF_v1", "\xff"},
-        {"P_HOSTILE_v1", hostile_payload}, {"P_MAX_v1", max}};
+    const std::vector<std::pair<std::string, std::string>> cases = {{"P_EMPTY_v1", ""},
+                                                                    {"P_ONE_v1", std::string(1, '\0')},
+                                                                    {"P_FF_v1", "\xff"},
+                                                                    {"P_HOSTILE_v1", hostile_payload},
+                                                                    {"P_MAX_v1", max}};
     // Claims in one batch, completions in the next (the usual life); one key claims and completes
     // in the same batch.
     std::vector<idem::store_row> claims, done;
@@ -874,15 +977,25 @@ TYPED_TEST(StoreConformance, PayloadsOfAnySizeAndAnyBytesRoundTripExactly) {
     for (const auto& [k, p] : cases)
         claims.push_back(row({.key = k, .fence = F1, .fingerprint = 3, .at_ms = T0, .lease_until_ms = T0 + 1000}, ++seq));
     for (const auto& [k, p] : cases)
-        done.push_back(payload_row({.key = k, .from = rs::processing, .to = rs::succeeded,
-                                    .cause = transition_cause::succeed, .fence = F1, .outcome = 9, .at_ms = T0 + 1},
+        done.push_back(payload_row({.key = k,
+                                    .from = rs::processing,
+                                    .to = rs::succeeded,
+                                    .cause = transition_cause::succeed,
+                                    .fence = F1,
+                                    .outcome = 9,
+                                    .at_ms = T0 + 1},
                                    p, ++seq));
     this->apply(claims, 1);
     this->apply(done, 2);
     const std::string both = "P_BOTH_v1";
     this->apply(std::vector{row({.key = both, .fence = F1, .at_ms = T0}, ++seq),
-                            payload_row({.key = both, .from = rs::processing, .to = rs::failed,
-                                         .cause = transition_cause::fail, .fence = F1, .outcome = 4, .at_ms = T0 + 2},
+                            payload_row({.key = both,
+                                         .from = rs::processing,
+                                         .to = rs::failed,
+                                         .cause = transition_cause::fail,
+                                         .fence = F1,
+                                         .outcome = 4,
+                                         .at_ms = T0 + 2},
                                         hostile_payload, ++seq)},
                 3);
     EXPECT_TRUE(this->same_as_reference());
@@ -922,32 +1035,75 @@ TYPED_TEST(StoreConformance, TheFoldKeepsTheLastCompletionsPayload) {
     //     only, and the payload stays.
     // K3: completes with a at F1 + 1; a stale owner's completion at F1 arrives later: refused.
     // K4: completes with a; then claimed again at a higher fence: the new claim carries none.
-    this->apply(std::vector{
-                    row({.key = "K1", .fence = F1, .at_ms = T0}, ++seq),
-                    payload_row({.key = "K1", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
-                    row({.key = "K1", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 2}, ++seq),
-                    payload_row({.key = "K1", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1 + 1, .outcome = 2, .at_ms = T0 + 3}, b, ++seq),
-                    row({.key = "K2", .fence = F1, .at_ms = T0}, ++seq),
-                    payload_row({.key = "K2", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
-                    row({.key = "K3", .fence = F1 + 1, .at_ms = T0}, ++seq),
-                    payload_row({.key = "K3", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1 + 1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
-                    row({.key = "K4", .fence = F1, .at_ms = T0}, ++seq),
-                    payload_row({.key = "K4", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1, .outcome = 1, .at_ms = T0 + 1}, a, ++seq),
-                },
-                1);
-    this->apply(std::vector{
-                    row({.key = "K2", .from = rs::processing, .to = rs::released, .cause = tc::release, .fence = F1,
-                         .at_ms = T0 + 5}, ++seq),
-                    payload_row({.key = "K3", .from = rs::processing, .to = rs::succeeded, .cause = tc::succeed,
-                                 .fence = F1, .outcome = 7, .at_ms = T0 + 5}, stale, ++seq),
-                    row({.key = "K4", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 5}, ++seq),
-                },
-                2);
+    this->apply(
+        std::vector{
+            row({.key = "K1", .fence = F1, .at_ms = T0}, ++seq),
+            payload_row({.key = "K1",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1,
+                         .outcome = 1,
+                         .at_ms = T0 + 1},
+                        a, ++seq),
+            row({.key = "K1", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 2}, ++seq),
+            payload_row({.key = "K1",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1 + 1,
+                         .outcome = 2,
+                         .at_ms = T0 + 3},
+                        b, ++seq),
+            row({.key = "K2", .fence = F1, .at_ms = T0}, ++seq),
+            payload_row({.key = "K2",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1,
+                         .outcome = 1,
+                         .at_ms = T0 + 1},
+                        a, ++seq),
+            row({.key = "K3", .fence = F1 + 1, .at_ms = T0}, ++seq),
+            payload_row({.key = "K3",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1 + 1,
+                         .outcome = 1,
+                         .at_ms = T0 + 1},
+                        a, ++seq),
+            row({.key = "K4", .fence = F1, .at_ms = T0}, ++seq),
+            payload_row({.key = "K4",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1,
+                         .outcome = 1,
+                         .at_ms = T0 + 1},
+                        a, ++seq),
+        },
+        1);
+    this->apply(
+        std::vector{
+            row({.key = "K2",
+                 .from = rs::processing,
+                 .to = rs::released,
+                 .cause = tc::release,
+                 .fence = F1,
+                 .at_ms = T0 + 5},
+                ++seq),
+            payload_row({.key = "K3",
+                         .from = rs::processing,
+                         .to = rs::succeeded,
+                         .cause = tc::succeed,
+                         .fence = F1,
+                         .outcome = 7,
+                         .at_ms = T0 + 5},
+                        stale, ++seq),
+            row({.key = "K4", .from = rs::succeeded, .to = rs::processing, .fence = F1 + 1, .at_ms = T0 + 5}, ++seq),
+        },
+        2);
     const std::map<std::string, std::string> want = {{"K1", b}, {"K2", a}, {"K3", a}, {"K4", ""}};
     for (const auto& [k, p] : want) {
         const auto got = this->st().get(k);
@@ -1042,13 +1198,21 @@ TYPED_TEST(StoreConformance, MaxRowsBoundsEachPruneAndMoreSaysWhenRowsRemain) {
         const std::string k = "bulk" + std::to_string(i);
         const std::int64_t at = T0 + i * 10;  // older keys first: the same order by time and by sequence
         old.push_back({.key = k, .fence = F1, .at_ms = at, .lease_until_ms = at + 30'000});
-        old.push_back({.key = k, .from = record_state::processing, .to = record_state::succeeded,
-                       .cause = transition_cause::succeed, .fence = F1, .at_ms = at + 1});
+        old.push_back({.key = k,
+                       .from = record_state::processing,
+                       .to = record_state::succeeded,
+                       .cause = transition_cause::succeed,
+                       .fence = F1,
+                       .at_ms = at + 1});
         this->apply(std::vector<row_fields>(old.end() - 2, old.end()), 10 + static_cast<std::uint64_t>(i));
     }
     this->apply({{.key = "young", .fence = F1, .at_ms = T_NEW, .lease_until_ms = T_NEW + 30'000},
-                 {.key = "young", .from = record_state::processing, .to = record_state::succeeded,
-                  .cause = transition_cause::succeed, .fence = F1, .at_ms = T_NEW + 1}},
+                 {.key = "young",
+                  .from = record_state::processing,
+                  .to = record_state::succeeded,
+                  .cause = transition_cause::succeed,
+                  .fence = F1,
+                  .at_ms = T_NEW + 1}},
                 99);
     std::size_t records = 0, audit = 0, calls = 0;
     for (idem::prune_result r{.more = true}; r.more; ++calls) {
@@ -1135,9 +1299,7 @@ TYPED_TEST(StoreConformance, VerifyOnAPrunedStoreStillReportsWhatThePruneCannotE
 
     // A trail newer than the records horizon whose record is gone; a PROCESSING one whatever its age.
     view.hide_audit = [](const idem::audit_entry&) { return false; };
-    view.hide_record = [](const idem::stored_record& rec) {
-        return rec.key == "new_failed" || rec.key == "new_processing";
-    };
+    view.hide_record = [](const idem::stored_record& rec) { return rec.key == "new_failed" || rec.key == "new_processing"; };
     r = idem::verify(view);
     EXPECT_TRUE(names(r, "new_failed", "has an audit trail but no record"));
     EXPECT_TRUE(names(r, "new_processing", "PROCESSING"));

@@ -136,9 +136,7 @@ TEST(Stress, EachKeyExecutesExactlyOnce) { each_key_executes_exactly_once<std::a
 
 // The same with a yield injected before about one atomic access in eight, so that threads are
 // descheduled between the steps of a claim (identity CAS, claim CAS, epoch check, publication).
-TEST(Stress, EachKeyExecutesExactlyOnceWithInjectedYields) {
-    each_key_executes_exactly_once<idem_test::yielding_atomic>(8);
-}
+TEST(Stress, EachKeyExecutesExactlyOnceWithInjectedYields) { each_key_executes_exactly_once<idem_test::yielding_atomic>(8); }
 
 // Owners fail retryably a key-dependent number of times (by fail() or by dropping the ticket)
 // before one succeeds. Threads keep at each key until they see it succeeded. Per key: executions
@@ -235,9 +233,7 @@ void retryable_failures_reexecute(std::uint32_t yield_period) {
 
 TEST(Stress, RetryableFailuresReexecuteUntilExactlyOneSuccess) { retryable_failures_reexecute<std::atomic>(0); }
 
-TEST(Stress, RetryableFailuresReexecuteWithInjectedYields) {
-    retryable_failures_reexecute<idem_test::yielding_atomic>(8);
-}
+TEST(Stress, RetryableFailuresReexecuteWithInjectedYields) { retryable_failures_reexecute<idem_test::yielding_atomic>(8); }
 
 // Rotation under load: a maintenance thread keeps recycling generations (retention 0, small table)
 // while workers claim, complete and replay a key space larger than the table. Records may be
@@ -263,8 +259,7 @@ void rotation_under_load(std::uint32_t yield_period) {
         std::atomic<std::uint64_t> last_fence{0};
     };
     auto pk = std::make_unique<per_key[]>(keys);
-    std::atomic<std::uint64_t> double_owner{0}, wrong_outcome{0}, fence_regress{0}, unexpected{0}, gave_up{0},
-        executions{0};
+    std::atomic<std::uint64_t> double_owner{0}, wrong_outcome{0}, fence_regress{0}, unexpected{0}, gave_up{0}, executions{0};
     std::atomic<bool> done{false};
     std::atomic<std::size_t> workers_left{threads};
 

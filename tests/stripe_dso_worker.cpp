@@ -7,7 +7,7 @@
 #include <string>
 
 extern "C" __attribute__((visibility("default"))) std::size_t IDEM_DSO_ENTRY(idem::guard* g, const char* prefix,
-                                                                                std::size_t n) {
+                                                                             std::size_t n) {
     std::size_t completed = 0;
     for (std::size_t i = 0; i < n; ++i) {
         auto r = g->begin(idem::key(prefix + std::to_string(i)));

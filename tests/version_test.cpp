@@ -234,7 +234,8 @@ TEST(Versions, RandomBatchesEqualSingleBegins) {
         const std::size_t n = 1 + rng() % 80;
         std::vector<key> batch;
         for (std::size_t i = 0; i < n; ++i)
-            batch.push_back(v("T" + std::to_string(rng() % 6), rng() % 2 ? "A" : "B", static_cast<std::uint32_t>(rng() % 12)));
+            batch.push_back(
+                v("T" + std::to_string(rng() % 6), rng() % 2 ? "A" : "B", static_cast<std::uint32_t>(rng() % 12)));
         std::vector<idem::begin_result> out(n);
         ASSERT_EQ(many.begin_many(batch, out), n);
         std::vector<idem::begin_result> singles;
@@ -247,7 +248,9 @@ TEST(Versions, RandomBatchesEqualSingleBegins) {
             const auto how = rng() % 3;
             for (auto* t : {&out[i].ticket, &singles[i].ticket}) {
                 if (!*t) continue;
-                const auto ec = how == 0 ? t->succeed(i) : how == 1 ? t->fail(i, idem::failure_policy::terminal) : t->fail(i);
+                const auto ec = how == 0   ? t->succeed(i)
+                                : how == 1 ? t->fail(i, idem::failure_policy::terminal)
+                                           : t->fail(i);
                 EXPECT_FALSE(ec) << ec.message();
             }
         }
@@ -312,7 +315,7 @@ TEST(Versions, NoClaimBelowAVersionAcquiredBeforeIt) {
                 violations.fetch_add(1);
             } else if (r.status == begin_status::superseded) {
                 superseded.fetch_add(1);
-                superseded_late[n].store(true);  // started after p > n was acquired
+                superseded_late[n].store(true);              // started after p > n was acquired
                 if (r.outcome < p) violations.fetch_add(1);  // the newest it names is older than one acquired before
             } else if (!(r.status == begin_status::succeeded && r.outcome == n) && r.status != begin_status::in_progress) {
                 violations.fetch_add(1);  // a version claimed earlier (the writer's, or a reader's odd one) replays
@@ -425,7 +428,12 @@ TEST(Versions, ADuplicateOfAVersionThatRanIsReplayedFromTheColdWindow) {
     EXPECT_EQ(dup.status, begin_status::succeeded) << "v1 ran: its duplicate is replayed, not superseded";
     EXPECT_EQ(dup.payload, "receipt-1");
     int ran = 0;
-    EXPECT_EQ(guard.run(v1, [&] { ++ran; return std::string("again"); }), "receipt-1");
+    EXPECT_EQ(guard.run(v1,
+                        [&] {
+                            ++ran;
+                            return std::string("again");
+                        }),
+              "receipt-1");
     EXPECT_EQ(ran, 0);
     // A version that never ran is still superseded.
     auto v0 = guard.begin(v("TX", "CHARGE", 0));

@@ -123,9 +123,9 @@ TEST_P(WindowClock, ForwardWallStepPrunesNothingInsideTheWindow) {
     const auto clock0 = clock_.now();
     auto on_guard_ms = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now() - clock0).count(); };
 
-    succeed(*g, "CTRL_PAY_v1", 1);       // guard time 0
-    clock_.advance(window + 50ms);       // CTRL is past the window on the guard's clock
-    succeed(*g, "IN_PAY_v1", 2);         // guard time 250 ms: inside the window
+    succeed(*g, "CTRL_PAY_v1", 1);  // guard time 0
+    clock_.advance(window + 50ms);  // CTRL is past the window on the guard's clock
+    succeed(*g, "IN_PAY_v1", 2);    // guard time 250 ms: inside the window
     ASSERT_TRUE(g->flush()) << g->last_store_error();
     evict(*g, "IN_PAY_v1");
     ASSERT_LT(on_guard_ms(), std::chrono::duration_cast<std::chrono::milliseconds>(window + 250ms).count())
@@ -145,8 +145,8 @@ TEST_P(WindowClock, ForwardWallStepPrunesNothingInsideTheWindow) {
         << "a prune bound was taken from the wall clock, not from the guard's";
     {
         auto dup = (*g)->begin(idem::key("IN_PAY_v1"));  // its ticket must go before the guard
-        EXPECT_EQ(dup.status, begin_status::succeeded) << "a key inside the window ran again: got "
-                                                       << idem::to_string(dup.status);
+        EXPECT_EQ(dup.status, begin_status::succeeded)
+            << "a key inside the window ran again: got " << idem::to_string(dup.status);
         EXPECT_EQ(dup.outcome, 2u);
         EXPECT_EQ((*g)->begin(idem::key("CTRL_PAY_v1")).status, begin_status::acquired) << "past the window: new again";
     }

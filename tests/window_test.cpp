@@ -231,7 +231,8 @@ TEST_P(Window, AStoreReadThatHangsTimesOutAndDecidesNothing) {
         last = r.status;
         outcome = r.outcome;
         return r.status != begin_status::store_unavailable;
-    })) << "still " << idem::to_string(last);
+    })) << "still "
+        << idem::to_string(last);
     EXPECT_EQ(last, begin_status::succeeded);
     EXPECT_EQ(outcome, 8u);
 }

@@ -51,9 +51,9 @@ std::vector<std::string> check_trail(const std::vector<idem::audit_entry>& trail
     if (rec && it == last.end()) out.push_back("the key has a record but no audit trail");
     if (!rec && it != last.end()) out.push_back("the key has an audit trail but no record");
     if (rec && it != last.end() && (it->second.state != rec->state || it->second.fence != rec->fence))
-        out.push_back(std::string("the record is ") + idem::to_string(rec->state) + " fence " +
-                      std::to_string(rec->fence) + " but the last audit row says " + idem::to_string(it->second.state) +
-                      " fence " + std::to_string(it->second.fence));
+        out.push_back(std::string("the record is ") + idem::to_string(rec->state) + " fence " + std::to_string(rec->fence) +
+                      " but the last audit row says " + idem::to_string(it->second.state) + " fence " +
+                      std::to_string(it->second.fence));
     return out;
 }
 
@@ -153,10 +153,8 @@ int run_audit(const audit_config& c) {
                         idem::to_string(a.from), idem::to_string(a.to), static_cast<unsigned long long>(a.fence),
                         a.node.c_str(), iso8601_ms(a.at_ms).c_str(), a.detail.c_str());
         std::fflush(stdout);
-        if (violations.empty())
-            std::cout << "\ntrail: legal, and its last row matches the record\n";
-        else
-            std::cout << "\ntrail: " << violations.size() << " violation(s)\n";
+        if (violations.empty()) std::cout << "\ntrail: legal, and its last row matches the record\n";
+        else std::cout << "\ntrail: " << violations.size() << " violation(s)\n";
     }
     for (const std::string& v : violations) std::cerr << "idem audit: violation: " << v << '\n';
     return found && violations.empty() ? exit_ok : exit_violation;
@@ -167,8 +165,9 @@ int run_audit(const audit_config& c) {
 command add_audit(CLI::App& root) {
     auto c = std::make_shared<audit_config>();
     CLI::App* app = root.add_subcommand("audit", "Print one key's record and audit trail from a durable store");
-    app->footer("Exit codes: 0 found and its trail legal, 1 not found or the trail breaks a rule, 2 bad command "
-                "line, 3 the store could not be read.");
+    app->footer(
+        "Exit codes: 0 found and its trail legal, 1 not found or the trail breaks a rule, 2 bad command "
+        "line, 3 the store could not be read.");
     app->add_option("KEY", c->key, "The idempotency key, e.g. TX20230615123456_TRANSFER_v2")->required();
     app->add_option("--store", c->store, std::string("Store URI: ") + durable_stores)
         ->required()

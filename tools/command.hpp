@@ -86,7 +86,8 @@ CLI::Validator in_range(T lo, T hi, std::string what) {
         "in [" + show_number(lo) + ", " + show_number(hi) + "]");
 }
 
-inline constexpr const char* duration_rule = "a whole number of 1 or more followed by ms, s, m, h or d (500ms, 90s, 30m, 36h, 7d)";
+inline constexpr const char* duration_rule =
+    "a whole number of 1 or more followed by ms, s, m, h or d (500ms, 90s, 30m, 36h, 7d)";
 
 /// DUR in milliseconds, or nullopt ("forever" when allowed gives milliseconds::max()).
 inline std::optional<std::chrono::milliseconds> parse_duration(std::string_view text, bool forever_ok) {

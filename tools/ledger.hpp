@@ -53,8 +53,9 @@ private:
     struct alignas(64) account {
         std::atomic<std::int64_t> balance{0};
     };
-    static_assert(sizeof(account) == 64, "one account per cache line: transfers on different accounts must not "
-                                         "contend on a shared line");
+    static_assert(sizeof(account) == 64,
+                  "one account per cache line: transfers on different accounts must not "
+                  "contend on a shared line");
     static_assert(std::atomic<std::int64_t>::is_always_lock_free, "a balance must be a lock-free atomic");
 
     std::unique_ptr<account[]> accounts_;

@@ -41,8 +41,7 @@ std::string subcommand_names(CLI::App& app) {
 
 int main(int argc, char** argv) {
     using namespace idem::tool;
-    CLI::App app{"idem: at-most-once execution per idempotency key. Subcommands exercise and inspect the guard.",
-                 "idem"};
+    CLI::App app{"idem: at-most-once execution per idempotency key. Subcommands exercise and inspect the guard.", "idem"};
     app.set_version_flag("--version", "idem 0.1.0");
     app.require_subcommand(1);
     app.fallthrough(false);
@@ -64,8 +63,8 @@ int main(int argc, char** argv) {
         // or --version, which go on as CLI11 prints them.)
         const char* typed = e.get_exit_code() != 0 ? unknown_subcommand(app, argc, argv) : nullptr;
         if (typed != nullptr) {
-            std::cerr << "idem: unknown subcommand '" << typed << "'; the subcommands are "
-                      << subcommand_names(app) << " (idem --help)\n";
+            std::cerr << "idem: unknown subcommand '" << typed << "'; the subcommands are " << subcommand_names(app)
+                      << " (idem --help)\n";
             return exit_usage;
         }
         const int code = app.exit(e);  // prints help/version to stdout, errors to stderr

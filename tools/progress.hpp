@@ -24,7 +24,9 @@ class progress_bar {
 public:
     /// `sample` returns how many of `total` units are done; it is called from the bar's thread.
     progress_bar(bool wanted, std::uint64_t total, std::function<std::uint64_t()> sample, std::string unit)
-        : enabled_(wanted && ::isatty(STDERR_FILENO) == 1), total_(total), sample_(std::move(sample)),
+        : enabled_(wanted && ::isatty(STDERR_FILENO) == 1),
+          total_(total),
+          sample_(std::move(sample)),
           unit_(std::move(unit)) {}
     ~progress_bar() { stop(); }
     progress_bar(const progress_bar&) = delete;
@@ -65,8 +67,7 @@ private:
         std::string bar(static_cast<std::size_t>(filled), '#');
         bar.append(static_cast<std::size_t>(width - filled), '.');
         char eta[32] = "--";
-        if (rate > 0 && done < total_)
-            std::snprintf(eta, sizeof eta, "%.0fs", static_cast<double>(total_ - done) / rate);
+        if (rate > 0 && done < total_) std::snprintf(eta, sizeof eta, "%.0fs", static_cast<double>(total_ - done) / rate);
         std::fprintf(stderr, "\r\033[2K[%s] %5.1f%%  %s/%s %s  %s/s  ETA %s", bar.c_str(), frac * 100.0,
                      grouped(done).c_str(), grouped(total_).c_str(), unit_.c_str(),
                      grouped(static_cast<std::uint64_t>(rate)).c_str(), eta);

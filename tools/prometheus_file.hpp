@@ -42,9 +42,8 @@ inline std::string prometheus_decimal(double v, int decimals) {
 
 /// Now, in Unix seconds with milliseconds (the *_last_run_timestamp_seconds gauges).
 inline std::string prometheus_now() {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     char buf[48];
     std::snprintf(buf, sizeof buf, "%lld.%03lld", static_cast<long long>(ms / 1000), static_cast<long long>(ms % 1000));
     return buf;
@@ -72,8 +71,8 @@ inline std::optional<std::string> write_textfile(const std::string& path, const 
     if (!fs::is_directory(dir, ec))
         return "cannot write " + path + ": the directory " + dir.string() +
                (fs::exists(dir, ec) ? " is not a directory" : " does not exist");
-    if (fs::is_directory(p, ec)) return "cannot write " + path + ": it is a directory (name a file, e.g. " +
-                                        (p / "idem.prom").string() + ")";
+    if (fs::is_directory(p, ec))
+        return "cannot write " + path + ": it is a directory (name a file, e.g. " + (p / "idem.prom").string() + ")";
     const std::string tmp = path + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return "cannot create " + tmp + ": " + std::strerror(errno);

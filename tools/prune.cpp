@@ -44,13 +44,12 @@ int run_prune(const prune_config& c) {
     const auto window = *parse_duration(c.window, false);
     const auto audit_window = *parse_duration(c.audit_window, true);
     // The wall clock: there is no guard clock here (top of file).
-    const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count();
+    const std::int64_t now =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     idem::prune_limits limits;
     limits.records_before_ms = now - window.count();
-    limits.audit_before_ms =
-        audit_window == std::chrono::milliseconds::max() ? idem::prune_limits::keep_all : now - audit_window.count();
+    limits.audit_before_ms = audit_window == std::chrono::milliseconds::max() ? idem::prune_limits::keep_all
+                                                                              : now - audit_window.count();
     limits.max_rows = static_cast<std::size_t>(c.batch);
 
     std::unique_ptr<idem::store> st = open_store(spec, idem::durability::async, open_mode::existing);
@@ -61,8 +60,9 @@ int run_prune(const prune_config& c) {
         records += r.records;
         audit_rows += r.audit_rows;
         if (r.more && r.records == 0 && r.audit_rows == 0)
-            throw idem::error(idem::errc::store_error, st->name() + ": prune removed nothing but reports more rows "
-                                                                     "past the bounds; stopped to avoid looping");
+            throw idem::error(idem::errc::store_error, st->name() +
+                                                           ": prune removed nothing but reports more rows "
+                                                           "past the bounds; stopped to avoid looping");
     }
     const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const idem::prune_horizon h = st->horizon();
@@ -102,8 +102,9 @@ command add_prune(CLI::App& root) {
     auto c = std::make_shared<prune_config>();
     CLI::App* app = root.add_subcommand(
         "prune", "Remove records past the idempotency window and audit rows past the audit window from a durable store");
-    app->footer("Exit codes: 0 pruned, 2 bad command line, 3 the store could not be pruned (a SQLite file another "
-                "process writes is refused: prune from that guard instead).");
+    app->footer(
+        "Exit codes: 0 pruned, 2 bad command line, 3 the store could not be pruned (a SQLite file another "
+        "process writes is refused: prune from that guard instead).");
     app->add_option("store,--store", c->store, std::string("Store URI: ") + durable_stores)
         ->required()
         ->check(store_check(/*durable_only=*/true));

@@ -52,8 +52,8 @@ struct stats_config {
 struct latency_row {
     std::uint64_t completions = 0;
     std::int64_t p50_ms = 0, p99_ms = 0, max_ms = 0;
-    std::int64_t lease_ms = 0;   // clamp(k x p99, min, max)
-    bool enough = false;         // completions >= min_samples: the guard would use lease_ms
+    std::int64_t lease_ms = 0;  // clamp(k x p99, min, max)
+    bool enough = false;        // completions >= min_samples: the guard would use lease_ms
 };
 
 /// The nearest-rank quantile of sorted values (not empty).
@@ -67,18 +67,18 @@ constexpr idem::record_state statuses[] = {idem::record_state::processing, idem:
 
 struct store_view {
     std::uint64_t records = 0;
-    std::map<std::string, std::uint64_t> by_status;                               // status -> records
-    std::map<std::string, std::map<std::string, std::uint64_t>> by_biz;           // biz_type -> status -> records
-    std::uint64_t expired = 0;                                                    // PROCESSING, lease passed
-    std::int64_t oldest_processing_ms = 0;                                        // 0: none
+    std::map<std::string, std::uint64_t> by_status;                      // status -> records
+    std::map<std::string, std::map<std::string, std::uint64_t>> by_biz;  // biz_type -> status -> records
+    std::uint64_t expired = 0;                                           // PROCESSING, lease passed
+    std::int64_t oldest_processing_ms = 0;                               // 0: none
     std::uint64_t max_fence = 0;
-    idem::prune_horizon horizon;                                                  // what prune removed
+    idem::prune_horizon horizon;  // what prune removed
     std::uint64_t audit_rows = 0;
-    std::map<std::string, std::uint64_t> audit_by_cause;                          // claim, succeed, ...
+    std::map<std::string, std::uint64_t> audit_by_cause;  // claim, succeed, ...
     // How a durable_guard with these windows would recover this store now (durable.hpp, recover):
-    std::uint64_t hot = 0;          // into memory: claims in flight, and records inside the hot window
-    std::uint64_t cold = 0;         // into the cold window's filter only
-    std::uint64_t past_window = 0;  // nowhere: a key past the window runs again; prune removes it
+    std::uint64_t hot = 0;                       // into memory: claims in flight, and records inside the hot window
+    std::uint64_t cold = 0;                      // into the cold window's filter only
+    std::uint64_t past_window = 0;               // nowhere: a key past the window runs again; prune removes it
     std::map<std::string, latency_row> latency;  // biz_type -> claim-to-completion times
 };
 
@@ -160,11 +160,13 @@ int run_stats(const stats_config& c) {
                    cause == "not_durable") {
             const auto it = claimed_at.find(id);
             if (it == claimed_at.end()) return;
-            if (cause == "succeed" || cause == "fail") took[idem::biz_type_of(a.key)].push_back(std::max<std::int64_t>(0, a.at_ms - it->second));
+            if (cause == "succeed" || cause == "fail")
+                took[idem::biz_type_of(a.key)].push_back(std::max<std::int64_t>(0, a.at_ms - it->second));
             claimed_at.erase(it);
         }
     });
-    const auto lease_min = parse_duration(c.lease_min, false)->count(), lease_max = parse_duration(c.lease_max, false)->count();
+    const auto lease_min = parse_duration(c.lease_min, false)->count(),
+               lease_max = parse_duration(c.lease_max, false)->count();
     for (auto& [biz, ms] : took) {
         std::sort(ms.begin(), ms.end());
         latency_row& r = v.latency[biz];
@@ -173,8 +175,9 @@ int run_stats(const stats_config& c) {
         r.p99_ms = nearest_rank(ms, 0.99);
         r.max_ms = ms.back();
         const double want = c.lease_k * static_cast<double>(r.p99_ms);
-        r.lease_ms = want >= static_cast<double>(lease_max) ? lease_max
-                                                             : std::clamp(static_cast<std::int64_t>(want), lease_min, lease_max);
+        r.lease_ms = want >= static_cast<double>(lease_max)
+                         ? lease_max
+                         : std::clamp(static_cast<std::int64_t>(want), lease_min, lease_max);
         r.enough = r.completions >= c.lease_min_samples;
     }
     v.horizon = st->horizon();
@@ -188,10 +191,9 @@ int run_stats(const stats_config& c) {
         for (const auto& [biz, counts] : v.by_biz)
             for (const auto& [status, n] : counts)
                 e.gauge("idem_store_records_by_biz_type", "Records by biz_type and status.",
-                        "biz_type=\"" + label_value(biz) + "\",status=\"" + status + "\"",
-                        n);
-        e.gauge("idem_store_expired_claims", "PROCESSING records whose lease has passed (in doubt until compensated).",
-                "", v.expired);
+                        "biz_type=\"" + label_value(biz) + "\",status=\"" + status + "\"", n);
+        e.gauge("idem_store_expired_claims", "PROCESSING records whose lease has passed (in doubt until compensated).", "",
+                v.expired);
         e.gauge("idem_store_audit_rows", "Rows in idempotent_audit.", "", v.audit_rows);
         for (const auto& [cause, n] : v.audit_by_cause)
             e.gauge("idem_store_audit_rows_by_cause", "Audit rows by cause (detail column).", "cause=\"" + cause + "\"", n);
@@ -207,7 +209,8 @@ int run_stats(const stats_config& c) {
             const std::string b = "biz_type=\"" + label_value(biz) + "\"";
             e.gauge("idem_store_completion_milliseconds", "Claim-to-completion time from the audit trail (nearest rank).",
                     b + ",quantile=\"0.5\"", static_cast<std::uint64_t>(r.p50_ms));
-            e.gauge("idem_store_completion_milliseconds", "", b + ",quantile=\"0.99\"", static_cast<std::uint64_t>(r.p99_ms));
+            e.gauge("idem_store_completion_milliseconds", "", b + ",quantile=\"0.99\"",
+                    static_cast<std::uint64_t>(r.p99_ms));
         }
         for (const auto& [biz, r] : v.latency)
             e.gauge("idem_store_adaptive_lease_milliseconds",
@@ -230,10 +233,8 @@ int run_stats(const stats_config& c) {
         j["by_status"] = status;
         j["by_biz_type"] = biz;
         j["processing_expired"] = v.expired;
-        if (v.oldest_processing_ms)
-            j["oldest_processing"] = iso8601_ms(v.oldest_processing_ms);
-        else
-            j["oldest_processing"] = nullptr;
+        if (v.oldest_processing_ms) j["oldest_processing"] = iso8601_ms(v.oldest_processing_ms);
+        else j["oldest_processing"] = nullptr;
         j["audit_rows"] = v.audit_rows;
         j["audit_by_cause"] = causes;
         j["max_fence"] = v.max_fence;
@@ -303,14 +304,15 @@ int run_stats(const stats_config& c) {
             b.print(std::cout);
         }
         if (!v.latency.empty()) {
-            std::cout << "\nclaim to completion by biz_type (audit trail), and the adaptive lease: clamp(" << fixed(c.lease_k, 2)
-                      << " x p99, " << c.lease_min << ", " << c.lease_max << "), after " << grouped(c.lease_min_samples)
-                      << " completions\n";
+            std::cout << "\nclaim to completion by biz_type (audit trail), and the adaptive lease: clamp("
+                      << fixed(c.lease_k, 2) << " x p99, " << c.lease_min << ", " << c.lease_max << "), after "
+                      << grouped(c.lease_min_samples) << " completions\n";
             table b;
             for (const auto& [biz, r] : v.latency)
                 b.row("  " + biz, grouped(r.completions) + " completions",
                       "p50 " + grouped_signed(r.p50_ms) + " ms, p99 " + grouped_signed(r.p99_ms) + " ms, lease " +
-                          grouped_signed(r.lease_ms) + " ms" + (r.enough ? "" : " (too few completions: options.lease applies)"));
+                          grouped_signed(r.lease_ms) + " ms" +
+                          (r.enough ? "" : " (too few completions: options.lease applies)"));
             b.print(std::cout);
         }
     }
@@ -327,8 +329,7 @@ command add_stats(CLI::App& root) {
         ->required()
         ->check(store_check(/*durable_only=*/true));
     auto* json = app->add_flag("--json", c->json, "Print one JSON object on stdout");
-    app->add_flag("--prometheus", c->prometheus, "Print the store view in Prometheus text format (gauges)")
-        ->excludes(json);
+    app->add_flag("--prometheus", c->prometheus, "Print the store view in Prometheus text format (gauges)")->excludes(json);
     app->add_option("--retention", c->retention, "Hot window of the guard that will open this store (default 24h)")
         ->check(duration_check(false));
     app->add_option("--window", c->window, "Its idempotency window (default 7d; forever)")->check(duration_check(true));

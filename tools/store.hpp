@@ -55,8 +55,8 @@ namespace idem::tool {
 /// Whether this build can open postgresql:// URIs.
 #ifdef IDEM_HAVE_POSTGRES
 inline constexpr bool have_postgres = true;
-inline constexpr const char* accepted_stores =
-    "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI ", postgresql://USER@HOST:PORT/DB";
+inline constexpr const char* accepted_stores = "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI
+                                               ", postgresql://USER@HOST:PORT/DB";
 inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI ", postgresql://USER@HOST:PORT/DB";
 #else
 inline constexpr bool have_postgres = false;
@@ -109,8 +109,9 @@ inline std::optional<store_spec> parse_store(std::string_view uri, std::string* 
         std::string_view path = uri.substr(8);
         if (path.starts_with("//")) path.remove_prefix(2);  // rocksdb://PATH is accepted too
         if (!have_rocksdb)
-            return refuse("is a RocksDB store, which this build does not include (it needs librocksdb-dev, so that "
-                          "the idem::rocksdb CMake target exists when the tool is configured)");
+            return refuse(
+                "is a RocksDB store, which this build does not include (it needs librocksdb-dev, so that "
+                "the idem::rocksdb CMake target exists when the tool is configured)");
         if (path.empty()) return refuse("names no database directory (write rocksdb:DIR)");
         if (path.find('\0') != std::string_view::npos) return refuse("holds a NUL byte");
         return store_spec{store_spec::kind::rocksdb, std::string(uri), std::string(path)};
@@ -118,8 +119,9 @@ inline std::optional<store_spec> parse_store(std::string_view uri, std::string* 
     if (uri.starts_with("postgresql://") || uri.starts_with("postgres://")) {
         // PLUG-IN: postgres (1 of 2): the URI is accepted only when the store is built in.
         if (!have_postgres)
-            return refuse("is a PostgreSQL store, which this build does not include (it needs libpqxx-dev, so that "
-                          "the idem::postgres CMake target exists when the tool is configured)");
+            return refuse(
+                "is a PostgreSQL store, which this build does not include (it needs libpqxx-dev, so that "
+                "the idem::postgres CMake target exists when the tool is configured)");
         return store_spec{store_spec::kind::postgres, std::string(uri), {}};
     }
     return refuse("is not a store URI this build accepts");
@@ -134,8 +136,8 @@ inline CLI::Validator store_check(bool durable_only = false) {
             const auto spec = parse_store(text, &why);
             if (!spec) return why;
             if (durable_only && !spec->durable())
-                return "'" + text + "' keeps nothing after the process exits; this subcommand needs a durable store: " +
-                       durable_stores;
+                return "'" + text +
+                       "' keeps nothing after the process exits; this subcommand needs a durable store: " + durable_stores;
             return std::string{};
         },
         "STORE");
@@ -164,20 +166,21 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
             if (how == open_mode::existing && ::access(spec.path.c_str(), F_OK) != 0)
                 throw idem::error(idem::errc::invalid_argument,
                                   "sqlite:" + spec.path + ": no such database file (nothing to read; check the path)");
-        {
-            idem::sqlite_options so;
-            so.full_sync = mode == idem::durability::sync;
-            // Writers (demo, drill) hold the file from the start, so a second writer is refused
-            // before it reads anything; readers (audit, verify, stats) never take the lock.
-            if (how == open_mode::create) so.writer_lock = idem::sqlite_lock::at_open;
-            return std::make_unique<idem::sqlite_store>(spec.path, so);
-        }
+            {
+                idem::sqlite_options so;
+                so.full_sync = mode == idem::durability::sync;
+                // Writers (demo, drill) hold the file from the start, so a second writer is refused
+                // before it reads anything; readers (audit, verify, stats) never take the lock.
+                if (how == open_mode::create) so.writer_lock = idem::sqlite_lock::at_open;
+                return std::make_unique<idem::sqlite_store>(spec.path, so);
+            }
         case store_spec::kind::rocksdb:
 #ifdef IDEM_HAVE_ROCKSDB
             if (how == open_mode::existing && ::access((spec.path + "/CURRENT").c_str(), F_OK) != 0)
                 throw idem::error(idem::errc::invalid_argument,
-                                  "rocksdb:" + spec.path + ": no RocksDB database in this directory (nothing to read; "
-                                                           "check the path)");
+                                  "rocksdb:" + spec.path +
+                                      ": no RocksDB database in this directory (nothing to read; "
+                                      "check the path)");
             return std::make_unique<idem::rocksdb_store>(spec.path, mode == idem::durability::sync);
 #else
             break;
@@ -229,10 +232,8 @@ private:
 /// new keys: the records the store already holds are counted and added, because recovery loads them
 /// all into the table. Throws idem::error naming the store or the option at fault; std::bad_alloc
 /// when the table does not fit in memory.
-inline std::unique_ptr<guarded_store> make_guard(const store_spec& spec, idem::options opts,
-                                                 idem::store_options so = {}) {
-    if (!spec.durable())
-        return std::make_unique<guarded_store>(spec, std::make_unique<idem::guard>(std::move(opts)));
+inline std::unique_ptr<guarded_store> make_guard(const store_spec& spec, idem::options opts, idem::store_options so = {}) {
+    if (!spec.durable()) return std::make_unique<guarded_store>(spec, std::make_unique<idem::guard>(std::move(opts)));
     std::unique_ptr<idem::store> st = open_store(spec, so.mode, open_mode::create);
     const std::size_t found = count_records(*st);
     opts.capacity += found;

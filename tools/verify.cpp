@@ -65,8 +65,9 @@ int run_verify(const verify_config& c) {
         t.row("reopened", grouped(r.reopened), "(keys claimed again after eviction from an earlier process)");
         if (r.horizon != idem::prune_horizon{}) {
             horizon_rows(t, r.horizon);
-            t.row("pruned history", grouped(r.truncated_trails) + " / " + grouped(r.records_without_trail) + " / " +
-                                        grouped(r.trails_without_record),
+            t.row("pruned history",
+                  grouped(r.truncated_trails) + " / " + grouped(r.records_without_trail) + " / " +
+                      grouped(r.trails_without_record),
                   "(trails without their start / records without a trail / trails without a record: legal, the "
                   "horizon covers them)");
         }
@@ -106,8 +107,9 @@ command add_verify(CLI::App& root) {
     auto c = std::make_shared<verify_config>();
     CLI::App* app = root.add_subcommand(
         "verify", "Check that every key's audit trail in a durable store is a legal path matching its record");
-    app->footer("Exit codes: 0 no violation, 1 violations found (listed), 2 bad command line, 3 the store could "
-                "not be read (or, with no violation, the --prometheus file could not be written).");
+    app->footer(
+        "Exit codes: 0 no violation, 1 violations found (listed), 2 bad command line, 3 the store could "
+        "not be read (or, with no violation, the --prometheus file could not be written).");
     app->add_option("store,--store", c->store, std::string("Store URI: ") + durable_stores)
         ->required()
         ->check(store_check(/*durable_only=*/true));

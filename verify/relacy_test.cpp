@@ -83,8 +83,7 @@
 
 namespace std {
 // Declared here, defined below once Relacy is included. Only the engine's headers see it.
-void idem_rl_thread_fence(std::memory_order mo,
-                          std::source_location where = std::source_location::current()) noexcept;
+void idem_rl_thread_fence(std::memory_order mo, std::source_location where = std::source_location::current()) noexcept;
 }  // namespace std
 
 #define atomic_thread_fence idem_rl_thread_fence  // IDEM_RL_FENCE: (8) and (9) go to Relacy
@@ -135,8 +134,8 @@ inline rl::debug_info info(const std::source_location& l) noexcept {
 /// Relacy's memory model (a relaxed load may read an old value), so the seqlock that validates the
 /// key bytes in compensation is still checked. Set IDEM_RELACY_ALL_POINTS=1 to preempt everywhere.
 inline bool classify(std::string_view f) noexcept {
-    for (std::string_view name : {"::count(", "::count_here(", "::sum(", "::note_probe(", "key_arena<", "chunk_allocator<", "::snapshot_stats(",
-                                  "this_thread_stripe"})
+    for (std::string_view name : {"::count(", "::count_here(", "::sum(", "::note_probe(", "key_arena<", "chunk_allocator<",
+                                  "::snapshot_stats(", "this_thread_stripe"})
         if (f.find(name) != std::string_view::npos) return true;
     return false;
 }
@@ -188,8 +187,7 @@ public:
     void store(T v, std::memory_order mo = std::memory_order_seq_cst, loc l = loc::current()) {
         access(l, [&] { a_.store(v, to_rl(mo), info(l)); });
     }
-    bool compare_exchange_strong(T& e, T d, std::memory_order mo = std::memory_order_seq_cst,
-                                 loc l = loc::current()) {
+    bool compare_exchange_strong(T& e, T d, std::memory_order mo = std::memory_order_seq_cst, loc l = loc::current()) {
         return access(l, [&] { return a_.compare_exchange_strong(e, d, to_rl(mo), info(l)); });
     }
     bool compare_exchange_weak(T& e, T d, std::memory_order mo = std::memory_order_seq_cst, loc l = loc::current()) {
@@ -348,11 +346,11 @@ idem::options rl_options(std::size_t capacity = 1) {
 }
 
 /// The trail a scenario produced must be a legal path of the state machine (verify.hpp).
-#define IDEM_RL_CHECK_TRAIL(sink)                                   \
-    do {                                                            \
-        const auto v_ = (sink).violations();                        \
+#define IDEM_RL_CHECK_TRAIL(sink)                                           \
+    do {                                                                    \
+        const auto v_ = (sink).violations();                                \
         for (const auto& s_ : v_) std::fprintf(stderr, "%s\n", s_.c_str()); \
-        RL_ASSERT(v_.empty());                                      \
+        RL_ASSERT(v_.empty());                                              \
     } while (0)
 
 /// Counts iterations (schedules) of the running simulation; the budgeted runner reads it.
@@ -586,10 +584,16 @@ struct claim_vs_rotation : rl::test_suite<claim_vs_rotation<N>, N> {
     void before() {
         progress::tick();
         g.emplace(rl_options(2), clock, &sink);
-        { auto r = g->begin(a); RL_ASSERT(!r.ticket.succeed(1)); }
+        {
+            auto r = g->begin(a);
+            RL_ASSERT(!r.ticket.succeed(1));
+        }
         clock.advance(std::chrono::seconds(1));
         RL_ASSERT(g->collect());
-        { auto r = g->begin(c); RL_ASSERT(!r.ticket.succeed(3)); }
+        {
+            auto r = g->begin(c);
+            RL_ASSERT(!r.ticket.succeed(3));
+        }
         clock.advance(std::chrono::seconds(1));
     }
     void thread(unsigned i) {
@@ -728,7 +732,8 @@ outcome run(const char* name, rl::scheduler_type_e sched, unsigned long long ite
         if (idem_rl::g_weaken) ::freopen("/dev/null", "w", stdout);  // the expected violation's history: thousands of lines
         progress::budgeted = budget_s > 0;
         progress::deadline = std::chrono::steady_clock::now() +
-                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(budget_s));
+                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(budget_s));
         rl::test_params p;
         p.search_type = sched;
         p.iteration_count = static_cast<rl::iteration_t>(iterations);
@@ -786,13 +791,16 @@ int main(int argc, char** argv) {
     results.push_back(run<claim_vs_rotation<2>>("claim vs rotation", B, 0, budget));
     results.push_back(run<rotation_vs_sync_confirm<32>>("rotation vs sync confirm", R, n, 0));
     results.push_back(run<rotation_vs_sync_confirm<0>>("rotation vs sync confirm", B, 0, budget));
-    results.push_back(run<rotation_vs_sync_confirm<32, idem::durability_wait::timed_out>>("rotation vs sync give-up", R, n, 0));
+    results.push_back(
+        run<rotation_vs_sync_confirm<32, idem::durability_wait::timed_out>>("rotation vs sync give-up", R, n, 0));
     bool ok = true;
     unsigned long long total = 0;
     std::printf("\nrelacy summary\n");
     for (const auto& r : results) {
         std::printf("  %-34s %-16s %10llu schedules  %s\n", r.name.c_str(), r.scheduler.c_str(), r.iterations,
-                    !r.ok ? "FAILED" : r.complete ? "ok" : "ok (budget reached, search not exhausted)");
+                    !r.ok        ? "FAILED"
+                    : r.complete ? "ok"
+                                 : "ok (budget reached, search not exhausted)");
         total += r.iterations;
         ok = ok && r.ok;
     }
@@ -805,7 +813,7 @@ int main(int argc, char** argv) {
     idem_rl::g_weaken = true;
     const outcome weak = run<lookup_during_claim<3>>("lookup during claim, orders relaxed", R, n, 0);
     idem_rl::g_weaken = false;
-    std::printf("mutation: %s\n", weak.ok ? "NOT DETECTED: the scenarios do not check the memory orders"
-                                            : "violation found, as it must be");
+    std::printf("mutation: %s\n",
+                weak.ok ? "NOT DETECTED: the scenarios do not check the memory orders" : "violation found, as it must be");
     return ok && !weak.ok ? 0 : 1;
 }

@@ -373,7 +373,7 @@ coop& the_coop() {
 /// that thread waits in coop, so these plain variables are handed over by coop's mutex).
 struct preemption {
     bool armed = false;
-    const void* recent[12] = {};   ///< the atomics the thread loaded last
+    const void* recent[12] = {};  ///< the atomics the thread loaded last
     unsigned at = 0;
     std::uint64_t candidates = 0;  ///< re-loads of a recent atomic seen while armed
     std::uint64_t target = 0;      ///< the candidate at which the worker runs
@@ -399,7 +399,8 @@ struct sim_atomic : std::atomic<T> {
     using std::atomic<T>::operator=;
     sim_atomic() noexcept = default;
     T load(std::memory_order o = std::memory_order_seq_cst) const noexcept {
-        if (g_preempt.armed) [[unlikely]] preemption_point(this);
+        if (g_preempt.armed) [[unlikely]]
+            preemption_point(this);
         return std::atomic<T>::load(o);
     }
 };
@@ -417,11 +418,11 @@ struct trace {
 
 // ---- the fault-injecting store ------------------------------------------------------------------
 struct fault_rates {
-    double fail_before = 0;      ///< apply throws store_unavailable; nothing written
-    double unknown_done = 0;     ///< apply commits, then throws commit_unknown
-    double unknown_lost = 0;     ///< apply throws commit_unknown; nothing written
-    double committed_fail = 0;   ///< committed() throws (the question cannot be asked)
-    double read_fail = 0;        ///< load() / max_fence() throw during recovery; get() (recall) and prune() throw
+    double fail_before = 0;                ///< apply throws store_unavailable; nothing written
+    double unknown_done = 0;               ///< apply commits, then throws commit_unknown
+    double unknown_lost = 0;               ///< apply throws commit_unknown; nothing written
+    double committed_fail = 0;             ///< committed() throws (the question cannot be asked)
+    double read_fail = 0;                  ///< load() / max_fence() throw during recovery; get() (recall) and prune() throw
     std::chrono::milliseconds latency{0};  ///< simulated time one apply takes
 };
 
@@ -523,8 +524,8 @@ public:
             throw idem::error(errc::store_unavailable, "fault store: prune failed");
         }
         const idem::prune_result r = disk_.prune(limits);
-        note("prune removes " + std::to_string(r.records) + " records, " + std::to_string(r.audit_rows) +
-             " audit rows" + (r.more ? ", more" : ""));
+        note("prune removes " + std::to_string(r.records) + " records, " + std::to_string(r.audit_rows) + " audit rows" +
+             (r.more ? ", more" : ""));
         return r;
     }
     idem::prune_horizon horizon() override { return disk_.horizon(); }
@@ -587,7 +588,9 @@ std::int64_t ms_of(std::chrono::nanoseconds t) { return std::chrono::duration_ca
 class sim_pipeline final : public idem::transition_sink {
 public:
     sim_pipeline(idem::store& st, pipeline_options o, idem::manual_clock clock, std::uint64_t prefix, trace& log)
-        : store_(st), o_(o), clock_(clock),
+        : store_(st),
+          o_(o),
+          clock_(clock),
           core_(g_mutation == mutation::oversized_queue ? 2 * (o.queue_capacity + o.max_batch) : o.queue_capacity,
                 o.max_batch, prefix),
           log_(log) {}
@@ -630,11 +633,12 @@ public:
         }
         if (g_mutation == mutation::rejected_as_committed) return done(idem::durability_wait::committed);
         return done(core_.fate(seq) == idem::detail::pipeline::row_fate::rejected ? idem::durability_wait::rejected
-                                                                         : idem::durability_wait::committed);
+                                                                                  : idem::durability_wait::committed);
     }
     bool durable(std::uint64_t seq) const noexcept override {
         if (g_mutation == mutation::durable_lies) return true;
-        if (g_mutation == mutation::rejected_as_committed) return core_.fate(seq) != idem::detail::pipeline::row_fate::pending;
+        if (g_mutation == mutation::rejected_as_committed)
+            return core_.fate(seq) != idem::detail::pipeline::row_fate::pending;
         return core_.fate(seq) == idem::detail::pipeline::row_fate::committed;
     }
     bool synchronous() const noexcept override { return o_.sync; }
@@ -674,7 +678,8 @@ public:
         }
         if (g_mutation == mutation::payload_dropped) out.payload.clear();  // a sink bug: the bytes are lost
         log_("recall " + std::string(k.view()) + ": " + idem::to_string(rec->state) + " fence " +
-             std::to_string(rec->fence) + (out.payload.empty() ? "" : ", " + std::to_string(out.payload.size()) + " payload bytes"));
+             std::to_string(rec->fence) +
+             (out.payload.empty() ? "" : ", " + std::to_string(out.payload.size()) + " payload bytes"));
         ++recalled_;
         return out;
     }
@@ -763,8 +768,8 @@ private:
             pending_.pop_front();
             const bool rejected = core_.fate(seq) == idem::detail::pipeline::row_fate::rejected;
             if (rejected != poisoned && on_problem)
-                on_problem("row seq " + std::to_string(seq) + (poisoned ? " of a poison key was not set aside"
-                                                                        : " of a storable key was set aside"));
+                on_problem("row seq " + std::to_string(seq) +
+                           (poisoned ? " of a poison key was not set aside" : " of a storable key was set aside"));
         }
     }
     /// Rows pushed and undecided never exceed queue_capacity + max_batch (store_options' bound).
@@ -772,8 +777,8 @@ private:
         const std::uint64_t d = core_.depth();
         max_depth_ = std::max(max_depth_, d);
         if (d > o_.queue_capacity + o_.max_batch && on_problem)
-            on_problem("queue depth " + std::to_string(d) + " exceeds queue_capacity + max_batch = " +
-                       std::to_string(o_.queue_capacity + o_.max_batch));
+            on_problem("queue depth " + std::to_string(d) +
+                       " exceeds queue_capacity + max_batch = " + std::to_string(o_.queue_capacity + o_.max_batch));
     }
 
     struct pending_row {
@@ -822,12 +827,13 @@ struct key_ledger {
     /// A restart found no record of a key whose last transition the simulation saw (a prune removed
     /// it, or an async crash lost it): its next claim from ABSENT opens a new life.
     bool reopen_next = false;
-    std::uint64_t max_fence_ever = 0;  ///< the largest fence offered for the key in any process life
-    std::uint64_t stored_fence = 0;    ///< the largest fence the store held for the key (read before every prune)
+    std::uint64_t max_fence_ever = 0;     ///< the largest fence offered for the key in any process life
+    std::uint64_t stored_fence = 0;       ///< the largest fence the store held for the key (read before every prune)
     std::int64_t decided_ms = INT64_MIN;  ///< the time of its latest terminal transition (any process life)
     [[nodiscard]] std::size_t life_of(std::uint64_t fence) const {
         return static_cast<std::size_t>(std::upper_bound(life_starts.begin(), life_starts.end(), fence) -
-                                        life_starts.begin()) - 1;
+                                        life_starts.begin()) -
+               1;
     }
     [[nodiscard]] bool ran_in_life_of(std::uint64_t fence) const {
         const std::size_t l = life_of(fence);
@@ -843,10 +849,10 @@ struct outcome {
     std::uint64_t steps = 0, crashes = 0, executions = 0, async_losses = 0, store_calls = 0, faults = 0;
     std::uint64_t in_doubt_batches = 0, unanswered = 0, orphans = 0, store_unavailable = 0, reopened = 0, outages = 0;
     // the durable path under overload and faults
-    std::uint64_t long_outages = 0;     ///< outages longer than sync_timeout
-    std::uint64_t probes = 0;           ///< liveness probes passed (a key acquired after an outage, and at the end)
-    std::uint64_t fresh_probes = 0;     ///< ... with a key the table did not know (a new index position)
-    std::uint64_t probe_ms_max = 0;     ///< longest simulated time a probe needed
+    std::uint64_t long_outages = 0;  ///< outages longer than sync_timeout
+    std::uint64_t probes = 0;        ///< liveness probes passed (a key acquired after an outage, and at the end)
+    std::uint64_t fresh_probes = 0;  ///< ... with a key the table did not know (a new index position)
+    std::uint64_t probe_ms_max = 0;  ///< longest simulated time a probe needed
     std::uint64_t poison_keys = 0, rejected_rows = 0;
     std::uint64_t invalid_declared = 0;  ///< begin() answered invalid_key up front (store::accepts)
     std::uint64_t invalid_rejected = 0;  ///< sync begin() answered invalid_key after the store set the claim aside
@@ -855,33 +861,33 @@ struct outcome {
     std::uint64_t spins = 0;             ///< immediate retries after backpressure
     std::uint64_t fence_checks = 0;      ///< claims after refusals whose fence was checked
     std::uint64_t max_depth = 0, depth_bound = 0;
-    std::uint64_t visible_checks = 0;    ///< sync terminal results seen and found in the store
+    std::uint64_t visible_checks = 0;  ///< sync terminal results seen and found in the store
     // the two windows
-    bool short_window = false;           ///< the seed's idempotency window is seconds long
-    bool audit_pruned = false;           ///< ... and it has an audit window
-    bool big_store = false;              ///< the seed has at least 4 times more keys than capacity
+    bool short_window = false;                ///< the seed's idempotency window is seconds long
+    bool audit_pruned = false;                ///< ... and it has an audit window
+    bool big_store = false;                   ///< the seed has at least 4 times more keys than capacity
     std::uint64_t recalls = 0, recalled = 0;  ///< recall() calls of the sink; records it answered with
     std::uint64_t prunes = 0, pruned_records = 0, pruned_audit_rows = 0;
-    std::uint64_t cold_at_start = 0;     ///< records recovery gave to the cold window
-    std::uint64_t expired_at_start = 0;  ///< records recovery skipped (past the window)
-    std::uint64_t hot_at_start = 0;      ///< terminal and released records recovery put in memory
-    std::uint64_t max_store_records = 0; ///< the largest store a recovery read (records)
-    std::uint64_t grant_checks = 0;      ///< grants checked against the store's decisions in the window
-    std::uint64_t window_reopened = 0;   ///< claims granted after a terminal decision went past the window
-    std::uint64_t old_retries = 0;       ///< begin() of a key that completed before
-    std::uint64_t old_duplicates = 0;    ///< ... answered with its decision
-    std::uint64_t long_pauses = 0;       ///< clock jumps of seconds to minutes (past retention or the window)
+    std::uint64_t cold_at_start = 0;      ///< records recovery gave to the cold window
+    std::uint64_t expired_at_start = 0;   ///< records recovery skipped (past the window)
+    std::uint64_t hot_at_start = 0;       ///< terminal and released records recovery put in memory
+    std::uint64_t max_store_records = 0;  ///< the largest store a recovery read (records)
+    std::uint64_t grant_checks = 0;       ///< grants checked against the store's decisions in the window
+    std::uint64_t window_reopened = 0;    ///< claims granted after a terminal decision went past the window
+    std::uint64_t old_retries = 0;        ///< begin() of a key that completed before
+    std::uint64_t old_duplicates = 0;     ///< ... answered with its decision
+    std::uint64_t long_pauses = 0;        ///< clock jumps of seconds to minutes (past retention or the window)
     // the rotation's fixes
-    bool interleaved = false;            ///< the guard ran on sim_atomic
-    bool versioned = false;              ///< ordered versions
-    std::uint64_t races = 0;             ///< sync confirms that waited while maintenance ran
-    std::uint64_t races_in_rotation = 0; ///< ... that ran inside a rotation (between two loads of one atomic)
-    std::uint64_t superseded = 0;        ///< superseded answers checked
-    std::uint64_t superseded_ran = 0;    ///< ... given while the store held the key's record (violations)
+    bool interleaved = false;             ///< the guard ran on sim_atomic
+    bool versioned = false;               ///< ordered versions
+    std::uint64_t races = 0;              ///< sync confirms that waited while maintenance ran
+    std::uint64_t races_in_rotation = 0;  ///< ... that ran inside a rotation (between two loads of one atomic)
+    std::uint64_t superseded = 0;         ///< superseded answers checked
+    std::uint64_t superseded_ran = 0;     ///< ... given while the store held the key's record (violations)
     std::uint64_t steady_runs = 0, steady_skipped = 0, steady_claims = 0, steady_collects = 0, steady_rotations = 0;
     // payloads
-    bool payloads = false;                 ///< completions carry response bytes
-    std::uint64_t payload_checks = 0;      ///< succeeded answers whose (non-empty) bytes were checked
+    bool payloads = false;             ///< completions carry response bytes
+    std::uint64_t payload_checks = 0;  ///< succeeded answers whose (non-empty) bytes were checked
     std::uint64_t payload_bytes_checked = 0;
     idem::stats guard;  ///< the guards' counters, summed over the seed's process lives
 };
@@ -1034,11 +1040,11 @@ public:
         for (std::size_t k = 0; k < nkeys_; ++k)
             if (poison_[k]) poison_text += " " + std::to_string(k) + (declared_[k] ? "(declared)" : "");
         log_("seed " + std::to_string(seed) + (sync_ ? " sync" : " async") + " clients " + std::to_string(clients_) +
-             " steps " + std::to_string(steps_) + " crashes<=" + std::to_string(crashes_left_) +
-             " queue " + std::to_string(po_.queue_capacity) + " batch " + std::to_string(po_.max_batch) +
-             " poison keys:" + (poison_text.empty() ? " none" : poison_text) + " spin limit " +
-             std::to_string(spin_limit_) + " keys " + std::to_string(nkeys_) + " capacity " +
-             std::to_string(capacity_) + " retention " + std::to_string(retention_.count()) + "ms window " +
+             " steps " + std::to_string(steps_) + " crashes<=" + std::to_string(crashes_left_) + " queue " +
+             std::to_string(po_.queue_capacity) + " batch " + std::to_string(po_.max_batch) +
+             " poison keys:" + (poison_text.empty() ? " none" : poison_text) + " spin limit " + std::to_string(spin_limit_) +
+             " keys " + std::to_string(nkeys_) + " capacity " + std::to_string(capacity_) + " retention " +
+             std::to_string(retention_.count()) + "ms window " +
              (po_.window == idem::forever ? std::string("forever") : std::to_string(po_.window.count()) + "ms") +
              " audit window " +
              (po_.audit_window == idem::forever ? std::string("forever") : std::to_string(po_.audit_window.count()) + "ms") +
@@ -1099,8 +1105,9 @@ public:
                 // Outages of every length: shorter than sync_timeout, and up to four times longer
                 // (sync waits time out; the queue fills; callers see backpressure).
                 const auto to = std::chrono::duration_cast<std::chrono::milliseconds>(po_.sync_timeout);
-                const auto d = r_.chance(0.5) ? std::chrono::milliseconds(r_.below(static_cast<std::uint64_t>(to.count())))
-                                              : to + std::chrono::milliseconds(r_.below(3 * static_cast<std::uint64_t>(to.count())));
+                const auto d = r_.chance(0.5)
+                                   ? std::chrono::milliseconds(r_.below(static_cast<std::uint64_t>(to.count())))
+                                   : to + std::chrono::milliseconds(r_.below(3 * static_cast<std::uint64_t>(to.count())));
                 outage_until_ = std::max(outage_until_, clock_.now() + d);
                 outage_active_ = true;
                 ++out_.outages;
@@ -1123,7 +1130,7 @@ private:
         std::optional<sim_ticket> t;
         std::size_t k = 0;
         std::uint64_t fence = 0;
-        bool spinner = false;  ///< retries at once on backpressure
+        bool spinner = false;           ///< retries at once on backpressure
         std::size_t next_key = no_key;  ///< the key of its next begin() (after a confirm race)
     };
 
@@ -1208,9 +1215,8 @@ private:
         ++life_;
         for (int attempt = 0;; ++attempt) {
             // flush_pipeline: batch ids are a random 31-bit prefix per process | a counter
-            pipe_ = std::make_unique<sim_pipeline>(*store_, po_, clock_,
-                                                   (mix(seed_, 11, incarnation_ * 64 + attempt) << 32) & 0x7fffffff00000000ull,
-                                                   log_);
+            pipe_ = std::make_unique<sim_pipeline>(
+                *store_, po_, clock_, (mix(seed_, 11, incarnation_ * 64 + attempt) << 32) & 0x7fffffff00000000ull, log_);
             pipe_->on_offer = [this](const idem::transition& t) { observe(t); };
             pipe_->poison = [this](const idem::key& k) { return poisoned(index_of(k.view())); };
             pipe_->on_problem = [this](const std::string& p) { problem(p); };
@@ -1316,8 +1322,8 @@ private:
                                                                      : past;
                 if (!legal)
                     problem("key " + std::to_string(k) + " claimed from ABSENT (fence " + std::to_string(t.fence) +
-                            ") while its " + idem::to_string(kl.last) + " record of " +
-                            std::to_string(ms_of(kl.last_at)) + " ms could not have been forgotten (" +
+                            ") while its " + idem::to_string(kl.last) + " record of " + std::to_string(ms_of(kl.last_at)) +
+                            " ms could not have been forgotten (" +
                             (terminal ? "inside the idempotency window" : "no rotation since") + ", now " +
                             std::to_string(ms_of(clock_.now())) + " ms)");
                 if (terminal && past) ++out_.window_reopened;
@@ -1371,10 +1377,10 @@ private:
         if (!rec || (rec->state != record_state::succeeded && rec->state != record_state::failed)) return;
         const std::int64_t now_ms = ms_of(clock_.now());
         if (past_window(rec->updated_ms, now_ms)) return;
-        problem("key " + std::to_string(k) + " granted (fence " + std::to_string(fence) +
-                ") while the store holds its " + idem::to_string(rec->state) + " decision (fence " +
-                std::to_string(rec->fence) + ", updated " + std::to_string(rec->updated_ms) + " ms, now " +
-                std::to_string(now_ms) + " ms) inside the idempotency window");
+        problem("key " + std::to_string(k) + " granted (fence " + std::to_string(fence) + ") while the store holds its " +
+                idem::to_string(rec->state) + " decision (fence " + std::to_string(rec->fence) + ", updated " +
+                std::to_string(rec->updated_ms) + " ms, now " + std::to_string(now_ms) +
+                " ms) inside the idempotency window");
         dump_trail(k);
     }
 
@@ -1400,9 +1406,7 @@ private:
         return {resolution::not_executed, 0};
     }
 
-    void ack(std::size_t k, record_state st, std::uint64_t fence) {
-        acked_.push_back({k, st, fence});
-    }
+    void ack(std::size_t k, record_state st, std::uint64_t fence) { acked_.push_back({k, st, fence}); }
 
     /// Sync mode, durable before visible: a terminal result a caller sees (begin()'s answer, query(),
     /// an acknowledged completion) is already in the store at that moment.
@@ -1414,8 +1418,8 @@ private:
         for (const auto& a : disk_.audit(name))
             if (a.to == st && a.fence == fence) return;
         if (pruned_row(k, st, fence)) return;
-        problem("sync: " + std::string(via) + " showed key " + std::to_string(k) + " " + idem::to_string(st) +
-                " fence " + std::to_string(fence) + " before the store held it (durable before visible)");
+        problem("sync: " + std::string(via) + " showed key " + std::to_string(k) + " " + idem::to_string(st) + " fence " +
+                std::to_string(fence) + " before the store held it (durable before visible)");
     }
 
     /// Sync mode: every terminal record query() shows is in the store.
@@ -1473,7 +1477,7 @@ private:
                 const idem::key& k = key(c.k);
                 idem::record_view before = g_->query(k);
                 std::uint64_t issued = pipe_->issued();
-                const std::uint64_t max_fence = ledger_[c.k].max_fence;  // before this claim is offered
+                const std::uint64_t max_fence = ledger_[c.k].max_fence;               // before this claim is offered
                 if (versions_ != 0) tried_[c.k / versions_].insert(version_of(c.k));  // its step comes first
                 auto r = g_->begin(k, 77 + c.k);
                 std::uint64_t spins = 0;
@@ -1490,7 +1494,8 @@ private:
                 out_.spins += spins;
                 log_("client " + std::to_string(i) + " begin key " + std::to_string(c.k) + ": " + idem::to_string(r.status) +
                      " fence " + std::to_string(r.fence) + (spins ? " after " + std::to_string(spins) + " refusals" : ""));
-                if (spins != 0 && r.status != begin_status::backpressure) check_fence_after_refusal(c.k, before, max_fence, r);
+                if (spins != 0 && r.status != begin_status::backpressure)
+                    check_fence_after_refusal(c.k, before, max_fence, r);
                 if (poison_[c.k]) {
                     if (declared_[c.k] && r.status != begin_status::invalid_key)
                         problem("key " + std::to_string(c.k) + ", which store::accepts refuses, answered " +
@@ -1498,7 +1503,8 @@ private:
                     if (sync_ && r.status == begin_status::acquired)
                         problem("sync: a claim of poison key " + std::to_string(c.k) + " was granted (fence " +
                                 std::to_string(r.fence) + ")");
-                    if (r.status == begin_status::invalid_key) ++(declared_[c.k] ? out_.invalid_declared : out_.invalid_rejected);
+                    if (r.status == begin_status::invalid_key)
+                        ++(declared_[c.k] ? out_.invalid_declared : out_.invalid_rejected);
                 } else if (r.status == begin_status::invalid_key) {
                     problem("key " + std::to_string(c.k) + ", which the store can hold, answered invalid_key");
                 }
@@ -1569,8 +1575,8 @@ private:
                     ec = c.t->succeed(outcome_of(c.k), payload_of(c.k));
                 }
                 out_.spins += spins;
-                log_("client " + std::to_string(i) + " succeed key " + std::to_string(c.k) + ": " + (ec ? ec.message() : "ok") +
-                     (spins ? " after " + std::to_string(spins) + " refusals" : ""));
+                log_("client " + std::to_string(i) + " succeed key " + std::to_string(c.k) + ": " +
+                     (ec ? ec.message() : "ok") + (spins ? " after " + std::to_string(spins) + " refusals" : ""));
                 // The ticket stays valid: retry later (a payload refusal too: over max_payload, budget spent).
                 if (ec == errc::backpressure || ec == errc::busy ||
                     ((ec == errc::capacity_exhausted || ec == errc::invalid_argument) && c.t && c.t->valid()))
@@ -1621,8 +1627,8 @@ private:
         rotations_ += rotated;
         out_.races_in_rotation += fired && rotated;
         log_("maintain while key " + std::to_string(c.k) + "'s owner confirms: compensated " + std::to_string(n) +
-             (rotated ? ", rotated" : "") + (fired ? ", the confirm ran at re-load " + std::to_string(g_preempt.target)
-                                                   : ", the confirm came after"));
+             (rotated ? ", rotated" : "") +
+             (fired ? ", the confirm ran at re-load " + std::to_string(g_preempt.target) : ", the confirm came after"));
         if (co.suspended()) co.resume();
         return ec;
     }
@@ -1641,7 +1647,8 @@ private:
     /// charged again by other means).
     void check_superseded(std::size_t k, std::uint64_t newest) {
         ++out_.superseded;
-        if (versions_ == 0 || k >= key_count) return problem("key " + std::to_string(k) + " without versions answered superseded");
+        if (versions_ == 0 || k >= key_count)
+            return problem("key " + std::to_string(k) + " without versions answered superseded");
         const std::uint64_t v = version_of(k);
         if (newest <= v || tried_[k / versions_].count(newest) == 0)
             problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") superseded by version " +
@@ -1670,9 +1677,8 @@ private:
         for (const auto& [m, at] : granted)
             if (m > v && rotations_ - at < 2)
                 problem("key " + std::to_string(k) + " (version " + std::to_string(v) + ") granted (fence " +
-                        std::to_string(fence) + ") although version " + std::to_string(m) +
-                        " of its txid was granted " + std::to_string(rotations_ - at) +
-                        " rotations ago in this process life");
+                        std::to_string(fence) + ") although version " + std::to_string(m) + " of its txid was granted " +
+                        std::to_string(rotations_ - at) + " rotations ago in this process life");
         granted[v] = rotations_;
     }
 
@@ -1710,8 +1716,8 @@ private:
                 out_.fresh_probes += fresh;
                 ++probes_;
                 log_("probe: key " + std::to_string(k) + (fresh ? " (new to the table)" : "") + " acquired after " +
-                     std::to_string(took) + "ms, fence " + std::to_string(r.fence) + ", given back: " +
-                     (ec ? ec.message() : "ok"));
+                     std::to_string(took) + "ms, fence " + std::to_string(r.fence) +
+                     ", given back: " + (ec ? ec.message() : "ok"));
                 return;
             }
             maintain();
@@ -1755,8 +1761,8 @@ private:
                 r = g_->begin(key(k));
             }
             if (r.status != begin_status::acquired) {
-                problem("liveness: steady load: a new key answered " + std::string(idem::to_string(r.status)) +
-                        " after " + std::to_string(n) + " claims and " + std::to_string(rotations_ - rotations_before) +
+                problem("liveness: steady load: a new key answered " + std::string(idem::to_string(r.status)) + " after " +
+                        std::to_string(n) + " claims and " + std::to_string(rotations_ - rotations_before) +
                         " rotations (every record in memory decided, queue depth " + std::to_string(pipe_->depth()) + ")");
                 return;
             }
@@ -1807,10 +1813,8 @@ private:
             if (durable(e, a.k)) continue;
             if (sync_ || !at_crash)
                 problem(std::string("acknowledged transition lost (") + (at_crash ? "at a crash" : "at the end") +
-                        "): key " + std::to_string(a.k) + " " + idem::to_string(a.st) + " fence " +
-                        std::to_string(a.fence));
-            else
-                ++out_.async_losses;
+                        "): key " + std::to_string(a.k) + " " + idem::to_string(a.st) + " fence " + std::to_string(a.fence));
+            else ++out_.async_losses;
         }
         if (!at_crash) return;
         // Effects whose claim the store never heard of are orphans of the crash: async's contract
@@ -1904,10 +1908,8 @@ private:
             const key_ledger& kl = ledger_[k];
             std::vector<std::size_t> per_life(kl.life_starts.size(), 0);
             for (const auto& e : kl.executed)
-                if (e.orphan)
-                    ++out_.orphans;
-                else
-                    ++per_life[kl.life_of(e.fence)];
+                if (e.orphan) ++out_.orphans;
+                else ++per_life[kl.life_of(e.fence)];
             for (std::size_t l = 0; l < per_life.size(); ++l)
                 if (per_life[l] > 1) {
                     problem("key " + std::to_string(k) + " executed " + std::to_string(per_life[l]) + " times in life " +
@@ -1921,7 +1923,8 @@ private:
                 continue;
             }
             // A record past the window may have been pruned (its decision older than the horizon).
-            const bool pruned = !rec && horizon.records_ms != idem::prune_limits::keep_all && kl.decided_ms < horizon.records_ms;
+            const bool pruned = !rec && horizon.records_ms != idem::prune_limits::keep_all &&
+                                kl.decided_ms < horizon.records_ms;
             if (per_life.back() == 1 && !pruned && (!rec || rec->state != record_state::succeeded)) {
                 problem("key " + std::to_string(k) + " executed but its record is " +
                         (rec ? idem::to_string(rec->state) : "missing"));
@@ -1966,12 +1969,12 @@ private:
     double unknown_rate_ = 0;
     std::uint64_t clients_ = 2, steps_ = 0, crashes_left_ = 0, incarnation_ = 0;
     std::chrono::nanoseconds outage_until_{0};
-    bool outage_active_ = false;  ///< an outage began and the probe after its end has not run yet
+    bool outage_active_ = false;   ///< an outage began and the probe after its end has not run yet
     std::uint64_t rotations_ = 0;  ///< rotations so far, over every process life
     std::deque<idem::key> keys_;   ///< by index: the clients' keys, then the probes', then the steady load's
     std::unordered_map<std::string, std::size_t> index_;  ///< a key's index in keys_
-    bool poison_[key_count] = {};   ///< the store can never take the key's rows
-    bool declared_[key_count] = {}; ///< ... and store::accepts says so
+    bool poison_[key_count] = {};                         ///< the store can never take the key's rows
+    bool declared_[key_count] = {};                       ///< ... and store::accepts says so
     std::uint64_t spin_limit_ = 0, probes_ = 0;
     double spin_step_ = 0;
     idem::manual_clock clock_;
@@ -1991,17 +1994,17 @@ private:
     std::chrono::milliseconds retention_ = 3s;
     double retry_old_ = 0, pause_rate_ = 0;
     // the rotation's fixes
-    std::uint64_t versions_ = 0;  ///< ordered versions: versions per (txid, operation); 0: off
-    double race_rate_ = 0;        ///< sync: the share of succeed() calls whose confirm races maintenance
-    bool steady_ = false;         ///< async: a steady load at the end (rotation under a non-empty queue)
-    std::uint64_t loads_ = 0;     ///< the steady load's keys so far
+    std::uint64_t versions_ = 0;    ///< ordered versions: versions per (txid, operation); 0: off
+    double race_rate_ = 0;          ///< sync: the share of succeed() calls whose confirm races maintenance
+    bool steady_ = false;           ///< async: a steady load at the end (rotation under a non-empty queue)
+    std::uint64_t loads_ = 0;       ///< the steady load's keys so far
     std::uint64_t race_span_ = 16;  ///< the candidates of the last armed rotation that did not fire
     std::uint64_t life_ = 0;        ///< the process life (incarnation) the version model is about
     /// Ordered versions, per txid: the versions begin() was called with in this process life (a
     /// version counts from its step, even when refused), and the rotation count at each grant.
     std::map<std::size_t, std::set<std::uint64_t>> tried_;
     std::map<std::size_t, std::map<std::uint64_t, std::uint64_t>> granted_;
-    std::size_t payload_max_ = 0;  ///< payload_of's largest payload; 0: completions carry none
+    std::size_t payload_max_ = 0;         ///< payload_of's largest payload; 0: completions carry none
     std::vector<std::size_t> completed_;  ///< keys with a terminal transition, in the order they got one
     bool completed_flag_[key_count] = {};
     outcome out_;
@@ -2109,80 +2112,84 @@ TEST(sim, seeds) {
                               << " problems; replay: sim_test --seed=" << s << ")";
         }
     }
-    std::printf("[ sim     ] %llu seeds from %llu: %llu steps, %llu crashes, %llu effects, %llu store calls, "
-                "%llu acknowledged async transitions lost in crashes and %llu effects orphaned by them (allowed), "
-                "%llu in-doubt commits (%llu committed() questions unanswered and asked again), "
-                "%llu seeds with violations%s\n",
-                static_cast<unsigned long long>(g_flags.seeds), static_cast<unsigned long long>(g_flags.first),
-                static_cast<unsigned long long>(steps), static_cast<unsigned long long>(crashes),
-                static_cast<unsigned long long>(executions), static_cast<unsigned long long>(calls),
-                static_cast<unsigned long long>(losses), static_cast<unsigned long long>(orphans),
-                static_cast<unsigned long long>(doubt), static_cast<unsigned long long>(unanswered),
-                static_cast<unsigned long long>(failed),
-                failed ? (" (first: seed " + std::to_string(first_failure) + ")").c_str() : "");
-    std::printf("[ sim     ] guard: %llu claims, %llu duplicates replayed, %llu in-progress answers, %llu completions, "
-                "%llu stale tickets refused, %llu doubt marks, %llu compensated, %llu backpressure, "
-                "%llu sync claims refused as not durable, %llu rotations, %llu evictions, %llu keys reopened, "
-                "%llu store outages\n",
-                static_cast<unsigned long long>(gs.acquired), static_cast<unsigned long long>(gs.duplicates),
-                static_cast<unsigned long long>(gs.in_progress_hits),
-                static_cast<unsigned long long>(gs.succeeded + gs.released),
-                static_cast<unsigned long long>(gs.stale_tickets), static_cast<unsigned long long>(gs.in_doubt),
-                static_cast<unsigned long long>(gs.compensated), static_cast<unsigned long long>(gs.backpressure),
-                static_cast<unsigned long long>(unavailable), static_cast<unsigned long long>(gs.rotations),
-                static_cast<unsigned long long>(gs.evicted), static_cast<unsigned long long>(reopened),
-                static_cast<unsigned long long>(outages));
-    std::printf("[ sim     ] durable path: %llu outages longer than sync_timeout, %llu liveness probes passed "
-                "(a key acquired after an outage and at the end, %llu of them new to the table; the slowest took %llu ms), "
-                "%llu poison keys in %llu seeds, %llu rows set aside, %llu invalid_key answers up front "
-                "(store::accepts) and %llu after the store set the claim aside (sync), %llu async "
-                "acknowledgements of poison keys set aside (allowed), %llu backpressure refusals checked "
-                "to change nothing (%llu immediate retries), %llu fences checked after refusals, "
-                "deepest queue %llu of a bound of %llu (reached in %llu seeds), %llu sync results checked "
-                "durable before visible (in %llu seeds)\n",
-                static_cast<unsigned long long>(d.long_outages), static_cast<unsigned long long>(d.probes),
-                static_cast<unsigned long long>(d.fresh_probes), static_cast<unsigned long long>(d.probe_ms_max), static_cast<unsigned long long>(d.poison_keys),
-                static_cast<unsigned long long>(poison_seeds), static_cast<unsigned long long>(d.rejected_rows),
-                static_cast<unsigned long long>(d.invalid_declared), static_cast<unsigned long long>(d.invalid_rejected),
-                static_cast<unsigned long long>(d.set_aside_acks), static_cast<unsigned long long>(d.refusals),
-                static_cast<unsigned long long>(d.spins), static_cast<unsigned long long>(d.fence_checks),
-                static_cast<unsigned long long>(d.max_depth), static_cast<unsigned long long>(d.depth_bound),
-                static_cast<unsigned long long>(depth_at_bound), static_cast<unsigned long long>(d.visible_checks),
-                static_cast<unsigned long long>(sync_seeds));
-    std::printf("[ sim     ] two windows: %llu seeds with a window of seconds (%llu with an audit window), %llu with "
-                "4+ times more keys than capacity (largest store read at a start: %llu records); %llu claims of keys "
-                "the cold window may hold read the store (%llu answered from a record, %llu store_unavailable; "
-                "guard: %llu recalled), %llu capacity_exhausted answers; recovery put %llu records in memory, %llu in "
-                "the cold window, skipped %llu past the window; %llu prunes removed %llu records and %llu audit rows; "
-                "%llu retries of completed keys (%llu answered with the decision), %llu long pauses, %llu keys "
-                "claimed again past the window, %llu grants checked against the store's decisions in the window\n",
-                static_cast<unsigned long long>(short_window_seeds), static_cast<unsigned long long>(audit_seeds),
-                static_cast<unsigned long long>(big_seeds), static_cast<unsigned long long>(w.max_store_records),
-                static_cast<unsigned long long>(w.recalls), static_cast<unsigned long long>(w.recalled),
-                static_cast<unsigned long long>(gs.recall_failures), static_cast<unsigned long long>(gs.recalled),
-                static_cast<unsigned long long>(gs.capacity_exhausted),
-                static_cast<unsigned long long>(w.hot_at_start), static_cast<unsigned long long>(w.cold_at_start),
-                static_cast<unsigned long long>(w.expired_at_start), static_cast<unsigned long long>(w.prunes),
-                static_cast<unsigned long long>(w.pruned_records), static_cast<unsigned long long>(w.pruned_audit_rows),
-                static_cast<unsigned long long>(w.old_retries), static_cast<unsigned long long>(w.old_duplicates),
-                static_cast<unsigned long long>(w.long_pauses), static_cast<unsigned long long>(w.window_reopened),
-                static_cast<unsigned long long>(w.grant_checks));
-    std::printf("[ sim     ] rotation: %llu seeds on the interleaving engine, %llu of them with %llu sync confirms "
-                "racing maintenance (%llu ran inside a rotation, between two loads of one atomic); %llu seeds with "
-                "ordered versions, %llu superseded answers checked (%llu while the store held the key's record); "
-                "steady load in %llu async seeds (%llu skipped: a claim in memory): %llu new keys granted, %llu "
-                "collects with rows in the queue, %llu rotations\n",
-                static_cast<unsigned long long>(interleaved_seeds), static_cast<unsigned long long>(race_seeds),
-                static_cast<unsigned long long>(x.races), static_cast<unsigned long long>(x.races_in_rotation),
-                static_cast<unsigned long long>(versioned_seeds), static_cast<unsigned long long>(x.superseded),
-                static_cast<unsigned long long>(x.superseded_ran), static_cast<unsigned long long>(x.steady_runs),
-                static_cast<unsigned long long>(x.steady_skipped), static_cast<unsigned long long>(x.steady_claims),
-                static_cast<unsigned long long>(x.steady_collects), static_cast<unsigned long long>(x.steady_rotations));
-    std::printf("[ sim     ] payloads: %llu seeds whose completions carry response bytes; %llu succeeded answers "
-                "(duplicates from memory, recovery and recall, and query() at the end) carried their key's bytes "
-                "(%llu bytes checked)\n",
-                static_cast<unsigned long long>(payload_seeds), static_cast<unsigned long long>(payload_checks),
-                static_cast<unsigned long long>(payload_bytes));
+    std::printf(
+        "[ sim     ] %llu seeds from %llu: %llu steps, %llu crashes, %llu effects, %llu store calls, "
+        "%llu acknowledged async transitions lost in crashes and %llu effects orphaned by them (allowed), "
+        "%llu in-doubt commits (%llu committed() questions unanswered and asked again), "
+        "%llu seeds with violations%s\n",
+        static_cast<unsigned long long>(g_flags.seeds), static_cast<unsigned long long>(g_flags.first),
+        static_cast<unsigned long long>(steps), static_cast<unsigned long long>(crashes),
+        static_cast<unsigned long long>(executions), static_cast<unsigned long long>(calls),
+        static_cast<unsigned long long>(losses), static_cast<unsigned long long>(orphans),
+        static_cast<unsigned long long>(doubt), static_cast<unsigned long long>(unanswered),
+        static_cast<unsigned long long>(failed),
+        failed ? (" (first: seed " + std::to_string(first_failure) + ")").c_str() : "");
+    std::printf(
+        "[ sim     ] guard: %llu claims, %llu duplicates replayed, %llu in-progress answers, %llu completions, "
+        "%llu stale tickets refused, %llu doubt marks, %llu compensated, %llu backpressure, "
+        "%llu sync claims refused as not durable, %llu rotations, %llu evictions, %llu keys reopened, "
+        "%llu store outages\n",
+        static_cast<unsigned long long>(gs.acquired), static_cast<unsigned long long>(gs.duplicates),
+        static_cast<unsigned long long>(gs.in_progress_hits), static_cast<unsigned long long>(gs.succeeded + gs.released),
+        static_cast<unsigned long long>(gs.stale_tickets), static_cast<unsigned long long>(gs.in_doubt),
+        static_cast<unsigned long long>(gs.compensated), static_cast<unsigned long long>(gs.backpressure),
+        static_cast<unsigned long long>(unavailable), static_cast<unsigned long long>(gs.rotations),
+        static_cast<unsigned long long>(gs.evicted), static_cast<unsigned long long>(reopened),
+        static_cast<unsigned long long>(outages));
+    std::printf(
+        "[ sim     ] durable path: %llu outages longer than sync_timeout, %llu liveness probes passed "
+        "(a key acquired after an outage and at the end, %llu of them new to the table; the slowest took %llu ms), "
+        "%llu poison keys in %llu seeds, %llu rows set aside, %llu invalid_key answers up front "
+        "(store::accepts) and %llu after the store set the claim aside (sync), %llu async "
+        "acknowledgements of poison keys set aside (allowed), %llu backpressure refusals checked "
+        "to change nothing (%llu immediate retries), %llu fences checked after refusals, "
+        "deepest queue %llu of a bound of %llu (reached in %llu seeds), %llu sync results checked "
+        "durable before visible (in %llu seeds)\n",
+        static_cast<unsigned long long>(d.long_outages), static_cast<unsigned long long>(d.probes),
+        static_cast<unsigned long long>(d.fresh_probes), static_cast<unsigned long long>(d.probe_ms_max),
+        static_cast<unsigned long long>(d.poison_keys), static_cast<unsigned long long>(poison_seeds),
+        static_cast<unsigned long long>(d.rejected_rows), static_cast<unsigned long long>(d.invalid_declared),
+        static_cast<unsigned long long>(d.invalid_rejected), static_cast<unsigned long long>(d.set_aside_acks),
+        static_cast<unsigned long long>(d.refusals), static_cast<unsigned long long>(d.spins),
+        static_cast<unsigned long long>(d.fence_checks), static_cast<unsigned long long>(d.max_depth),
+        static_cast<unsigned long long>(d.depth_bound), static_cast<unsigned long long>(depth_at_bound),
+        static_cast<unsigned long long>(d.visible_checks), static_cast<unsigned long long>(sync_seeds));
+    std::printf(
+        "[ sim     ] two windows: %llu seeds with a window of seconds (%llu with an audit window), %llu with "
+        "4+ times more keys than capacity (largest store read at a start: %llu records); %llu claims of keys "
+        "the cold window may hold read the store (%llu answered from a record, %llu store_unavailable; "
+        "guard: %llu recalled), %llu capacity_exhausted answers; recovery put %llu records in memory, %llu in "
+        "the cold window, skipped %llu past the window; %llu prunes removed %llu records and %llu audit rows; "
+        "%llu retries of completed keys (%llu answered with the decision), %llu long pauses, %llu keys "
+        "claimed again past the window, %llu grants checked against the store's decisions in the window\n",
+        static_cast<unsigned long long>(short_window_seeds), static_cast<unsigned long long>(audit_seeds),
+        static_cast<unsigned long long>(big_seeds), static_cast<unsigned long long>(w.max_store_records),
+        static_cast<unsigned long long>(w.recalls), static_cast<unsigned long long>(w.recalled),
+        static_cast<unsigned long long>(gs.recall_failures), static_cast<unsigned long long>(gs.recalled),
+        static_cast<unsigned long long>(gs.capacity_exhausted), static_cast<unsigned long long>(w.hot_at_start),
+        static_cast<unsigned long long>(w.cold_at_start), static_cast<unsigned long long>(w.expired_at_start),
+        static_cast<unsigned long long>(w.prunes), static_cast<unsigned long long>(w.pruned_records),
+        static_cast<unsigned long long>(w.pruned_audit_rows), static_cast<unsigned long long>(w.old_retries),
+        static_cast<unsigned long long>(w.old_duplicates), static_cast<unsigned long long>(w.long_pauses),
+        static_cast<unsigned long long>(w.window_reopened), static_cast<unsigned long long>(w.grant_checks));
+    std::printf(
+        "[ sim     ] rotation: %llu seeds on the interleaving engine, %llu of them with %llu sync confirms "
+        "racing maintenance (%llu ran inside a rotation, between two loads of one atomic); %llu seeds with "
+        "ordered versions, %llu superseded answers checked (%llu while the store held the key's record); "
+        "steady load in %llu async seeds (%llu skipped: a claim in memory): %llu new keys granted, %llu "
+        "collects with rows in the queue, %llu rotations\n",
+        static_cast<unsigned long long>(interleaved_seeds), static_cast<unsigned long long>(race_seeds),
+        static_cast<unsigned long long>(x.races), static_cast<unsigned long long>(x.races_in_rotation),
+        static_cast<unsigned long long>(versioned_seeds), static_cast<unsigned long long>(x.superseded),
+        static_cast<unsigned long long>(x.superseded_ran), static_cast<unsigned long long>(x.steady_runs),
+        static_cast<unsigned long long>(x.steady_skipped), static_cast<unsigned long long>(x.steady_claims),
+        static_cast<unsigned long long>(x.steady_collects), static_cast<unsigned long long>(x.steady_rotations));
+    std::printf(
+        "[ sim     ] payloads: %llu seeds whose completions carry response bytes; %llu succeeded answers "
+        "(duplicates from memory, recovery and recall, and query() at the end) carried their key's bytes "
+        "(%llu bytes checked)\n",
+        static_cast<unsigned long long>(payload_seeds), static_cast<unsigned long long>(payload_checks),
+        static_cast<unsigned long long>(payload_bytes));
 }
 
 // The same seeds over real file stores as the disk: every fault, crash, recovery and check of
@@ -2206,11 +2213,12 @@ TEST(sim, seeds_on_file_stores) {
                 ADD_FAILURE() << name << " disk, seed " << s << ": " << o.problems.front()
                               << " (replay: IDEM_SIM_DISK=" << name << " sim_test --seed=" << s << ")";
         }
-        std::printf("[ sim     ] %llu seeds on a %s disk: %llu crashes, %llu store calls, %llu in-doubt commits, "
-                    "%llu seeds with violations\n",
-                    static_cast<unsigned long long>(n), name, static_cast<unsigned long long>(crashes),
-                    static_cast<unsigned long long>(calls), static_cast<unsigned long long>(doubt),
-                    static_cast<unsigned long long>(failed));
+        std::printf(
+            "[ sim     ] %llu seeds on a %s disk: %llu crashes, %llu store calls, %llu in-doubt commits, "
+            "%llu seeds with violations\n",
+            static_cast<unsigned long long>(n), name, static_cast<unsigned long long>(crashes),
+            static_cast<unsigned long long>(calls), static_cast<unsigned long long>(doubt),
+            static_cast<unsigned long long>(failed));
         EXPECT_GT(calls, n) << "the seeds on the " << name << " disk made no store calls";
     }
     g_disk = disk_kind::memory;
@@ -2235,20 +2243,17 @@ TEST(sim, checker_has_teeth) {
         const char* check;     ///< a phrase of the problem the check reports; nullptr: any problem
         bool windows = false;  ///< only the window features' seeds can show it (--windows=0 skips it)
     };
-    for (const case_ c : {case_{mutation::lying_resolver, nullptr}, case_{mutation::dropped_row, nullptr},
-                          case_{mutation::durable_lies, "durable before visible"},
-                          case_{mutation::leaked_reservation, "liveness"},
-                          case_{mutation::rejected_as_committed, "poison key"},
-                          case_{mutation::accepts_ignored, "store::accepts refuses"},
-                          case_{mutation::oversized_queue, "queue depth"},
-                          case_{mutation::recall_forgets, "while the store holds its"},
-                          case_{mutation::cold_dropped, "while the store holds its"},
-                          case_{mutation::loaded_fence_floor, "not above the fence", true},
-                          case_{mutation::drained_marks, "steady load", true},
-                          case_{mutation::payload_dropped, "replayed payload", true},
-                          // with ordered versions, a recall that forgets makes a version that ran look
-                          // never run: superseded while the store holds its decision
-                          case_{mutation::recall_forgets, "answered superseded", true}}) {
+    for (const case_ c :
+         {case_{mutation::lying_resolver, nullptr}, case_{mutation::dropped_row, nullptr},
+          case_{mutation::durable_lies, "durable before visible"}, case_{mutation::leaked_reservation, "liveness"},
+          case_{mutation::rejected_as_committed, "poison key"}, case_{mutation::accepts_ignored, "store::accepts refuses"},
+          case_{mutation::oversized_queue, "queue depth"}, case_{mutation::recall_forgets, "while the store holds its"},
+          case_{mutation::cold_dropped, "while the store holds its"},
+          case_{mutation::loaded_fence_floor, "not above the fence", true},
+          case_{mutation::drained_marks, "steady load", true}, case_{mutation::payload_dropped, "replayed payload", true},
+          // with ordered versions, a recall that forgets makes a version that ran look
+          // never run: superseded while the store holds its decision
+          case_{mutation::recall_forgets, "answered superseded", true}}) {
         if (c.windows && !g_flags.windows) {
             std::printf("[ sim     ] mutation %s: skipped (--windows=0)\n", to_string(c.m));
             continue;
@@ -2268,11 +2273,11 @@ TEST(sim, checker_has_teeth) {
         }
         g_mutation = mutation::none;
         EXPECT_GT(by_check, 0u) << "the checker did not notice mutation " << to_string(c.m) << " in 200 seeds";
-        std::printf("[ sim     ] mutation %s: %llu of %llu seeds fail, %llu of them through the check \"%s\" "
-                    "(first: seed %llu)\n",
-                    to_string(c.m), static_cast<unsigned long long>(failed), static_cast<unsigned long long>(tried),
-                    static_cast<unsigned long long>(by_check), c.check ? c.check : "(any)",
-                    static_cast<unsigned long long>(first));
+        std::printf(
+            "[ sim     ] mutation %s: %llu of %llu seeds fail, %llu of them through the check \"%s\" "
+            "(first: seed %llu)\n",
+            to_string(c.m), static_cast<unsigned long long>(failed), static_cast<unsigned long long>(tried),
+            static_cast<unsigned long long>(by_check), c.check ? c.check : "(any)", static_cast<unsigned long long>(first));
     }
 }
 
@@ -2318,12 +2323,15 @@ TEST(sim, in_doubt_batch_is_never_applied_twice) {
     st->committed_failures = 3;
     idem::store_options so;
     so.max_backoff = 5ms;
-    idem::durable_guard g(std::move(st), [] {
-        idem::options o;
-        o.capacity = 16;
-        o.maintenance_interval = {};
-        return o;
-    }(), so);
+    idem::durable_guard g(
+        std::move(st),
+        [] {
+            idem::options o;
+            o.capacity = 16;
+            o.maintenance_interval = {};
+            return o;
+        }(),
+        so);
     auto r = g->begin(idem::key("TX1_PAY_v1"));
     ASSERT_EQ(r.status, begin_status::acquired);
     ASSERT_FALSE(r.ticket.succeed(1));
@@ -2393,7 +2401,8 @@ TEST(sim, a_guard_that_offered_no_row_still_rotates) {
     std::vector<idem::key> old;
     for (int i = 0; i < 6; ++i) old.emplace_back("TX" + std::to_string(i) + "_PAY_v1");
     {
-        idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::make_unique<scripted_store>(disk), opts(16), {}, clock);
+        idem::basic_durable_guard<std::atomic, idem::manual_clock> g(std::make_unique<scripted_store>(disk), opts(16), {},
+                                                                     clock);
         for (const auto& k : old) {
             auto r = g->begin(k);
             ASSERT_EQ(r.status, begin_status::acquired);
@@ -2409,8 +2418,8 @@ TEST(sim, a_guard_that_offered_no_row_still_rotates) {
     for (int i = 0; i < 4; ++i) rotated |= g->collect();
     auto r = g->begin(idem::key("NEW_PAY_v1"));
     EXPECT_TRUE(rotated) << "a table of recalled (decided) records did not rotate: no row was ever offered";
-    EXPECT_EQ(r.status, begin_status::acquired) << "a new key after a restart whose traffic was all duplicates: "
-                                                << idem::to_string(r.status);
+    EXPECT_EQ(r.status, begin_status::acquired)
+        << "a new key after a restart whose traffic was all duplicates: " << idem::to_string(r.status);
 }
 
 // ---- layer B: the real pipeline ----------------------------------------------------------------
@@ -2518,17 +2527,18 @@ TEST(sim, real_pipeline) {
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i)
         if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0)
-            std::printf("sim_test: deterministic simulation of idem (docs/testing.md, section 4)\n"
-                        "  --seeds=N              seeds of sim.seeds (IDEM_SIM_SEEDS, default 1000)\n"
-                        "  --first=S              first seed (IDEM_SIM_FIRST, default 1)\n"
-                        "  --seed=S               replay one seed with its full trace (IDEM_SIM_SEED)\n"
-                        "  --real-seeds=N         seeds of sim.real_pipeline (IDEM_SIM_REAL_SEEDS, default 8)\n"
-                        "  --no-committed-faults  keep store::committed() healthy (IDEM_SIM_COMMITTED_FAULTS=0)\n"
-                        "  --teeth-all            every mutation of sim.checker_has_teeth over 200 seeds (IDEM_SIM_TEETH_ALL=1)\n"
-                        "  --windows=0            no window features (and none of the rotation's: versions, confirm\n"
-                        "                         races, steady load) (IDEM_SIM_WINDOWS=0)\n"
-                        "  IDEM_SIM_DISK=sqlite|rocksdb, IDEM_SIM_FILE_SEEDS=N: the seeds over a real file store\n"
-                        "  long runs: --gtest_filter=sim.seeds --first=S --seeds=N (about 1,000 seeds a second)\n\n");
+            std::printf(
+                "sim_test: deterministic simulation of idem (docs/testing.md, section 4)\n"
+                "  --seeds=N              seeds of sim.seeds (IDEM_SIM_SEEDS, default 1000)\n"
+                "  --first=S              first seed (IDEM_SIM_FIRST, default 1)\n"
+                "  --seed=S               replay one seed with its full trace (IDEM_SIM_SEED)\n"
+                "  --real-seeds=N         seeds of sim.real_pipeline (IDEM_SIM_REAL_SEEDS, default 8)\n"
+                "  --no-committed-faults  keep store::committed() healthy (IDEM_SIM_COMMITTED_FAULTS=0)\n"
+                "  --teeth-all            every mutation of sim.checker_has_teeth over 200 seeds (IDEM_SIM_TEETH_ALL=1)\n"
+                "  --windows=0            no window features (and none of the rotation's: versions, confirm\n"
+                "                         races, steady load) (IDEM_SIM_WINDOWS=0)\n"
+                "  IDEM_SIM_DISK=sqlite|rocksdb, IDEM_SIM_FILE_SEEDS=N: the seeds over a real file store\n"
+                "  long runs: --gtest_filter=sim.seeds --first=S --seeds=N (about 1,000 seeds a second)\n\n");
     ::testing::InitGoogleTest(&argc, argv);
     g_flags.seeds = env_or("IDEM_SIM_SEEDS", g_flags.seeds);
     g_flags.first = env_or("IDEM_SIM_FIRST", g_flags.first);

@@ -31,7 +31,8 @@ public:
         // client can tell a resend from a new report): prefix them with this process's start time.
         exec_prefix_ = std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
                                           std::chrono::system_clock::now().time_since_epoch())
-                                          .count()) + "-";
+                                          .count()) +
+                       "-";
     }
 
     void onCreate(const FIX::SessionID&) override {}

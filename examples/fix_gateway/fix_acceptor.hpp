@@ -14,13 +14,13 @@ namespace fixgw {
 
 /// One NewOrderSingle (35=D) as received; field values are the tags' text, unparsed.
 struct new_order {
-    std::string sender;    ///< 49 SenderCompID
-    std::string clordid;   ///< 11 ClOrdID
-    std::string symbol;    ///< 55
-    std::string side;      ///< 54
-    std::string quantity;  ///< 38 OrderQty
-    std::string price;     ///< 44 Price ("" for a market order)
-    std::string ord_type;  ///< 40 OrdType
+    std::string sender;        ///< 49 SenderCompID
+    std::string clordid;       ///< 11 ClOrdID
+    std::string symbol;        ///< 55
+    std::string side;          ///< 54
+    std::string quantity;      ///< 38 OrderQty
+    std::string price;         ///< 44 Price ("" for a market order)
+    std::string ord_type;      ///< 40 OrdType
     bool poss_dup = false;     ///< 43 PossDupFlag=Y: the engine resent this message (same MsgSeqNum)
     bool poss_resend = false;  ///< 97 PossResend=Y: the application resent this order (new MsgSeqNum)
 };

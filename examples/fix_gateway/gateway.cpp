@@ -183,7 +183,8 @@ fixgw::order_answer on_order(idem::durable_guard& g, order_ids& ids, gateway_met
         }
         case idem::begin_status::succeeded: {
             gateway_metrics::add(m.duplicates);
-            if (!o.poss_dup && !o.poss_resend)  // a new order reusing a ClOrdID (FIX 4.4 Vol 6, ClOrdID (11): unique per day)
+            if (!o.poss_dup &&
+                !o.poss_resend)  // a new order reusing a ClOrdID (FIX 4.4 Vol 6, ClOrdID (11): unique per day)
                 return reject(6, "Duplicate ClOrdID " + o.clordid + ": already accepted as OrderID " +
                                      std::to_string(r.outcome));
             fixgw::order_answer a;
@@ -228,7 +229,8 @@ int main(int argc, char** argv) {
         else if (a == "--metrics-port") {
             metrics_port = parse_port(argv[i + 1], 0);
             if (!metrics_port) {
-                std::fprintf(stderr, "fix_gateway: --metrics-port '%s' is not a port number (0 to 65535; 0 picks a free one)\n",
+                std::fprintf(stderr,
+                             "fix_gateway: --metrics-port '%s' is not a port number (0 to 65535; 0 picks a free one)\n",
                              argv[i + 1]);
                 return 2;
             }
@@ -238,8 +240,7 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "fix_gateway: --metrics-host is empty\n");
                 return 2;
             }
-        }
-        else if (a == "--db") db = argv[i + 1];
+        } else if (a == "--db") db = argv[i + 1];
         else if (a == "--fix-store") cfg.store_dir = argv[i + 1];
         else if (a == "--sender") cfg.sender_comp_id = argv[i + 1];
         else if (a == "--target") cfg.target_comp_id = argv[i + 1];

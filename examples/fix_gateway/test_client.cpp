@@ -80,8 +80,8 @@ struct ledger_entry {
     bool sent = false;       // the order itself (or the unkeyable ClOrdID) was sent
     bool crash_window = false;
     std::set<std::string> news, statuses, rejects;  // ExecIDs by ExecType
-    std::set<std::string> order_ids;                 // from New and Order Status
-    std::vector<std::string> problems;               // wrong reject reason or text
+    std::set<std::string> order_ids;                // from New and Order Status
+    std::vector<std::string> problems;              // wrong reject reason or text
 };
 
 class client_app final : public FIX::Application {
@@ -425,7 +425,10 @@ int main(int argc, char** argv) {
             ++app.expected;
             if (k == kind::order || k == kind::unkeyable) app.ledger[o.clordid].sent = true;
         }
-        ++(k == kind::order ? sent.news : k == kind::copy ? sent.copies : k == kind::conflict ? sent.conflicts : sent.unkeyable);
+        ++(k == kind::order      ? sent.news
+           : k == kind::copy     ? sent.copies
+           : k == kind::conflict ? sent.conflicts
+                                 : sent.unkeyable);
         FIX::Session::sendToTarget(m, sid);
     };
     sent_counts sent_at_kill;  // what had been sent when the first gateway was killed
@@ -599,18 +602,19 @@ int main(int argc, char** argv) {
             const double low = static_cast<double>(sent.news - sent_at_kill.news);
             if (executed < low || executed > low + static_cast<double>(window_at_kill)) {
                 char msg[160];
-                std::snprintf(msg, sizeof msg, "/metrics at the end: the restarted gateway executed %.0f orders, not in [%.0f, %.0f]",
+                std::snprintf(msg, sizeof msg,
+                              "/metrics at the end: the restarted gateway executed %.0f orders, not in [%.0f, %.0f]",
                               executed, low, low + static_cast<double>(window_at_kill));
                 fail(msg);
             }
             if (last.values["idem_acquired_total"] != executed)
                 fail("/metrics at the end: idem_acquired_total differs from fix_gateway_executions_total");
-            std::printf("  /metrics, restarted gateway: steps 4-5 added %.0f orders, %.0f executions, %.0f duplicates; "
-                        "%.0f executions in all\n",
-                        last.values["fix_gateway_orders_total"] - restarted.values["fix_gateway_orders_total"],
-                        last.values["fix_gateway_executions_total"] - restarted.values["fix_gateway_executions_total"],
-                        last.values["fix_gateway_duplicates_total"] - restarted.values["fix_gateway_duplicates_total"],
-                        executed);
+            std::printf(
+                "  /metrics, restarted gateway: steps 4-5 added %.0f orders, %.0f executions, %.0f duplicates; "
+                "%.0f executions in all\n",
+                last.values["fix_gateway_orders_total"] - restarted.values["fix_gateway_orders_total"],
+                last.values["fix_gateway_executions_total"] - restarted.values["fix_gateway_executions_total"],
+                last.values["fix_gateway_duplicates_total"] - restarted.values["fix_gateway_duplicates_total"], executed);
             std::fflush(stdout);
         }
     }
@@ -658,10 +662,11 @@ int main(int argc, char** argv) {
             if (!ins.second) problem(id, "OrderID " + ins.first->first + " also given to " + ins.first->second);
         }
     }
-    std::printf("fix_gateway_test: %zu ClOrdIDs, %ld New, %ld Order Status for %ld PossResend copies, %ld Rejected for "
-                "%d conflicts; crash window %ld orders (%ld New lost, %ld answered twice); %.1f s\n",
-                app.ledger.size(), news, statuses, resends, rejects, conflicts + 1, window, window_lost_new,
-                window_twice, std::chrono::duration<double>(clock_type::now() - t0).count());
+    std::printf(
+        "fix_gateway_test: %zu ClOrdIDs, %ld New, %ld Order Status for %ld PossResend copies, %ld Rejected for "
+        "%d conflicts; crash window %ld orders (%ld New lost, %ld answered twice); %.1f s\n",
+        app.ledger.size(), news, statuses, resends, rejects, conflicts + 1, window, window_lost_new, window_twice,
+        std::chrono::duration<double>(clock_type::now() - t0).count());
     std::fflush(stdout);
     l.unlock();  // the logout's onLogout takes app.mu
     initiator.stop();

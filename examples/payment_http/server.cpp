@@ -126,8 +126,8 @@ public:
         if (voided_.contains(attempt_of(key, attempt)))
             return {charge_result::kind::unknown, 0, "attempt voided by the resolver"};
         const std::uint64_t id = next_id_;
-        if (!append("charge " + std::to_string(id) + ' ' + std::to_string(attempt) + ' ' + std::to_string(amount) +
-                    ' ' + currency + ' ' + key + '\n'))
+        if (!append("charge " + std::to_string(id) + ' ' + std::to_string(attempt) + ' ' + std::to_string(amount) + ' ' +
+                    currency + ' ' + key + '\n'))
             return {charge_result::kind::unknown, 0, std::string("processor ledger: ") + std::strerror(errno)};
         ++next_id_;
         charged_[attempt_of(key, attempt)] = id;
@@ -197,7 +197,7 @@ private:
     int fd_ = -1;
     std::mutex mu_;
     std::uint64_t next_id_ = 1;
-    std::size_t size_ = 0;  // the file's length: whole lines only
+    std::size_t size_ = 0;                                    // the file's length: whole lines only
     std::unordered_map<std::string, std::uint64_t> charged_;  // "attempt key" -> charge id
     std::unordered_set<std::string> voided_;                  // "attempt key"
 };
@@ -277,8 +277,7 @@ void send_stored(httplib::Response& res, const response& r, bool replayed) {
 
 /// The body of a payment's response. A charge's body names its charge, so a replay can be checked
 /// against the processor's ledger.
-std::string payment_body(const std::string& key, std::int64_t amount, const std::string& currency,
-                         const charge_result& c) {
+std::string payment_body(const std::string& key, std::int64_t amount, const std::string& currency, const charge_result& c) {
     json j = {{"idempotency_key", key}, {"amount", amount}, {"currency", currency}};
     if (c.result == charge_result::kind::charged) {
         j["status"] = "succeeded";
@@ -294,19 +293,19 @@ struct config {
     int port = 0;
     std::string db;
     std::string pg;
-    std::chrono::milliseconds wait{0};   // wait this long for an in-flight first request before 409
+    std::chrono::milliseconds wait{0};  // wait this long for an in-flight first request before 409
     std::chrono::milliseconds lease{10'000};
     std::string processor_url;
-    std::string ledger;                  // the in-process processor's file; empty: ledger_path() chooses
-    bool use_idem = true;                // --no-idem: the same handler without idem (the benchmark's baseline)
-    bool test_hooks = false;             // honour X-Test-Crash (the crash tests)
+    std::string ledger;       // the in-process processor's file; empty: ledger_path() chooses
+    bool use_idem = true;     // --no-idem: the same handler without idem (the benchmark's baseline)
+    bool test_hooks = false;  // honour X-Test-Crash (the crash tests)
     // Requests in flight at once: a pool thread serves one connection (keep-alive) at a time, and in
     // sync mode it waits for the commits of its claim and of its completion, so requests share a
     // group commit only if they are in flight together. More threads than connections buy nothing.
     unsigned threads = 64;
-    idem::options opts;                  // --capacity, --retention-ms, --payload-budget, --max-payload
-    idem::store_options so;              // --mode, --queue, --offer-wait-ms, --window-ms (parse_args: defaults)
-    std::size_t pg_lanes = 1;            // --pg-lanes: connections committing batches at once
+    idem::options opts;        // --capacity, --retention-ms, --payload-budget, --max-payload
+    idem::store_options so;    // --mode, --queue, --offer-wait-ms, --window-ms (parse_args: defaults)
+    std::size_t pg_lanes = 1;  // --pg-lanes: connections committing batches at once
 };
 
 /// --test-hooks only: SIGKILL this process at the named point of the request, so a test can
@@ -350,10 +349,10 @@ std::optional<payment_request> parse_payment(const std::string& body, httplib::R
 /// request an atomic add per counter it touches. in_flight is decremented when the handler returns,
 /// before the response is written: a client that has its answer is no longer counted.
 struct http_metrics {
-    std::atomic<std::uint64_t> requests{0};    ///< POST /payments received, whatever their answer
-    std::atomic<std::uint64_t> replayed{0};    ///< answers replayed from a recorded result (Idempotent-Replayed)
-    std::atomic<std::uint64_t> charges{0};     ///< charges the processor was asked for: operations executed
-    std::atomic<std::uint64_t> in_flight{0};   ///< POST /payments being handled now
+    std::atomic<std::uint64_t> requests{0};   ///< POST /payments received, whatever their answer
+    std::atomic<std::uint64_t> replayed{0};   ///< answers replayed from a recorded result (Idempotent-Replayed)
+    std::atomic<std::uint64_t> charges{0};    ///< charges the processor was asked for: operations executed
+    std::atomic<std::uint64_t> in_flight{0};  ///< POST /payments being handled now
 
     static void add(std::atomic<std::uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
@@ -383,8 +382,7 @@ struct http_metrics {
         put("requests_total", "counter", "POST /payments requests received.", get(requests));
         put("duplicates_replayed_total", "counter", "Answers replayed from a recorded result (Idempotent-Replayed: true).",
             get(replayed));
-        put("charges_total", "counter", "Charges the payment processor was asked for (operations executed).",
-            get(charges));
+        put("charges_total", "counter", "Charges the payment processor was asked for (operations executed).", get(charges));
         put("in_flight", "gauge", "POST /payments requests being handled now.",
             std::to_string(in_flight.load(std::memory_order_relaxed)));
         return out;
@@ -596,8 +594,7 @@ std::optional<config> parse_args(int argc, char** argv) {
             else return std::nullopt;
         }
     }
-    if (c.threads == 0 || c.lease.count() <= 0 || (c.use_idem && c.db.empty() == c.pg.empty()))
-        return std::nullopt;
+    if (c.threads == 0 || c.lease.count() <= 0 || (c.use_idem && c.db.empty() == c.pg.empty())) return std::nullopt;
     c.opts.lease = c.lease;
     return c;
 }
@@ -609,9 +606,10 @@ std::pair<std::string, bool> ledger_path(const config& c) {
     if (!c.ledger.empty()) return {c.ledger, false};
     if (!c.db.empty() && c.db != ":memory:") return {c.db + "-ledger", false};
     if (c.use_idem)
-        throw std::runtime_error("the in-process processor keeps its charges in a file, and with no SQLite file to put "
-                                 "it beside (--pg, --db :memory:) --ledger PATH must name it (or charge through "
-                                 "--processor URL)");
+        throw std::runtime_error(
+            "the in-process processor keeps its charges in a file, and with no SQLite file to put "
+            "it beside (--pg, --db :memory:) --ledger PATH must name it (or charge through "
+            "--processor URL)");
     const char* dir = std::getenv("TMPDIR");
     std::string name = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/payment-ledger-XXXXXX";
     const int fd = ::mkstemp(name.data());
@@ -656,14 +654,16 @@ int main(int argc, char** argv) {
             opts.resolve = [p = proc.get()](const idem::expired_claim& c) {
                 const charge_result r = p->void_attempt(std::string(c.key), c.fence);
                 switch (r.result) {
-                    case charge_result::kind::charged: return idem::resolver_answer{idem::resolution::succeeded, r.charge_id};
+                    case charge_result::kind::charged:
+                        return idem::resolver_answer{idem::resolution::succeeded, r.charge_id};
                     case charge_result::kind::declined: return idem::resolver_answer{idem::resolution::not_executed, 0};
                     case charge_result::kind::unknown: break;
                 }
                 return idem::resolver_answer{idem::resolution::unknown, 0};
             };
             std::unique_ptr<idem::store> st;
-            if (!cfg->pg.empty()) st = std::make_unique<idem::postgres_store>(cfg->pg, std::chrono::seconds(5), cfg->pg_lanes);
+            if (!cfg->pg.empty())
+                st = std::make_unique<idem::postgres_store>(cfg->pg, std::chrono::seconds(5), cfg->pg_lanes);
             else st = std::make_unique<idem::sqlite_store>(cfg->db, /*full_sync=*/false);
             g = std::make_unique<idem::durable_guard>(std::move(st), opts, cfg->so);
         }
@@ -686,13 +686,17 @@ int main(int argc, char** argv) {
             text += metrics.exposition();
             res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
         });
-        const int port = cfg->port == 0 ? svr.bind_to_any_port("127.0.0.1") : (svr.bind_to_port("127.0.0.1", cfg->port) ? cfg->port : -1);
+        const int port = cfg->port == 0 ? svr.bind_to_any_port("127.0.0.1")
+                                        : (svr.bind_to_port("127.0.0.1", cfg->port) ? cfg->port : -1);
         if (port < 0) throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(cfg->port));
         running = &svr;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
         std::printf("payment_server: listening on 127.0.0.1:%d (%s, %s)\n", port,
-                    !cfg->use_idem ? "no idem" : !cfg->pg.empty() ? "postgresql" : "sqlite", where.c_str());
+                    !cfg->use_idem     ? "no idem"
+                    : !cfg->pg.empty() ? "postgresql"
+                                       : "sqlite",
+                    where.c_str());
         std::fflush(stdout);
         svr.listen_after_bind();
         running = nullptr;

@@ -43,12 +43,12 @@ namespace idem {
 
 /// What recovery found and how long it took.
 struct recovery_report {
-    std::size_t records = 0;          ///< records loaded into memory (the hot window and every claim)
-    std::size_t processing = 0;       ///< claims that were in flight at the crash
-    std::size_t compensated = 0;      ///< of those, resolved at start
-    std::size_t refused = 0;          ///< records the table had no room for (capacity)
-    std::size_t cold = 0;             ///< records of the idempotency window left in the store, in the cold window
-    std::size_t expired = 0;          ///< records past the idempotency window: forgotten (prune removes them)
+    std::size_t records = 0;                   ///< records loaded into memory (the hot window and every claim)
+    std::size_t processing = 0;                ///< claims that were in flight at the crash
+    std::size_t compensated = 0;               ///< of those, resolved at start
+    std::size_t refused = 0;                   ///< records the table had no room for (capacity)
+    std::size_t cold = 0;                      ///< records of the idempotency window left in the store, in the cold window
+    std::size_t expired = 0;                   ///< records past the idempotency window: forgotten (prune removes them)
     std::chrono::nanoseconds elapsed{0};       ///< from the first read to serving
     std::chrono::nanoseconds cold_elapsed{0};  ///< of that, building the cold window's filter
 };
@@ -75,7 +75,8 @@ public:
         recover();
         pipeline_.start();
         detail::guard_access::set_flush_marks(
-            guard_, [this] { return pipeline_.issued(); }, [this](std::uint64_t seq) { return pipeline_.decided_through(seq); });
+            guard_, [this] { return pipeline_.issued(); },
+            [this](std::uint64_t seq) { return pipeline_.decided_through(seq); });
         report_.compensated = guard_.compensate();
         detail::guard_access::start_maintenance(guard_);
     }
@@ -192,13 +193,20 @@ inline std::string to_prometheus(const recovery_report& r) {
     auto seconds = [](std::chrono::nanoseconds d) {
         return detail::prometheus_seconds(static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count())));
     };
-    gauge("recovery_seconds", "Time from the first read of the store to serving, at this process's start.", seconds(r.elapsed));
-    gauge("recovery_cold_seconds", "Of the recovery, time spent building the cold window's filter.", seconds(r.cold_elapsed));
-    gauge("recovery_records", "Records loaded into memory at start (the hot window and every claim).", std::to_string(r.records));
-    gauge("recovery_claims_in_flight", "Claims that were in flight when the previous process stopped.", std::to_string(r.processing));
-    gauge("recovery_claims_compensated", "Of those claims, the ones the resolver decided at start.", std::to_string(r.compensated));
-    gauge("recovery_cold_records", "Records of the idempotency window left in the store (the cold window).", std::to_string(r.cold));
-    gauge("recovery_expired_records", "Records past the idempotency window found at start (forgotten).", std::to_string(r.expired));
+    gauge("recovery_seconds", "Time from the first read of the store to serving, at this process's start.",
+          seconds(r.elapsed));
+    gauge("recovery_cold_seconds", "Of the recovery, time spent building the cold window's filter.",
+          seconds(r.cold_elapsed));
+    gauge("recovery_records", "Records loaded into memory at start (the hot window and every claim).",
+          std::to_string(r.records));
+    gauge("recovery_claims_in_flight", "Claims that were in flight when the previous process stopped.",
+          std::to_string(r.processing));
+    gauge("recovery_claims_compensated", "Of those claims, the ones the resolver decided at start.",
+          std::to_string(r.compensated));
+    gauge("recovery_cold_records", "Records of the idempotency window left in the store (the cold window).",
+          std::to_string(r.cold));
+    gauge("recovery_expired_records", "Records past the idempotency window found at start (forgotten).",
+          std::to_string(r.expired));
     gauge("recovery_refused_records", "Records memory had no room for at start.", std::to_string(r.refused));
     return out;
 }

@@ -97,9 +97,7 @@ inline const std::error_category& error_category() noexcept {
     return instance;
 }
 
-inline std::error_code make_error_code(errc e) noexcept {
-    return {static_cast<int>(e), error_category()};
-}
+inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 /// The one exception type of the library. code() is always in idem::error_category().
 class error : public std::system_error {

@@ -67,17 +67,17 @@ struct global_stats {
     std::uint64_t claims_lost = 0;  ///< the key had a row in another state: the winner's state was returned
     std::uint64_t superseded = 0;   ///< options.ordered_versions: claims refused, a newer version of their pair was claimed
     std::uint64_t claim_batches = 0;
-    std::uint64_t completions = 0;      ///< completions (and releases) the store took
+    std::uint64_t completions = 0;  ///< completions (and releases) the store took
     std::uint64_t stale_completions = 0;
     std::uint64_t completion_batches = 0;
-    std::uint64_t compensated = 0;       ///< expired claims this node resolved
-    std::uint64_t doubt_marks = 0;       ///< expired claims the resolver could not decide (audited once per node)
-    std::uint64_t withdrawn = 0;         ///< claims won after their caller gave up, released again
-    std::uint64_t commits_in_doubt = 0;  ///< COMMITs that went unanswered (each resolved by batch id)
-    std::uint64_t store_errors = 0;      ///< failed store calls (each retried or reported)
-    std::uint64_t timeouts = 0;          ///< callers that stopped waiting (store_unavailable)
-    std::uint64_t pruned_records = 0;    ///< records this node's prunes removed (past global_options::window)
-    std::uint64_t pruned_audit_rows = 0; ///< audit rows they removed (past global_options::audit_window)
+    std::uint64_t compensated = 0;        ///< expired claims this node resolved
+    std::uint64_t doubt_marks = 0;        ///< expired claims the resolver could not decide (audited once per node)
+    std::uint64_t withdrawn = 0;          ///< claims won after their caller gave up, released again
+    std::uint64_t commits_in_doubt = 0;   ///< COMMITs that went unanswered (each resolved by batch id)
+    std::uint64_t store_errors = 0;       ///< failed store calls (each retried or reported)
+    std::uint64_t timeouts = 0;           ///< callers that stopped waiting (store_unavailable)
+    std::uint64_t pruned_records = 0;     ///< records this node's prunes removed (past global_options::window)
+    std::uint64_t pruned_audit_rows = 0;  ///< audit rows they removed (past global_options::audit_window)
 };
 
 /// scope::global's counters in the Prometheus text exposition format. Its series have names of their
@@ -109,7 +109,8 @@ inline std::string to_prometheus(const global_stats& s) {
     put("superseded_total", "Claims refused because a newer version was claimed.", s.superseded);
     put("claim_batches_total", "Claim statements sent (batches).", s.claim_batches);
     put("completions_total", "Completions written to PostgreSQL.", s.completions);
-    put("stale_completions_total", "Completions refused because the claim was no longer current (fenced).", s.stale_completions);
+    put("stale_completions_total", "Completions refused because the claim was no longer current (fenced).",
+        s.stale_completions);
     put("completion_batches_total", "Completion statements sent (batches).", s.completion_batches);
     put("compensated_total", "Expired claims decided by compensation (the resolver).", s.compensated);
     put("doubt_marks_total", "Claims marked in doubt.", s.doubt_marks);

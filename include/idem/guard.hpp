@@ -152,7 +152,9 @@ public:
 
     /// Calls fn(std::string key, record_view) for every record in memory.
     template <class Fn>
-    void for_each(Fn&& fn) const { table_.for_each(std::forward<Fn>(fn)); }
+    void for_each(Fn&& fn) const {
+        table_.for_each(std::forward<Fn>(fn));
+    }
 
     [[nodiscard]] const options& opts() const noexcept { return table_.opts(); }
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept { return table_.now(); }
@@ -164,13 +166,12 @@ private:
     /// The table's answer into the public result r (built empty; its payload already filled by
     /// the table): a ticket for an acquired claim. r is returned by NRVO, so no std::string is
     /// moved (a move copies the small buffer with a memcpy call, which no answer should pay).
-    void fill(result_type& r, const typename detail::table::record_table<Atomic, Clock>::begin_answer& a, const key& k) noexcept {
+    void fill(result_type& r, const typename detail::table::record_table<Atomic, Clock>::begin_answer& a,
+              const key& k) noexcept {
         r.status = a.status;
         r.fence = a.fence;
-        if (a.status == begin_status::acquired)
-            r.ticket.adopt(&table_, a.claim, k);
-        else
-            r.outcome = a.outcome;
+        if (a.status == begin_status::acquired) r.ticket.adopt(&table_, a.claim, k);
+        else r.outcome = a.outcome;
     }
 
     /// run()'s words for the answers only this scope gives its reasons for.
@@ -220,7 +221,7 @@ private:
     }
 
     detail::table::record_table<Atomic, Clock> table_;
-    std::function<std::uint64_t()> issued_;        ///< the sink's last sequence number taken (none: 1)
+    std::function<std::uint64_t()> issued_;       ///< the sink's last sequence number taken (none: 1)
     std::function<bool(std::uint64_t)> decided_;  ///< every row up to seq is committed or set aside (none: true)
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -247,7 +248,9 @@ struct guard_access {
     }
     /// New fences start above `max_seen` (the store's largest fence).
     template <class G>
-    static void set_fence_floor(G& g, std::uint64_t max_seen) noexcept { g.table_.set_fence_floor(max_seen); }
+    static void set_fence_floor(G& g, std::uint64_t max_seen) noexcept {
+        g.table_.set_fence_floor(max_seen);
+    }
     /// collect() evicts a generation only once its rows are in the store: `issued()` is the last
     /// sequence number the sink handed out, `decided(seq)` whether every row up to seq is
     /// committed or set aside (detail/table/rotation.hpp, rotate_if_due).
@@ -260,14 +263,18 @@ struct guard_access {
     /// everything offered so far is.
     template <class G>
     static void set_all_flushed(G& g, std::function<bool()> flushed) {
-        set_flush_marks(g, [] { return std::uint64_t{1}; }, [f = std::move(flushed)](std::uint64_t) { return f(); });
+        set_flush_marks(
+            g, [] { return std::uint64_t{1}; }, [f = std::move(flushed)](std::uint64_t) { return f(); });
     }
     /// The cold window (detail/table/window_filter.hpp): keys evicted from memory that the store
     /// remembers. Enabled before the guard is shared; remember_cold() at recovery.
     template <class G>
-    static void enable_cold_window(G& g, std::chrono::nanoseconds window) { g.table_.enable_cold_window(window); }
+    static void enable_cold_window(G& g, std::chrono::nanoseconds window) {
+        g.table_.enable_cold_window(window);
+    }
     template <class G>
-    [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, const key& k, std::chrono::nanoseconds updated) noexcept {
+    [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, const key& k,
+                                                                std::chrono::nanoseconds updated) noexcept {
         return g.table_.cold_entry(k, updated);
     }
     template <class G>
@@ -276,10 +283,14 @@ struct guard_access {
     }
     /// Starts the maintenance thread of a guard built with defer_maintenance (after recovery).
     template <class G>
-    static void start_maintenance(G& g) { g.start_maintenance(); }
+    static void start_maintenance(G& g) {
+        g.start_maintenance();
+    }
     /// Stops it before the owner stops what maintenance uses (the durable guard's flusher).
     template <class G>
-    static void stop_maintenance(G& g) { g.stop_maintenance(); }
+    static void stop_maintenance(G& g) {
+        g.stop_maintenance();
+    }
 };
 
 }  // namespace detail

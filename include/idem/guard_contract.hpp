@@ -46,10 +46,10 @@ template <class Ticket>
 struct [[nodiscard]] begin_result_of {
     using ticket_type = Ticket;
     begin_status status;
-    Ticket ticket;               ///< valid only when status == acquired
-    std::uint64_t outcome = 0;   ///< the recorded outcome (succeeded), failure code (failed), or the
-                                 ///< newest version claimed of the key's (txid, operation) (superseded)
-    std::uint64_t fence = 0;     ///< the record's fence; 0 when the scope answered without knowing it
+    Ticket ticket;              ///< valid only when status == acquired
+    std::uint64_t outcome = 0;  ///< the recorded outcome (succeeded), failure code (failed), or the
+                                ///< newest version claimed of the key's (txid, operation) (superseded)
+    std::uint64_t fence = 0;    ///< the record's fence; 0 when the scope answered without knowing it
     /// The response payload recorded with the outcome (ticket.succeed(outcome, payload)), replayed
     /// byte for byte when status is succeeded (or failed, if one was recorded); empty otherwise,
     /// and empty for a record completed without one. An empty std::string does not allocate, and
@@ -63,8 +63,8 @@ struct [[nodiscard]] begin_result_of {
 /// How run() treats a key it meets.
 struct run_options {
     duplicate_policy on_duplicate = duplicate_policy::replay;
-    std::uint64_t fingerprint = 0;                       ///< 0: no payload check
-    std::chrono::nanoseconds wait{0};                    ///< wait this long for an in-flight outcome
+    std::uint64_t fingerprint = 0;                                      ///< 0: no payload check
+    std::chrono::nanoseconds wait{0};                                   ///< wait this long for an in-flight outcome
     std::chrono::nanoseconds record_timeout = std::chrono::seconds(5);  ///< retry recording success this long
 };
 
@@ -165,10 +165,8 @@ public:
             case begin_status::acquired: break;
             case begin_status::succeeded:
                 if (ro.on_duplicate == duplicate_policy::replay) {
-                    if constexpr (as_payload)
-                        return detail::decode_result<R>(r.payload, name());
-                    else
-                        return result_t{r.outcome};
+                    if constexpr (as_payload) return detail::decode_result<R>(r.payload, name());
+                    else return result_t{r.outcome};
                 }
                 throw error(errc::duplicate_request,
                             name() + " already succeeded" +
@@ -181,11 +179,9 @@ public:
                 throw error(errc::in_doubt, name() + " has an expired claim whose outcome is unknown");
             case begin_status::payload_mismatch:
                 throw error(errc::payload_mismatch, name() + " was used before with a different request payload");
-            case begin_status::capacity_exhausted:
-                throw error(errc::capacity_exhausted, g.refusal_message(r.status, k));
+            case begin_status::capacity_exhausted: throw error(errc::capacity_exhausted, g.refusal_message(r.status, k));
             case begin_status::backpressure: throw error(errc::backpressure, g.refusal_message(r.status, k));
-            case begin_status::store_unavailable:
-                throw error(errc::store_unavailable, g.refusal_message(r.status, k));
+            case begin_status::store_unavailable: throw error(errc::store_unavailable, g.refusal_message(r.status, k));
             case begin_status::invalid_key: throw error(errc::invalid_key, g.refusal_message(r.status, k));
             case begin_status::superseded:
                 throw error(errc::superseded, name() + " is superseded: version " + std::to_string(r.outcome) +
@@ -217,8 +213,8 @@ public:
                         ? "its result's payload of " + std::to_string(enc.bytes.size()) +
                               " bytes exceeds options.max_payload = " + std::to_string(g.opts().max_payload)
                         : "its result's payload of " + std::to_string(enc.bytes.size()) +
-                              " bytes does not fit: options.payload_budget = " +
-                              std::to_string(g.opts().payload_budget) + " is spent in this generation";
+                              " bytes does not fit: options.payload_budget = " + std::to_string(g.opts().payload_budget) +
+                              " is spent in this generation";
                 throw error(static_cast<errc>(ec.value()),
                             name() + ": it ran, but " + why +
                                 "; the claim is left in doubt (duplicates answer in_doubt) until options.resolve "

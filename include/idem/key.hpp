@@ -76,8 +76,7 @@ public:
         if (a == std::string_view::npos) return std::nullopt;
         const std::size_t b = text.find(separator, a + 1);
         if (b == std::string_view::npos || text.find(separator, b + 1) != std::string_view::npos) return std::nullopt;
-        const std::string_view txid = text.substr(0, a), operation = text.substr(a + 1, b - a - 1),
-                               v = text.substr(b + 1);
+        const std::string_view txid = text.substr(0, a), operation = text.substr(a + 1, b - a - 1), v = text.substr(b + 1);
         if (txid.empty() || operation.empty() || v.size() < 2 || v[0] != 'v') return std::nullopt;
         const std::string_view digits = v.substr(1);
         if (digits.size() > 1 && digits[0] == '0') return std::nullopt;
@@ -102,17 +101,32 @@ public:
         const auto* end = p + text.size();
         while (p < end) {
             const unsigned char c = *p;
-            if (c < 0x80) { ++p; continue; }
+            if (c < 0x80) {
+                ++p;
+                continue;
+            }
             std::size_t n;
             unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
             if (c >= 0xc2 && c <= 0xdf) n = 1;
-            else if (c == 0xe0) { n = 2; lo = 0xa0; }
-            else if (c == 0xed) { n = 2; hi = 0x9f; }  // no UTF-16 surrogates
-            else if (c >= 0xe1 && c <= 0xef) n = 2;
-            else if (c == 0xf0) { n = 3; lo = 0x90; }
-            else if (c >= 0xf1 && c <= 0xf3) n = 3;
-            else if (c == 0xf4) { n = 3; hi = 0x8f; }  // nothing above U+10FFFF
-            else return false;
+            else if (c == 0xe0) {
+                n = 2;
+                lo = 0xa0;
+            } else if (c == 0xed) {
+                n = 2;
+                hi = 0x9f;
+            }  // no UTF-16 surrogates
+            else if (c >= 0xe1 && c <= 0xef)
+                n = 2;
+            else if (c == 0xf0) {
+                n = 3;
+                lo = 0x90;
+            } else if (c >= 0xf1 && c <= 0xf3) n = 3;
+            else if (c == 0xf4) {
+                n = 3;
+                hi = 0x8f;
+            }  // nothing above U+10FFFF
+            else
+                return false;
             if (static_cast<std::size_t>(end - p) <= n) return false;
             if (p[1] < lo || p[1] > hi) return false;
             for (std::size_t i = 2; i <= n; ++i)
@@ -148,8 +162,7 @@ public:
             return false;
         };
         if (text.empty()) return fail("is empty; a key needs 1 to 128 bytes");
-        if (text.size() > max_size)
-            return fail("is " + std::to_string(text.size()) + " bytes; the limit is 128");
+        if (text.size() > max_size) return fail("is " + std::to_string(text.size()) + " bytes; the limit is 128");
         for (std::size_t i = 0; i < text.size(); ++i) {
             auto c = static_cast<unsigned char>(text[i]);
             if (c == 0) return fail("holds a NUL byte at offset " + std::to_string(i));
@@ -165,7 +178,6 @@ public:
     key() = default;
 
 private:
-
     static bool check_component(std::string_view text, const char* what, std::string* why) {
         if (!check(text, what, why)) return false;
         if (text.find(separator) != std::string_view::npos) {

@@ -98,8 +98,7 @@ using resolver = std::function<resolver_answer(const expired_claim&)>;
 /// The default clock: std::chrono::steady_clock in nanoseconds. Thread-safe, no state.
 struct steady_clock_source {
     [[nodiscard]] std::chrono::nanoseconds now() const noexcept {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-            std::chrono::steady_clock::now().time_since_epoch());
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch());
     }
 };
 

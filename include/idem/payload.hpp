@@ -81,7 +81,7 @@ inline constexpr bool is_byte_span_v<std::span<std::byte, N>> = true;
 
 template <class T>
 concept outcome_result = std::is_void_v<T> || std::integral<T> ||
-                         (std::is_enum_v<T> && std::integral<std::underlying_type_t<T>>);
+    (std::is_enum_v<T>&& std::integral<std::underlying_type_t<T>>);
 
 template <class T>
 concept bytes_result = std::same_as<T, std::string> || std::same_as<T, std::vector<std::byte>> || is_byte_span_v<T>;
@@ -104,7 +104,9 @@ namespace detail {
 /// Whether a ticket type can record a payload (its class says so: basic_ticket and
 /// global_ticket do).
 template <class Ticket>
-inline constexpr bool carries_payloads_v = requires { requires Ticket::carries_payloads; };
+inline constexpr bool carries_payloads_v = requires {
+    requires Ticket::carries_payloads;
+};
 
 /// What run() returns for a result of type R.
 template <class R>
@@ -114,10 +116,8 @@ using run_result_t = std::conditional_t<outcome_result<R> && !has_codec<R>, std:
 /// The outcome of an outcome_result value (void: not called).
 template <class R>
 [[nodiscard]] constexpr std::uint64_t outcome_of(const R& v) noexcept {
-    if constexpr (std::is_enum_v<R>)
-        return static_cast<std::uint64_t>(static_cast<std::underlying_type_t<R>>(v));
-    else
-        return static_cast<std::uint64_t>(v);
+    if constexpr (std::is_enum_v<R>) return static_cast<std::uint64_t>(static_cast<std::underlying_type_t<R>>(v));
+    else return static_cast<std::uint64_t>(v);
 }
 
 /// The bytes of a payload_result value. A std::string is viewed where it is, not copied.
@@ -146,10 +146,8 @@ template <class R>
 /// What run() returns for the value fn returned (a span becomes the vector it would replay as).
 template <class R>
 [[nodiscard]] run_result_t<R> returned(R&& v) {
-    if constexpr (is_byte_span_v<std::remove_cvref_t<R>>)
-        return std::vector<std::byte>(v.begin(), v.end());
-    else
-        return std::forward<R>(v);
+    if constexpr (is_byte_span_v<std::remove_cvref_t<R>>) return std::vector<std::byte>(v.begin(), v.end());
+    else return std::forward<R>(v);
 }
 
 /// A replayed payload as R. `who` names the key for the error of a payload that cannot be R.
@@ -164,9 +162,9 @@ template <class R>
         return std::vector<std::byte>(p, p + bytes.size());
     } else {
         if (bytes.size() != sizeof(R))
-            throw error(errc::corrupt_record, who + ": the recorded payload has " + std::to_string(bytes.size()) +
-                                                  " bytes; a replay as this result type needs sizeof = " +
-                                                  std::to_string(sizeof(R)));
+            throw error(errc::corrupt_record,
+                        who + ": the recorded payload has " + std::to_string(bytes.size()) +
+                            " bytes; a replay as this result type needs sizeof = " + std::to_string(sizeof(R)));
         struct raw {
             unsigned char b[sizeof(R)];
         } r;  // not R itself: R need not be default-constructible

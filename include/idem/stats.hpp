@@ -34,35 +34,35 @@ struct stats {
                                            ///< is processing, too young, or not yet flushed
     std::uint64_t max_probe = 0;           ///< longest probe sequence seen
     // The cold window (durable guards): keys the store remembers that memory no longer holds.
-    std::uint64_t recalls = 0;             ///< begin() on a key the cold window may hold: the store was read
-    std::uint64_t recalled = 0;            ///< of those, a record in the window (answered from it)
-    std::uint64_t recall_failures = 0;     ///< of those, the store could not be read (store_unavailable)
-    std::uint64_t cold_keys = 0;           ///< keys in the cold window's filter
-    std::uint64_t cold_bytes = 0;          ///< the filter's memory
-    std::uint64_t pruned_records = 0;      ///< records the background prune removed (this process)
-    std::uint64_t pruned_audit_rows = 0;   ///< audit rows it removed
+    std::uint64_t recalls = 0;            ///< begin() on a key the cold window may hold: the store was read
+    std::uint64_t recalled = 0;           ///< of those, a record in the window (answered from it)
+    std::uint64_t recall_failures = 0;    ///< of those, the store could not be read (store_unavailable)
+    std::uint64_t cold_keys = 0;          ///< keys in the cold window's filter
+    std::uint64_t cold_bytes = 0;         ///< the filter's memory
+    std::uint64_t pruned_records = 0;     ///< records the background prune removed (this process)
+    std::uint64_t pruned_audit_rows = 0;  ///< audit rows it removed
     // Filled by a durable store pipeline; zero for a memory-only guard.
     std::uint64_t flush_batches = 0;
     std::uint64_t flushed_transitions = 0;
     std::uint64_t queue_depth = 0;
-    std::uint64_t flush_lag_ns = 0;        ///< the last committed batch: from gathering its first row to its commit
+    std::uint64_t flush_lag_ns = 0;  ///< the last committed batch: from gathering its first row to its commit
     std::uint64_t store_errors = 0;
-    std::uint64_t rejected_rows = 0;       ///< rows the store can never take, set aside (last_store_error() names the last)
-    std::uint64_t flusher_cpu_ns = 0;      ///< CPU time the flusher thread has used; / flushed_transitions = its cost per row
+    std::uint64_t rejected_rows = 0;   ///< rows the store can never take, set aside (last_store_error() names the last)
+    std::uint64_t flusher_cpu_ns = 0;  ///< CPU time the flusher thread has used; / flushed_transitions = its cost per row
 };
 
 /// One operation's claim-to-completion times in this process and the lease its claims get now
 /// (options.adaptive; guard::operation_latencies()). p50/p99 are the upper edges of their histogram
 /// buckets: never below the true value, at most 12.5% above (detail/table/lease_histogram.hpp).
 struct operation_latency {
-    std::string operation;                  ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes, so two
-                                            ///< operations may show one name); "" for the shared histogram of
-                                            ///< operations beyond the table's 64
-    std::uint64_t samples = 0;              ///< terminal completions measured (halved by ageing)
-    std::chrono::nanoseconds p50{0};        ///< 0 without samples
-    std::chrono::nanoseconds p99{0};        ///< 0 without samples; nanoseconds::max(): 73 min or more
-    std::chrono::nanoseconds lease{0};      ///< what a claim of this operation gets now
-    bool adaptive = false;                  ///< lease is clamp(k x p99, min, max); false: options.lease
+    std::string operation;              ///< the OPERATION of TXID_OPERATION_vN (cut at 32 bytes, so two
+                                        ///< operations may show one name); "" for the shared histogram of
+                                        ///< operations beyond the table's 64
+    std::uint64_t samples = 0;          ///< terminal completions measured (halved by ageing)
+    std::chrono::nanoseconds p50{0};    ///< 0 without samples
+    std::chrono::nanoseconds p99{0};    ///< 0 without samples; nanoseconds::max(): 73 min or more
+    std::chrono::nanoseconds lease{0};  ///< what a claim of this operation gets now
+    bool adaptive = false;              ///< lease is clamp(k x p99, min, max); false: options.lease
 };
 
 namespace detail {
@@ -124,20 +124,26 @@ inline void append_prometheus(std::string& out, const stats& s, std::string_view
     put("acquired_total", "counter", "Claims granted: the caller runs the operation.", s.acquired);
     put("duplicates_total", "counter", "Requests answered with a recorded result instead of running again.", s.duplicates);
     put("in_progress_hits_total", "counter", "Requests that found the key claimed by another caller.", s.in_progress_hits);
-    put("payload_mismatches_total", "counter", "Requests whose fingerprint differed from the recorded request of their key.", s.payload_mismatches);
+    put("payload_mismatches_total", "counter", "Requests whose fingerprint differed from the recorded request of their key.",
+        s.payload_mismatches);
     put("superseded_total", "counter", "Claims refused because a newer version of the operation was claimed.", s.superseded);
     put("succeeded_total", "counter", "Claims completed as succeeded.", s.succeeded);
     put("failed_total", "counter", "Claims completed as failed terminally.", s.failed);
     put("released_total", "counter", "Claims released after a retryable failure: the key may be claimed again.", s.released);
-    put("stale_tickets_total", "counter", "Completions refused because the claim was no longer current (fenced).", s.stale_tickets);
-    put("in_doubt_total", "counter", "Claims marked in doubt: the operation may have run; the resolver decides.", s.in_doubt);
+    put("stale_tickets_total", "counter", "Completions refused because the claim was no longer current (fenced).",
+        s.stale_tickets);
+    put("in_doubt_total", "counter", "Claims marked in doubt: the operation may have run; the resolver decides.",
+        s.in_doubt);
     put("compensated_total", "counter", "Expired claims decided by compensation (the resolver).", s.compensated);
     put("reclaimed_total", "counter", "Expired claims taken over by a new claim.", s.reclaimed);
-    put("capacity_exhausted_total", "counter", "Requests refused because memory held too many claims in flight.", s.capacity_exhausted);
-    put("backpressure_total", "counter", "Requests refused because the flush queue was full (the store is slow or down).", s.backpressure);
+    put("capacity_exhausted_total", "counter", "Requests refused because memory held too many claims in flight.",
+        s.capacity_exhausted);
+    put("backpressure_total", "counter", "Requests refused because the flush queue was full (the store is slow or down).",
+        s.backpressure);
     put("evicted_total", "counter", "Decided records evicted from memory into the cold window.", s.evicted);
     put("rotations_total", "counter", "Generations of the record table recycled.", s.rotations);
-    put("rotations_blocked_total", "counter", "Rotations that could not run yet (claims in flight or rows not durable).", s.rotations_blocked);
+    put("rotations_blocked_total", "counter", "Rotations that could not run yet (claims in flight or rows not durable).",
+        s.rotations_blocked);
     put("max_probe", "gauge", "Longest probe sequence seen in the record table.", s.max_probe);
     put("recalls_total", "counter", "Requests for evicted keys that asked the store.", s.recalls);
     put("recalled_total", "counter", "Recalls that found a record in the store.", s.recalled);
@@ -145,13 +151,17 @@ inline void append_prometheus(std::string& out, const stats& s, std::string_view
     put("cold_keys", "gauge", "Keys in the cold window filter.", s.cold_keys);
     put("cold_bytes", "gauge", "Memory of the cold window filter in bytes.", s.cold_bytes);
     put("pruned_records_total", "counter", "Records removed from the store past the idempotency window.", s.pruned_records);
-    put("pruned_audit_rows_total", "counter", "Audit rows removed from the store past the audit window.", s.pruned_audit_rows);
+    put("pruned_audit_rows_total", "counter", "Audit rows removed from the store past the audit window.",
+        s.pruned_audit_rows);
     put("flush_batches_total", "counter", "Batches committed to the store.", s.flush_batches);
     put("flushed_transitions_total", "counter", "Transitions committed to the store.", s.flushed_transitions);
     put("queue_depth", "gauge", "Transitions waiting to be written to the store.", s.queue_depth);
-    put_seconds("flush_lag_seconds", "gauge", "Time the last committed batch took from gathering its first row to its commit.", s.flush_lag_ns);
-    put("store_errors_total", "counter", "Store calls that failed (outages, unknown commits, rejected rows).", s.store_errors);
-    put("rejected_rows_total", "counter", "Rows the store can never take, set aside (an incident: their decisions are kept in memory only).", s.rejected_rows);
+    put_seconds("flush_lag_seconds", "gauge",
+                "Time the last committed batch took from gathering its first row to its commit.", s.flush_lag_ns);
+    put("store_errors_total", "counter", "Store calls that failed (outages, unknown commits, rejected rows).",
+        s.store_errors);
+    put("rejected_rows_total", "counter",
+        "Rows the store can never take, set aside (an incident: their decisions are kept in memory only).", s.rejected_rows);
     put_seconds("flusher_cpu_seconds_total", "counter", "CPU time used by the flusher thread.", s.flusher_cpu_ns);
 }
 

@@ -44,7 +44,7 @@ struct store_options {
     /// net only (a lost wake-up would cost at most this much latency), and what an idle guard costs:
     /// about one wake-up per idle_sleep (docs/operations.md, "An idle guard").
     std::chrono::nanoseconds idle_sleep = std::chrono::milliseconds(100);
-    std::chrono::nanoseconds max_backoff = std::chrono::seconds(1);       ///< longest pause between retries
+    std::chrono::nanoseconds max_backoff = std::chrono::seconds(1);  ///< longest pause between retries
     /// Audit node identity; empty: HOST:PID:RRRRRR (detail/node_identity.hpp). (Brace-initialized so that a designated
     /// initializer leaving it out compiles under -Wextra -Werror: -Wmissing-field-initializers.)
     std::string node{};

@@ -20,9 +20,9 @@ namespace idem {
 /// through the lock-free flush queue by value.
 struct store_row {
     transition t;
-    std::uint64_t seq = 0;             ///< order of offer; rows of one key are applied in seq order
-    std::int64_t at_ms = 0;            ///< when the transition happened (system_clock)
-    std::int64_t lease_until_ms = 0;   ///< lease deadline (system_clock), for PROCESSING rows
+    std::uint64_t seq = 0;            ///< order of offer; rows of one key are applied in seq order
+    std::int64_t at_ms = 0;           ///< when the transition happened (system_clock)
+    std::int64_t lease_until_ms = 0;  ///< lease deadline (system_clock), for PROCESSING rows
 };
 
 /// The `status` column. A retryable failure or a not-executed compensation leaves the row with
@@ -82,7 +82,9 @@ using detail::rows::payload_hash;
 /// What an audit row says of a payload: " payload=NB fnv=HHHHHHHHHHHHHHHH" (16 lower-case hex
 /// digits), or "" when there is none: the length and a hash, not the bytes
 /// (detail/rows/audit_detail.hpp says why, and holds the one formatter and parser of the text).
-[[nodiscard]] inline std::string payload_detail(std::string_view payload) { return detail::rows::format_payload_part(payload); }
+[[nodiscard]] inline std::string payload_detail(std::string_view payload) {
+    return detail::rows::format_payload_part(payload);
+}
 
 /// The detail column of an audit row: "<cause> outcome=N" and the payload part, if any.
 [[nodiscard]] inline std::string audit_detail(const transition& t) {

@@ -61,9 +61,7 @@ public:
     [[nodiscard]] bool valid() const noexcept { return table_ != nullptr; }
 
     /// The claim's fencing token (0 for an empty ticket).
-    [[nodiscard]] std::uint64_t fence() const noexcept {
-        return table_ ? detail::table::state_word::fence(ref_.word) : 0;
-    }
+    [[nodiscard]] std::uint64_t fence() const noexcept { return table_ ? detail::table::state_word::fence(ref_.word) : 0; }
     [[nodiscard]] const key& get_key() const noexcept { return key_; }
 
     /// succeed(outcome, payload) records response bytes with the outcome (ticket_contract).
@@ -107,12 +105,15 @@ private:
     [[nodiscard]] failure_policy on_failure() const noexcept { return table_->opts().on_failure; }
     void forget() noexcept { table_ = nullptr; }
     /// leave_in_doubt(): the claim is marked in doubt for the resolver (record_table::hold_in_doubt).
-    void hold() noexcept { table_->hold_in_doubt(key_, ref_); table_ = nullptr; }
+    void hold() noexcept {
+        table_->hold_in_doubt(key_, ref_);
+        table_ = nullptr;
+    }
 
     std::error_code finish(transition_cause cause, std::uint64_t outcome, std::string_view payload = {}) noexcept {
         const detail::table::slot_state to = cause == transition_cause::succeed ? detail::table::slot_state::succeeded
-                                      : cause == transition_cause::fail  ? detail::table::slot_state::failed
-                                                                         : detail::table::slot_state::released;
+                                             : cause == transition_cause::fail  ? detail::table::slot_state::failed
+                                                                                : detail::table::slot_state::released;
         std::error_code ec = table_->complete(key_, ref_, to, outcome, cause, false, true, payload);
         // done or stale: the claim is gone. Refusals that change nothing keep it (retry).
         if (ec != errc::backpressure && ec != errc::busy &&

@@ -54,14 +54,14 @@ std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>&
 
 /// Why a transition happened; stored in the audit trail's `detail` column.
 enum class transition_cause : std::uint8_t {
-    claim,            ///< begin() granted a claim
-    reclaim,          ///< an expired claim was taken over (reclaim_expired)
-    succeed,          ///< ticket.succeed()
-    fail,             ///< ticket.fail() with the terminal policy
-    release,          ///< ticket.fail() retryable, or the ticket was dropped
-    compensate,       ///< the resolver decided an expired claim
-    doubt,            ///< the resolver could not decide: the claim stays PROCESSING in doubt
-    not_durable,      ///< sync mode: the claim could not be made durable and was withdrawn
+    claim,        ///< begin() granted a claim
+    reclaim,      ///< an expired claim was taken over (reclaim_expired)
+    succeed,      ///< ticket.succeed()
+    fail,         ///< ticket.fail() with the terminal policy
+    release,      ///< ticket.fail() retryable, or the ticket was dropped
+    compensate,   ///< the resolver decided an expired claim
+    doubt,        ///< the resolver could not decide: the claim stays PROCESSING in doubt
+    not_durable,  ///< sync mode: the claim could not be made durable and was withdrawn
 };
 
 namespace detail {

@@ -42,11 +42,11 @@ struct verify_report {
     std::uint64_t keys = 0;
     std::uint64_t transitions = 0;
     std::uint64_t reopened = 0;
-    prune_horizon horizon;                ///< the store's (keep_all, keep_all when never pruned)
-    std::uint64_t truncated_trails = 0;   ///< trails whose first rows were pruned
+    prune_horizon horizon;                    ///< the store's (keep_all, keep_all when never pruned)
+    std::uint64_t truncated_trails = 0;       ///< trails whose first rows were pruned
     std::uint64_t records_without_trail = 0;  ///< records whose whole trail was pruned
     std::uint64_t trails_without_record = 0;  ///< trails whose record was pruned
-    std::vector<std::string> violations;  ///< each names the key, the audit sequence and the rule
+    std::vector<std::string> violations;      ///< each names the key, the audit sequence and the rule
 };
 
 namespace detail {
@@ -72,11 +72,9 @@ public:
         ++report_.transitions;
         if (a.from != state_) {
             if (a.from == record_state::absent && claim &&
-                (state_ == record_state::succeeded || state_ == record_state::failed ||
-                 state_ == record_state::released))
+                (state_ == record_state::succeeded || state_ == record_state::failed || state_ == record_state::released))
                 ++report_.reopened;
-            else
-                violation(a, std::string("from ") + to_string(a.from) + " but the previous state was " + to_string(state_));
+            else violation(a, std::string("from ") + to_string(a.from) + " but the previous state was " + to_string(state_));
         }
         if (claim) {
             if (a.fence <= fence_)
@@ -94,7 +92,8 @@ public:
         }
         state_ = a.to;
         fence_ = std::max(fence_, a.fence);
-        last_[a.key] = {state_, fence_, a.at_ms, a.to == record_state::succeeded || a.to == record_state::failed ? a.detail : std::string()};
+        last_[a.key] = {state_, fence_, a.at_ms,
+                        a.to == record_state::succeeded || a.to == record_state::failed ? a.detail : std::string()};
     }
 
     struct last_state {
@@ -137,14 +136,14 @@ inline void check_completion(const stored_record& r, const std::string& detail, 
         report.violations.push_back(name + "its completing audit row names no readable payload: '" + detail + "'");
         return;
     }
-    const std::optional<rows::payload_summary> have =
-        r.payload.empty() ? std::nullopt : std::optional(rows::payload_summary::of(r.payload));
+    const std::optional<rows::payload_summary> have = r.payload.empty()
+                                                          ? std::nullopt
+                                                          : std::optional(rows::payload_summary::of(r.payload));
     const std::optional<rows::payload_summary> want = parsed.fields.payload;
     if (have != want)
-        report.violations.push_back(name + "record's payload is" +
-                                    (have ? " " + rows::payload_summary_text(*have) : std::string(" empty")) +
-                                    " but its completing audit row says" +
-                                    (want ? " " + rows::payload_summary_text(*want) : std::string(" none")));
+        report.violations.push_back(
+            name + "record's payload is" + (have ? " " + rows::payload_summary_text(*have) : std::string(" empty")) +
+            " but its completing audit row says" + (want ? " " + rows::payload_summary_text(*want) : std::string(" none")));
 }
 
 }  // namespace detail
@@ -168,27 +167,23 @@ inline verify_report verify(store& st) {
                     ++report.records_without_trail;  // its whole trail was older than the audit horizon
                     return;
                 }
-                report.violations.push_back(
-                    "key '" + key::printable(r.key) + "' has a record but no audit trail" +
-                    (h.audit_ms == prune_limits::keep_all
-                         ? std::string()
-                         : " (updated_time " + std::to_string(r.updated_ms) +
-                               " is not older than the audit horizon " + std::to_string(h.audit_ms) +
-                               ", so its trail cannot have been pruned)"));
+                report.violations.push_back("key '" + key::printable(r.key) + "' has a record but no audit trail" +
+                                            (h.audit_ms == prune_limits::keep_all
+                                                 ? std::string()
+                                                 : " (updated_time " + std::to_string(r.updated_ms) +
+                                                       " is not older than the audit horizon " + std::to_string(h.audit_ms) +
+                                                       ", so its trail cannot have been pruned)"));
                 return;
             }
             if (it->second.state != r.state || it->second.fence != r.fence)
                 report.violations.push_back("key '" + key::printable(r.key) + "': record is " + to_string(r.state) +
                                             " fence " + std::to_string(r.fence) + " but its last audit row says " +
-                                            to_string(it->second.state) + " fence " +
-                                            std::to_string(it->second.fence));
-            else if (!it->second.completion.empty())
-                detail::check_completion(r, it->second.completion, report);
+                                            to_string(it->second.state) + " fence " + std::to_string(it->second.fence));
+            else if (!it->second.completion.empty()) detail::check_completion(r, it->second.completion, report);
             last.erase(it);
         });
         for (auto& [k, s] : last) {
-            if (h.records_ms != prune_limits::keep_all && s.state != record_state::processing &&
-                s.at_ms < h.records_ms) {
+            if (h.records_ms != prune_limits::keep_all && s.state != record_state::processing && s.at_ms < h.records_ms) {
                 ++report.trails_without_record;  // its record was pruned
                 continue;
             }
@@ -196,9 +191,8 @@ inline verify_report verify(store& st) {
             if (h.records_ms != prune_limits::keep_all)
                 why = s.state == record_state::processing
                           ? " (its last row is PROCESSING, and prune never removes a PROCESSING record)"
-                          : " (its last row, at " + std::to_string(s.at_ms) +
-                                ", is not older than the records horizon " + std::to_string(h.records_ms) +
-                                ", so its record cannot have been pruned)";
+                          : " (its last row, at " + std::to_string(s.at_ms) + ", is not older than the records horizon " +
+                                std::to_string(h.records_ms) + ", so its record cannot have been pruned)";
             report.violations.push_back("key '" + key::printable(k) + "' has an audit trail but no record" + why);
         }
     });

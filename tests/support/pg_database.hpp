@@ -21,8 +21,9 @@ public:
         const char* u = std::getenv("IDEM_TEST_PG_URI");
         server_ = u ? u : "";
         if (server_.empty()) {
-            *why = "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
-                   "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
+            *why =
+                "IDEM_TEST_PG_URI is unset: these tests need a PostgreSQL server "
+                "(scripts/test starts one; or source scripts/lib/postgres.sh && pg_start)";
             return false;
         }
         std::random_device rd;
@@ -30,8 +31,8 @@ public:
         std::snprintf(name, sizeof name, "idem_t_%08x%08x", rd(), rd());
         name_ = name;  // hex digits only: safe to splice into SQL
         try {
-            pqxx::connection c(server_ + (pg::is_uri(server_) ? (server_.find('?') == std::string::npos ? "?" : "&")
-                                                               : " ") + "connect_timeout=10");
+            pqxx::connection c(server_ + (pg::is_uri(server_) ? (server_.find('?') == std::string::npos ? "?" : "&") : " ") +
+                               "connect_timeout=10");
             pqxx::nontransaction n(c);
             n.exec("CREATE DATABASE " + name_);
         } catch (const std::exception& e) {

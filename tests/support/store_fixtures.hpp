@@ -60,9 +60,9 @@ namespace idem {
 
 inline void PrintTo(durability m, std::ostream* os) { *os << (m == durability::sync ? "sync" : "async"); }
 inline void PrintTo(const stored_record& r, std::ostream* os) {
-    *os << "{key '" << key::printable(r.key) << "' biz " << r.biz_type << ' ' << to_string(r.state) << " fence "
-        << r.fence << " lease_until " << r.lease_until_ms << " outcome " << r.outcome << " fp " << r.fingerprint
-        << " created " << r.created_ms << " updated " << r.updated_ms << '}';
+    *os << "{key '" << key::printable(r.key) << "' biz " << r.biz_type << ' ' << to_string(r.state) << " fence " << r.fence
+        << " lease_until " << r.lease_until_ms << " outcome " << r.outcome << " fp " << r.fingerprint << " created "
+        << r.created_ms << " updated " << r.updated_ms << '}';
 }
 inline void PrintTo(const audit_entry& a, std::ostream* os) {
     *os << "{#" << a.sequence << " '" << key::printable(a.key) << "' " << to_string(a.from) << "->" << to_string(a.to)
@@ -134,8 +134,7 @@ public:
         const std::string opts = "size=" + size + ",mode=0700";
         if (::mount("tmpfs", dir_.path().c_str(), "tmpfs", 0, opts.c_str()) != 0)
             error_ = "mount -t tmpfs -o " + opts + " tmpfs " + dir_.path().string() + ": " + std::strerror(errno);
-        else
-            mounted_ = true;
+        else mounted_ = true;
     }
     ~tmpfs_mount() {
         if (mounted_) ::umount2(dir_.path().c_str(), MNT_DETACH);
@@ -228,7 +227,7 @@ inline std::vector<std::string> hostile_keys() {
     // Long UTF-8: 42 three-byte characters (126 bytes), then a 2-byte one: 128 bytes exactly.
     std::string long_utf8;
     for (int i = 0; i < 42; ++i) long_utf8 += "\xe2\x82\xac";  // €
-    long_utf8 += "\xc3\xa9";                                    // é
+    long_utf8 += "\xc3\xa9";                                   // é
     keys.push_back(long_utf8);
     keys.push_back(std::string(128, 'k'));
     // Every byte 0x80..0xff (not valid UTF-8), in two keys of 64 bytes.
@@ -373,12 +372,12 @@ class faulty_store final : public idem::store {
 public:
     explicit faulty_store(idem::store& inner) : inner_(inner) { node_ = inner.node(); }
 
-    std::atomic<bool> down{false};               ///< every apply/committed throws store_unavailable
-    std::atomic<int> fail_applies{0};            ///< the next n applies throw store_unavailable
-    std::atomic<int> unknown_after_commit{0};    ///< the next n applies commit, then throw commit_unknown
-    std::atomic<int> unknown_before_commit{0};   ///< the next n applies throw commit_unknown, not committed
-    std::atomic<int> fail_committed{0};          ///< the next n committed() calls throw store_unavailable
-    std::atomic<int> applies{0};                 ///< apply calls that reached the inner store and committed
+    std::atomic<bool> down{false};              ///< every apply/committed throws store_unavailable
+    std::atomic<int> fail_applies{0};           ///< the next n applies throw store_unavailable
+    std::atomic<int> unknown_after_commit{0};   ///< the next n applies commit, then throw commit_unknown
+    std::atomic<int> unknown_before_commit{0};  ///< the next n applies throw commit_unknown, not committed
+    std::atomic<int> fail_committed{0};         ///< the next n committed() calls throw store_unavailable
+    std::atomic<int> applies{0};                ///< apply calls that reached the inner store and committed
     std::atomic<int> committed_calls{0};
 
     void apply(std::span<const idem::store_row> rows, std::uint64_t batch_id) override {
@@ -612,18 +611,19 @@ bool wait_for(Pred pred, std::chrono::nanoseconds timeout = 20s) {
 template <class Guard>
 class paced_writer {
 public:
-    paced_writer(Guard& g, std::string prefix) : thread_([this, &g, prefix = std::move(prefix)] {
-        for (std::size_t i = 0;; ++i) {
-            for (std::size_t b = budget_.load(); i >= b; b = budget_.load()) {
-                if (stop_.load()) return;
-                budget_.wait(b);
-            }
-            if (stop_.load()) return;
-            auto r = g->begin(idem::key(prefix + std::to_string(i) + "_PAY_v1"));
-            if (r.status == idem::begin_status::acquired) (void)r.ticket.succeed(i);
-            written_.store(i + 1);
-        }
-    }) {}
+    paced_writer(Guard& g, std::string prefix)
+        : thread_([this, &g, prefix = std::move(prefix)] {
+              for (std::size_t i = 0;; ++i) {
+                  for (std::size_t b = budget_.load(); i >= b; b = budget_.load()) {
+                      if (stop_.load()) return;
+                      budget_.wait(b);
+                  }
+                  if (stop_.load()) return;
+                  auto r = g->begin(idem::key(prefix + std::to_string(i) + "_PAY_v1"));
+                  if (r.status == idem::begin_status::acquired) (void)r.ticket.succeed(i);
+                  written_.store(i + 1);
+              }
+          }) {}
     paced_writer(const paced_writer&) = delete;
     paced_writer& operator=(const paced_writer&) = delete;
     ~paced_writer() { stop(); }
@@ -653,8 +653,7 @@ private:
 inline bool wait_wall_past(std::int64_t ms, std::chrono::nanoseconds timeout = 20s) {
     return wait_for(
         [ms] {
-            return std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::system_clock::now().time_since_epoch())
+            return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                        .count() > ms;
         },
         timeout);

@@ -60,8 +60,8 @@ inline std::size_t env_size(const char* name, std::size_t normal, std::size_t ts
 inline std::uint64_t test_seed() {
     const std::uint64_t seed = env_u64("IDEM_SEED", std::random_device{}() * 0x100000001ull ^ std::random_device{}());
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::cout << "[ idem    ] " << (info ? std::string(info->test_suite_name()) + "." + info->name() : "?")
-              << ": seed " << seed << " (replay with IDEM_SEED=" << seed << ")\n";
+    std::cout << "[ idem    ] " << (info ? std::string(info->test_suite_name()) + "." + info->name() : "?") << ": seed "
+              << seed << " (replay with IDEM_SEED=" << seed << ")\n";
     ::testing::Test::RecordProperty("seed", std::to_string(seed));
     return seed;
 }

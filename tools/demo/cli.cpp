@@ -18,8 +18,7 @@ command add_demo(CLI::App& root) {
     c->seed = (std::uint64_t{rd()} << 32) | rd();
 
     CLI::App* app = root.add_subcommand(
-        "demo",
-        "Payment workload with injected duplicates; checks exactly-once execution without asking the guard");
+        "demo", "Payment workload with injected duplicates; checks exactly-once execution without asking the guard");
     app->footer(
         "Sends --requests transfers on an in-memory ledger, --dup-rate of them duplicates (some racing their "
         "original, some later), and checks from the application's own records that every request executed "

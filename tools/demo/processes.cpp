@@ -94,17 +94,17 @@ int run_demo_process(const demo_config& c, const store_spec& spec) {
     for (std::size_t a = 0; a < c.accounts; ++a)
         if (accounts.balance(a) != expected[a]) ++wrong_balances;
     const idem::global_stats gs = g.snapshot();
-    std::printf("process elapsed_us=%lld executed=%llu blocked=%llu replayed=%llu in_flight=%llu wait_timeouts=%llu "
-                "declined=%llu mismatches=%llu unexpected=%llu wrong_balances=%llu conserved=%d local=%llu sent=%llu "
-                "won=%llu lost=%llu batches=%llu completion_batches=%llu store_errors=%llu\n",
-                static_cast<long long>(elapsed_s * 1e6), (unsigned long long)executed, (unsigned long long)blocked,
-                (unsigned long long)replayed, (unsigned long long)in_flight, (unsigned long long)wait_timeouts,
-                (unsigned long long)declined, (unsigned long long)mismatches, (unsigned long long)unexpected,
-                (unsigned long long)wrong_balances, accounts.total() == accounts.opening_total() ? 1 : 0,
-                (unsigned long long)gs.answered_locally, (unsigned long long)gs.claims_sent,
-                (unsigned long long)gs.claims_won, (unsigned long long)gs.claims_lost,
-                (unsigned long long)gs.claim_batches, (unsigned long long)gs.completion_batches,
-                (unsigned long long)gs.store_errors);
+    std::printf(
+        "process elapsed_us=%lld executed=%llu blocked=%llu replayed=%llu in_flight=%llu wait_timeouts=%llu "
+        "declined=%llu mismatches=%llu unexpected=%llu wrong_balances=%llu conserved=%d local=%llu sent=%llu "
+        "won=%llu lost=%llu batches=%llu completion_batches=%llu store_errors=%llu\n",
+        static_cast<long long>(elapsed_s * 1e6), (unsigned long long)executed, (unsigned long long)blocked,
+        (unsigned long long)replayed, (unsigned long long)in_flight, (unsigned long long)wait_timeouts,
+        (unsigned long long)declined, (unsigned long long)mismatches, (unsigned long long)unexpected,
+        (unsigned long long)wrong_balances, accounts.total() == accounts.opening_total() ? 1 : 0,
+        (unsigned long long)gs.answered_locally, (unsigned long long)gs.claims_sent, (unsigned long long)gs.claims_won,
+        (unsigned long long)gs.claims_lost, (unsigned long long)gs.claim_batches, (unsigned long long)gs.completion_batches,
+        (unsigned long long)gs.store_errors);
     if (!first.empty()) std::printf("note %s\n", first.c_str());
     std::fflush(stdout);
     return exit_ok;
@@ -139,19 +139,41 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
     if (ec) throw idem::error(idem::errc::invalid_argument, "cannot find the idem executable: " + ec.message());
     const bool tty = !c.json && ::isatty(STDERR_FILENO) == 1;
     if (!c.json)
-        std::cerr << "idem demo: " << grouped(c.requests) << " requests from " << c.processes << " processes x "
-                  << c.threads << " threads, store " << display_name(spec) << " (global scope, run id " << c.run_id
-                  << "), seed " << c.seed << '\n';
+        std::cerr << "idem demo: " << grouped(c.requests) << " requests from " << c.processes << " processes x " << c.threads
+                  << " threads, store " << display_name(spec) << " (global scope, run id " << c.run_id << "), seed "
+                  << c.seed << '\n';
 
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<pid_t> pids;
     for (unsigned i = 0; i < c.processes; ++i) {
-        std::vector<std::string> a{exe, "demo", "--store", c.store, "--run-id", c.run_id, "--seed", std::to_string(c.seed),
-                                   "--requests", std::to_string(c.requests), "--threads", std::to_string(c.threads),
-                                   "--dup-rate", std::to_string(c.dup_rate), "--work-us", std::to_string(c.work_us),
-                                   "--accounts", std::to_string(c.accounts), "--race-share", std::to_string(c.race_share),
-                                   "--wait-ms", std::to_string(c.wait_ms), "--processes", std::to_string(c.processes),
-                                   "--process-index", std::to_string(i), "--results", dir + "/results." + std::to_string(i),
+        std::vector<std::string> a{exe,
+                                   "demo",
+                                   "--store",
+                                   c.store,
+                                   "--run-id",
+                                   c.run_id,
+                                   "--seed",
+                                   std::to_string(c.seed),
+                                   "--requests",
+                                   std::to_string(c.requests),
+                                   "--threads",
+                                   std::to_string(c.threads),
+                                   "--dup-rate",
+                                   std::to_string(c.dup_rate),
+                                   "--work-us",
+                                   std::to_string(c.work_us),
+                                   "--accounts",
+                                   std::to_string(c.accounts),
+                                   "--race-share",
+                                   std::to_string(c.race_share),
+                                   "--wait-ms",
+                                   std::to_string(c.wait_ms),
+                                   "--processes",
+                                   std::to_string(c.processes),
+                                   "--process-index",
+                                   std::to_string(i),
+                                   "--results",
+                                   dir + "/results." + std::to_string(i),
                                    "--json"};
         std::vector<char*> argv;
         for (auto& s : a) argv.push_back(s.data());
@@ -165,7 +187,8 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
         posix_spawn_file_actions_destroy(&fa);
         if (rc != 0) {
             for (pid_t p : pids) ::kill(p, SIGKILL);
-            throw idem::error(idem::errc::invalid_argument, "cannot start a demo process: " + std::string(std::strerror(rc)));
+            throw idem::error(idem::errc::invalid_argument,
+                              "cannot start a demo process: " + std::string(std::strerror(rc)));
         }
         pids.push_back(pid);
     }
@@ -227,7 +250,8 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
     durable_report dr;
     if (failures.empty()) {
         if (tty) std::cerr << "idem demo: reading the store back and verifying every audit trail\n";
-        check_store(spec, idem::durability::sync, prefix, [&outcome](std::size_t k) { return outcome[k]; }, unique, dr);
+        check_store(
+            spec, idem::durability::sync, prefix, [&outcome](std::size_t k) { return outcome[k]; }, unique, dr);
     }
     const std::uint64_t blocked = static_cast<std::uint64_t>(sum["blocked"]);
     const std::uint64_t mismatches = static_cast<std::uint64_t>(sum["mismatches"]) + cross_mismatches;
@@ -236,15 +260,18 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
     if (double_executions) failures.push_back(requests_n(double_executions) + " executed more than once");
     if (lost) failures.push_back(requests_n(lost) + " never executed");
     if (!conserved) failures.push_back("money not conserved in some process's ledger");
-    if (sum["wrong_balances"]) failures.push_back(grouped(sum["wrong_balances"]) + " account balance(s) differ from the applied transfers");
+    if (sum["wrong_balances"])
+        failures.push_back(grouped(sum["wrong_balances"]) + " account balance(s) differ from the applied transfers");
     if (blocked != duplicates)
         failures.push_back("duplicates blocked " + grouped(blocked) + " != duplicates injected " + grouped(duplicates));
     if (mismatches) failures.push_back(grouped(mismatches) + " duplicate(s) replayed a wrong outcome");
     if (unexpected) failures.push_back(grouped(unexpected) + " unexpected answer(s) from the guard");
     if (dr.records_missing) failures.push_back(requests_n(dr.records_missing) + " of this run have no record in the store");
-    if (dr.records_wrong) failures.push_back(grouped(dr.records_wrong) + " record(s) of this run are not SUCCESS with the executor's outcome");
+    if (dr.records_wrong)
+        failures.push_back(grouped(dr.records_wrong) + " record(s) of this run are not SUCCESS with the executor's outcome");
     if (!dr.verify.violations.empty())
-        failures.push_back("idem::verify found " + grouped(dr.verify.violations.size()) + " violation(s) in the store's audit trails");
+        failures.push_back("idem::verify found " + grouped(dr.verify.violations.size()) +
+                           " violation(s) in the store's audit trails");
     const bool ok = failures.empty();
     const double ops = elapsed_s > 0 ? static_cast<double>(c.requests) / elapsed_s : 0.0;
 
@@ -270,9 +297,8 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
         add_run_summary(j,
                         {c.requests, unique, executed, duplicates, w.concurrent, w.later, blocked,
                          static_cast<std::uint64_t>(sum["replayed"]), static_cast<std::uint64_t>(sum["in_flight"]),
-                         static_cast<std::uint64_t>(sum["wait_timeouts"]), double_executions, lost, mismatches,
-                         unexpected, static_cast<std::uint64_t>(sum["declined"]), conserved,
-                         sum["wrong_balances"] == 0, ops, elapsed_s},
+                         static_cast<std::uint64_t>(sum["wait_timeouts"]), double_executions, lost, mismatches, unexpected,
+                         static_cast<std::uint64_t>(sum["declined"]), conserved, sum["wrong_balances"] == 0, ops, elapsed_s},
                         c);
         j["wall_s"] = wall_s;
         add_store_checks(j, dr);
@@ -281,27 +307,32 @@ int run_demo_processes(const demo_config& given, const store_spec& spec) {
         std::cout << json_line(j) << std::endl;
     } else {
         std::cout << "idem demo: payment transfers from " << c.processes << " processes x " << c.threads
-                  << " threads sharing store " << display_name(spec) << " (global scope, run id " << c.run_id
-                  << "), seed " << c.seed << ", " << fixed(c.work_us, 1) << " us per transfer\n\n";
+                  << " threads sharing store " << display_name(spec) << " (global scope, run id " << c.run_id << "), seed "
+                  << c.seed << ", " << fixed(c.work_us, 1) << " us per transfer\n\n";
         table t;
-        t.row("requests", grouped(c.requests), "(process i sends positions i, i + " + std::to_string(c.processes) + ", ...)");
+        t.row("requests", grouped(c.requests),
+              "(process i sends positions i, i + " + std::to_string(c.processes) + ", ...)");
         t.row("unique keys", grouped(unique));
         t.row("executed", grouped(executed), "(across all processes, from each process's own count)");
         t.row("duplicates injected", grouped(duplicates),
-              "(" + grouped(w.concurrent) + " racing their original, usually on another process; " + grouped(w.later) + " later)");
+              "(" + grouped(w.concurrent) + " racing their original, usually on another process; " + grouped(w.later) +
+                  " later)");
         t.row("duplicates blocked", grouped(blocked),
-              "(" + grouped(sum["in_flight"]) + " caught in flight, " + grouped(sum["replayed"]) + " answered with the recorded outcome)");
+              "(" + grouped(sum["in_flight"]) + " caught in flight, " + grouped(sum["replayed"]) +
+                  " answered with the recorded outcome)");
         t.row("double executions", grouped(double_executions));
         t.row("money conserved", conserved ? "yes" : "NO", "(each process's own ledger)");
         t.row("balances match", sum["wrong_balances"] == 0 ? "yes" : "NO");
-        t.row("throughput", grouped(static_cast<std::uint64_t>(ops)) + " ops/s", "(slowest process " + fixed(elapsed_s, 2) + " s)");
+        t.row("throughput", grouped(static_cast<std::uint64_t>(ops)) + " ops/s",
+              "(slowest process " + fixed(elapsed_s, 2) + " s)");
         t.row("store traffic", grouped(sum["sent"]) + " claims",
               "(" + grouped(sum["batches"]) + " claim batches, " + grouped(sum["completion_batches"]) +
                   " completion batches; " + grouped(sum["local"]) + " answers from the local tables; " +
                   grouped(sum["store_errors"]) + " store errors)");
         t.row("records in store", grouped(dr.records_ok) + " / " + grouped(unique), "(SUCCESS with the executor's outcome)");
         t.row("verify", grouped(dr.verify.violations.size()) + " violations",
-              "(" + grouped(dr.verify.keys) + " keys, " + grouped(dr.verify.transitions) + " audit rows in the whole store)");
+              "(" + grouped(dr.verify.keys) + " keys, " + grouped(dr.verify.transitions) +
+                  " audit rows in the whole store)");
         t.print(std::cout);
         std::cout << '\n'
                   << (ok ? "PASS: every request executed exactly once across all processes; every duplicate blocked; "

@@ -28,12 +28,12 @@ struct durable_report {
     std::size_t recovered_processing = 0;  ///< of those, claims in flight when an earlier process stopped
     std::size_t recovered_cold = 0;        ///< records older than the hot window: in the cold window's filter only
     double recovery_ms = 0;
-    bool drained = true;    ///< the flusher committed every transition after the workers were joined
-    double drain_s = 0;     ///< how long that took
+    bool drained = true;  ///< the flusher committed every transition after the workers were joined
+    double drain_s = 0;   ///< how long that took
     std::string last_store_error;
-    std::uint64_t records_ok = 0;       ///< this run's keys whose record is SUCCESS with the executed outcome
-    std::uint64_t records_wrong = 0;    ///< this run's keys whose record says something else
-    std::uint64_t records_missing = 0;  ///< this run's keys with no record at all
+    std::uint64_t records_ok = 0;              ///< this run's keys whose record is SUCCESS with the executed outcome
+    std::uint64_t records_wrong = 0;           ///< this run's keys whose record says something else
+    std::uint64_t records_missing = 0;         ///< this run's keys with no record at all
     std::vector<std::string> record_problems;  ///< the first few wrong records
     idem::verify_report verify;
     double verify_s = 0;
@@ -42,8 +42,8 @@ struct durable_report {
 /// What every demo run reports, whatever its scope: the request counts, the checks and the rate.
 /// One helper so that the process and global scope summaries cannot drift apart.
 struct run_summary {
-    std::uint64_t requests, unique, executed, duplicates, concurrent, later, blocked, replayed, in_flight,
-        wait_timeouts, double_executions, lost, mismatches, unexpected, declined;
+    std::uint64_t requests, unique, executed, duplicates, concurrent, later, blocked, replayed, in_flight, wait_timeouts,
+        double_executions, lost, mismatches, unexpected, declined;
     bool conserved, balances_match;
     double ops, elapsed_s;
 };
@@ -77,7 +77,8 @@ inline void add_run_summary(json& j, const run_summary& r, const demo_config& c)
 /// The store checks of a report, as JSON fields (the first ten violations in full).
 inline void add_store_checks(json& j, const durable_report& dr) {
     std::vector<std::string> first_violations;
-    for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i) first_violations.push_back(dr.verify.violations[i]);
+    for (std::size_t i = 0; i < dr.verify.violations.size() && i < 10; ++i)
+        first_violations.push_back(dr.verify.violations[i]);
     j["store_records_ok"] = dr.records_ok;
     j["store_records_missing"] = dr.records_missing;
     j["store_records_wrong"] = dr.records_wrong;

@@ -32,8 +32,7 @@ namespace {
 void remove_sqlite_files(const std::string& path) {
     for (const std::string& f : {path, path + "-wal", path + "-shm", path + ".lock"})
         if (::unlink(f.c_str()) != 0 && errno != ENOENT)
-            throw idem::error(idem::errc::store_error,
-                              "--fresh: cannot remove '" + f + "': " + std::strerror(errno));
+            throw idem::error(idem::errc::store_error, "--fresh: cannot remove '" + f + "': " + std::strerror(errno));
 }
 
 }  // namespace
@@ -54,14 +53,15 @@ int run_demo(const demo_config& given) {
     const bool durable = !c.naive && spec.durable();
     const idem::durability mode = c.durability == "sync" ? idem::durability::sync : idem::durability::async;
     if (c.requests == 0)
-        c.requests = !durable ? default_requests
+        c.requests = !durable                         ? default_requests
                      : mode == idem::durability::sync ? default_requests_sync
                                                       : default_requests_async;
     if (durable && c.run_id.empty()) c.run_id = random_run_id();
     if (c.fresh) {
         if (spec.type != store_spec::kind::sqlite) {
             std::cerr << "--fresh: only a sqlite:PATH store can be started over (the demo deletes its file); "
-                         "the store is " << display_name(spec) << '\n';
+                         "the store is "
+                      << display_name(spec) << '\n';
             return exit_usage;
         }
         if (!c.naive) remove_sqlite_files(spec.path);
@@ -128,7 +128,8 @@ int run_demo(const demo_config& given) {
         dr.last_store_error = d->last_store_error();
         store.reset();  // stops maintenance and the flusher, closes the store
         if (tty) std::cerr << "idem demo: reading the store back and verifying every audit trail\n";
-        check_store(spec, mode, prefix, [&run](std::size_t i) { return run.outcome_of(i); }, unique, dr);
+        check_store(
+            spec, mode, prefix, [&run](std::size_t i) { return run.outcome_of(i); }, unique, dr);
     }
     const char* mode_name = c.naive ? "naive" : "idem";
 
@@ -172,10 +173,11 @@ int run_demo(const demo_config& given) {
     if (tallied_executions != executed) failures.push_back("execution counts disagree between workers and ledger");
     if (durable) {
         if (!dr.drained)
-            failures.push_back("the flusher did not commit every transition within 120 s (" +
-                               grouped(gs.queue_depth) + " still queued; last store error: " +
+            failures.push_back("the flusher did not commit every transition within 120 s (" + grouped(gs.queue_depth) +
+                               " still queued; last store error: " +
                                (dr.last_store_error.empty() ? std::string("none") : dr.last_store_error) + ")");
-        if (dr.records_missing) failures.push_back(requests_n(dr.records_missing) + " of this run have no record in the store");
+        if (dr.records_missing)
+            failures.push_back(requests_n(dr.records_missing) + " of this run have no record in the store");
         if (dr.records_wrong)
             failures.push_back(grouped(dr.records_wrong) +
                                " record(s) of this run are not SUCCESS with the outcome the application recorded");
@@ -250,21 +252,24 @@ int run_demo(const demo_config& given) {
         t.row("duplicates injected", grouped(duplicates),
               "(" + grouped(w.concurrent) + " racing their original, " + grouped(w.later) + " later)");
         t.row("duplicates blocked", grouped(blocked),
-              c.naive ? std::string("(found DONE by the check)") : "(" + grouped(in_flight) + " caught in flight, " + grouped(replayed) + " answered with the recorded outcome" +
-                  (wait_timeouts ? ", " + grouped(wait_timeouts) + " told busy after the wait" : "") + ")");
+              c.naive ? std::string("(found DONE by the check)")
+                      : "(" + grouped(in_flight) + " caught in flight, " + grouped(replayed) +
+                            " answered with the recorded outcome" +
+                            (wait_timeouts ? ", " + grouped(wait_timeouts) + " told busy after the wait" : "") + ")");
         t.row("double executions", grouped(double_executions));
         t.row("money conserved", conserved ? "yes" : "NO",
-              "(" + grouped(c.accounts) + " accounts, " + grouped_signed(total / 100) + "." +
-                  (total % 100 < 10 ? "0" : "") + std::to_string(total % 100) + " in total)");
+              "(" + grouped(c.accounts) + " accounts, " + grouped_signed(total / 100) + "." + (total % 100 < 10 ? "0" : "") +
+                  std::to_string(total % 100) + " in total)");
         t.row("balances match", wrong_balances == 0 ? "yes" : "NO",
               wrong_balances ? "(" + grouped(wrong_balances) + " accounts differ)" : "(each = opening + applied transfers)");
         t.row("throughput", grouped(static_cast<std::uint64_t>(ops)) + " ops/s");
-        t.row("elapsed", fixed(elapsed_s, 2) + " s", "(setup " + fixed(setup_s, 2) + " s, peak memory " +
-                                                         grouped(static_cast<std::uint64_t>(peak_rss_mib())) + " MiB)");
+        t.row("elapsed", fixed(elapsed_s, 2) + " s",
+              "(setup " + fixed(setup_s, 2) + " s, peak memory " + grouped(static_cast<std::uint64_t>(peak_rss_mib())) +
+                  " MiB)");
         if (!c.naive)
-            t.row("guard", "", "acquired " + grouped(gs.acquired) + ", duplicates " + grouped(gs.duplicates) +
-                               ", in-progress hits " + grouped(gs.in_progress_hits) + ", longest probe " +
-                               grouped(gs.max_probe));
+            t.row("guard", "",
+                  "acquired " + grouped(gs.acquired) + ", duplicates " + grouped(gs.duplicates) + ", in-progress hits " +
+                      grouped(gs.in_progress_hits) + ", longest probe " + grouped(gs.max_probe));
         if (durable) {
             t.row("recovery", grouped(dr.recovered) + " records",
                   "(" + fixed(dr.recovery_ms, 1) + " ms, " + grouped(static_cast<std::uint64_t>(records_per_ms)) +
@@ -275,8 +280,8 @@ int run_demo(const demo_config& given) {
                 gs.flush_batches ? static_cast<double>(gs.flushed_transitions) / static_cast<double>(gs.flush_batches) : 0;
             t.row("flushed", grouped(gs.flushed_transitions) + " transitions",
                   "(" + grouped(gs.flush_batches) + " batches, " + fixed(per_batch, 0) + " per batch; drained " +
-                      fixed(dr.drain_s, 2) + " s after the last request; " + grouped(gs.store_errors) +
-                      " store errors" + (gs.rejected_rows ? ", " + grouped(gs.rejected_rows) + " rows set aside" : "") +
+                      fixed(dr.drain_s, 2) + " s after the last request; " + grouped(gs.store_errors) + " store errors" +
+                      (gs.rejected_rows ? ", " + grouped(gs.rejected_rows) + " rows set aside" : "") +
                       (retries ? ", " + grouped(retries) + " backpressure retries" : "") + ")");
             t.row("records in store", grouped(dr.records_ok) + " / " + grouped(unique),
                   "(SUCCESS with the executed outcome" +
@@ -288,11 +293,11 @@ int run_demo(const demo_config& given) {
         }
         t.print(std::cout);
         std::cout << '\n'
-                  << (ok ? durable ? "PASS: every request executed exactly once; every duplicate blocked; every "
-                                     "transition durable and its audit trail legal."
-                                   : "PASS: every request executed exactly once; every duplicate blocked."
-                         : c.naive ? "FAIL, as expected with --naive: check-then-set let racing duplicates execute twice."
-                                   : "FAIL: an invariant was broken (see below).")
+                  << (ok        ? durable ? "PASS: every request executed exactly once; every duplicate blocked; every "
+                                            "transition durable and its audit trail legal."
+                                          : "PASS: every request executed exactly once; every duplicate blocked."
+                      : c.naive ? "FAIL, as expected with --naive: check-then-set let racing duplicates execute twice."
+                                : "FAIL: an invariant was broken (see below).")
                   << '\n';
     }
     for (const std::string& f : failures) std::cerr << "idem demo: FAIL: " << f << '\n';

@@ -44,8 +44,8 @@ struct alignas(64) tally {
 
 /// The workers' counts added up (done excepted); `problems` gets the first few unexpected answers.
 struct tally_sum {
-    std::uint64_t executed = 0, blocked = 0, replayed = 0, in_flight = 0, wait_timeouts = 0, declined = 0,
-                  mismatches = 0, unexpected = 0, retries = 0;
+    std::uint64_t executed = 0, blocked = 0, replayed = 0, in_flight = 0, wait_timeouts = 0, declined = 0, mismatches = 0,
+                  unexpected = 0, retries = 0;
     std::vector<std::string> problems;
 };
 inline tally_sum sum_tallies(const std::vector<tally>& tallies) {
@@ -71,21 +71,30 @@ template <class Guard>
 class demo_run {
 public:
     /// Exactly one of `g` and `naive` is non-null. Request i is keyed "<txid_prefix><i+1>_TRANSFER_v1".
-    demo_run(const demo_config& c, const workload& w, Guard* g, naive_guard* naive, ledger& l,
-             std::string txid_prefix, std::size_t stride = 1, std::size_t offset = 0)
-        : c_(c), w_(w), g_(g), naive_(naive), ledger_(l), prefix_(std::move(txid_prefix)), tallies_(c.threads),
-          stride_(stride), offset_(offset),
+    demo_run(const demo_config& c, const workload& w, Guard* g, naive_guard* naive, ledger& l, std::string txid_prefix,
+             std::size_t stride = 1, std::size_t offset = 0)
+        : c_(c),
+          w_(w),
+          g_(g),
+          naive_(naive),
+          ledger_(l),
+          prefix_(std::move(txid_prefix)),
+          tallies_(c.threads),
+          stride_(stride),
+          offset_(offset),
           exec_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
           applied_count_(std::make_unique<std::atomic<std::uint32_t>[]>(w.requests.size())),
           outcome_(std::make_unique<std::atomic<std::uint64_t>[]>(w.requests.size())),
           replayed_(std::make_unique<std::atomic<std::uint64_t>[]>(w.requests.size())),
           work_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::micro>(c.work_us))),
-          wait_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.wait_ms))) {}
+          wait_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.wait_ms))) {
+    }
 
     /// Runs the workload on c.threads threads; returns the wall time from start signal to last join.
     std::chrono::duration<double> run() {
         const std::size_t mine = w_.stream.size() > offset_ ? (w_.stream.size() - offset_ + stride_ - 1) / stride_ : 0;
-        progress_bar bar(!c_.json, mine, [this] { return sent(); }, "requests");
+        progress_bar bar(
+            !c_.json, mine, [this] { return sent(); }, "requests");
         std::latch go(1);
         std::vector<std::thread> threads;
         std::vector<std::exception_ptr> errors(c_.threads);
@@ -149,8 +158,8 @@ private:
             const idem::key k = idem::key::compose(std::string_view(txid, static_cast<std::size_t>(txend - txid)),
                                                    "TRANSFER", 1);
             char payload[96];
-            const int len = std::snprintf(payload, sizeof payload, "from=ACC%u;to=ACC%u;amount=%lld;currency=EUR",
-                                          tr.from, tr.to, static_cast<long long>(tr.amount));
+            const int len = std::snprintf(payload, sizeof payload, "from=ACC%u;to=ACC%u;amount=%lld;currency=EUR", tr.from,
+                                          tr.to, static_cast<long long>(tr.amount));
             const std::uint64_t fp = idem::fingerprint_of(std::string_view(payload, static_cast<std::size_t>(len)));
             if (g_) {
                 handle(my, i, k, fp);
@@ -233,7 +242,7 @@ private:
     /// The application: processes the payment and applies it to the ledger. Returns the outcome.
     std::uint64_t apply(tally& my, std::uint32_t i) {
         exec_count_[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: counted, read after join
-        if (work_ > std::chrono::nanoseconds::zero()) {            // the payment's own processing time
+        if (work_ > std::chrono::nanoseconds::zero()) {          // the payment's own processing time
             const auto until = std::chrono::steady_clock::now() + work_;
             while (std::chrono::steady_clock::now() < until) {
             }
@@ -258,8 +267,8 @@ private:
     ledger& ledger_;
     std::string prefix_;
     std::vector<tally> tallies_;
-    std::size_t stride_, offset_;                     ///< this process sends positions offset_ + k * stride_
-    alignas(64) std::atomic<std::size_t> cursor_{0};  ///< next k
+    std::size_t stride_, offset_;                                  ///< this process sends positions offset_ + k * stride_
+    alignas(64) std::atomic<std::size_t> cursor_{0};               ///< next k
     std::unique_ptr<std::atomic<std::uint32_t>[]> exec_count_;     ///< executions per request (the application's count)
     std::unique_ptr<std::atomic<std::uint32_t>[]> applied_count_;  ///< transfers applied per request
     std::unique_ptr<std::atomic<std::uint64_t>[]> outcome_;        ///< outcome the executor recorded

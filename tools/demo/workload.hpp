@@ -22,10 +22,10 @@ struct transfer {
 
 /// Everything a run sends, generated before timing.
 struct workload {
-    std::vector<transfer> requests;    ///< unique requests; index i is TX<i+1>
-    std::vector<std::uint32_t> stream; ///< request index of each send, in dispatch order
-    std::uint64_t concurrent = 0;      ///< duplicates placed right after their original
-    std::uint64_t later = 0;           ///< duplicates placed further on
+    std::vector<transfer> requests;     ///< unique requests; index i is TX<i+1>
+    std::vector<std::uint32_t> stream;  ///< request index of each send, in dispatch order
+    std::uint64_t concurrent = 0;       ///< duplicates placed right after their original
+    std::uint64_t later = 0;            ///< duplicates placed further on
 };
 
 inline workload make_workload(const demo_config& c, std::uint64_t unique, std::uint64_t duplicates) {
@@ -36,7 +36,8 @@ inline workload make_workload(const demo_config& c, std::uint64_t unique, std::u
     std::uniform_int_distribution<std::int64_t> amount(1, max_amount_cents);
     for (transfer& t : w.requests) {
         t.from = account(rng);
-        do t.to = account(rng); while (t.to == t.from);
+        do t.to = account(rng);
+        while (t.to == t.from);
         t.amount = amount(rng);
     }
 

@@ -117,16 +117,15 @@ struct cycle_result {
     bool killed_before_ready = false;
     bool ready = false;
     std::optional<drill::report_line> ready_line, done_line;
-    std::optional<std::string> refused;  ///< "refused <message>": the store refused to open
-    std::optional<std::string> error;    ///< "error <message>": the store's last error (--stop-on-unavailable)
+    std::optional<std::string> refused;          ///< "refused <message>": the store refused to open
+    std::optional<std::string> error;            ///< "error <message>": the store's last error (--stop-on-unavailable)
     std::vector<std::int64_t> claim_ok, ack_ok;  ///< call times of confirmed claims and acks (same)
     int status = 0;
 };
 
 /// The line a worker printed after its own word ("refused sqlite:/x: ..." -> "sqlite:/x: ...").
 std::optional<std::string> after_word(const std::string& line, std::string_view word) {
-    if (line.size() > word.size() && line.starts_with(word) && line[word.size()] == ' ')
-        return line.substr(word.size() + 1);
+    if (line.size() > word.size() && line.starts_with(word) && line[word.size()] == ' ') return line.substr(word.size() + 1);
     return std::nullopt;
 }
 
@@ -149,8 +148,8 @@ int run_drill(const drill_config& c) {
     std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
                        "/idem-drill-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr)
-        throw idem::error(idem::errc::store_error, "cannot create a drill directory from '" + tmpl + "': " +
-                                                       std::strerror(errno));
+        throw idem::error(idem::errc::store_error,
+                          "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
     const std::string dir = tmpl;
     const std::string store_uri = c.store.empty() ? "sqlite:" + dir + "/idem-drill.db" : c.store;
     const store_spec spec = *parse_store(store_uri);
@@ -252,9 +251,21 @@ int run_drill(const drill_config& c) {
     };
 
     auto worker_args = [&](const std::string& req_path, unsigned index) {
-        std::vector<std::string> a{"drill-worker", "--store", store_uri, "--ledger", ledger_path, "--acks", acks_path,
-                                   "--requests", req_path, "--prefix", prefix, "--threads",
-                                   std::to_string(c.threads), "--lease-ms", std::to_string(c.lease_ms)};
+        std::vector<std::string> a{"drill-worker",
+                                   "--store",
+                                   store_uri,
+                                   "--ledger",
+                                   ledger_path,
+                                   "--acks",
+                                   acks_path,
+                                   "--requests",
+                                   req_path,
+                                   "--prefix",
+                                   prefix,
+                                   "--threads",
+                                   std::to_string(c.threads),
+                                   "--lease-ms",
+                                   std::to_string(c.lease_ms)};
         if (c.workers > 1) {  // N processes share the store: global scope
             a.insert(a.end(), {"--scope", "global", "--worker-index", std::to_string(index)});
         }
@@ -290,7 +301,8 @@ int run_drill(const drill_config& c) {
     };
 
     std::atomic<std::uint64_t> cycles_done{0};  // sampled by the progress bar's thread
-    progress_bar bar(!c.json, c.cycles, [&] { return cycles_done.load(std::memory_order_relaxed); }, "cycles");
+    progress_bar bar(
+        !c.json, c.cycles, [&] { return cycles_done.load(std::memory_order_relaxed); }, "cycles");
     bar.start();
     for (unsigned cycle = 1; cycle <= c.cycles && failures.empty(); ++cycle) {
         const std::vector<drill::request> reqs = make_requests(c.keys);
@@ -416,12 +428,14 @@ int run_drill(const drill_config& c) {
                 ++second_refused;
                 if (!first_refusal) first_refusal = *x.sr.refused;
                 if (x.sr.refused->find(spec.path) == std::string::npos)
-                    failures.push_back(where + "the second writer was refused, but the message does not name the "
-                                               "database file " + spec.path + ": " + *x.sr.refused);
+                    failures.push_back(where +
+                                       "the second writer was refused, but the message does not name the "
+                                       "database file " +
+                                       spec.path + ": " + *x.sr.refused);
             } else if (x.overlapped) {
                 ++second_not_refused;
                 second_failures.push_back(where + "a second writer opened " + spec.path +
-                                   " while the first worker held it: it was not refused");
+                                          " while the first worker held it: it was not refused");
             } else if (x.sr.ready) {
                 ++second_alone;  // the first had ended: one writer at a time, nothing to refuse
             } else {
@@ -442,7 +456,8 @@ int run_drill(const drill_config& c) {
         drill::write_requests(req_path, reqs);
         std::vector<std::unique_ptr<worker_process>> ws;
         std::vector<cycle_result> rs(c.workers);
-        for (unsigned i = 0; i < c.workers; ++i) ws.push_back(std::make_unique<worker_process>(exe, worker_args(req_path, i)));
+        for (unsigned i = 0; i < c.workers; ++i)
+            ws.push_back(std::make_unique<worker_process>(exe, worker_args(req_path, i)));
         const auto deadline = clock_type::now() + std::chrono::seconds(300);
         for (;;) {
             bool all = true;
@@ -465,8 +480,7 @@ int run_drill(const drill_config& c) {
             for (int k = 0; k < 50 && !w.eof(); ++k) absorb(w, r, std::chrono::milliseconds(10));
             if (!WIFEXITED(w.status()) || WEXITSTATUS(w.status()) != 0)
                 failures.push_back("the final worker " + describe_status(w.status()) + refusal_note(r));
-            else if (!r.done_line)
-                failures.push_back("the final worker exited without its report");
+            else if (!r.done_line) failures.push_back("the final worker exited without its report");
             final_ran = final_ran && WIFEXITED(w.status()) && WEXITSTATUS(w.status()) == 0 && r.done_line.has_value();
         }
         refresh_acks();
@@ -498,7 +512,8 @@ int run_drill(const drill_config& c) {
     for (const auto& [k, n] : effect_count)
         if (n > 1) {
             ++double_executions;
-            if (problems.size() < 10) problems.push_back("double execution: key '" + k + "' has " + std::to_string(n) + " effects in the ledger");
+            if (problems.size() < 10)
+                problems.push_back("double execution: key '" + k + "' has " + std::to_string(n) + " effects in the ledger");
         }
 
     std::unique_ptr<idem::store> st = open_store(spec, idem::durability::sync, open_mode::existing);
@@ -511,10 +526,11 @@ int run_drill(const drill_config& c) {
         if (!rec || rec->state != idem::record_state::succeeded || rec->outcome != e.outcome) {
             ++lost_acknowledged;
             if (problems.size() < 10)
-                problems.push_back("lost acknowledgement: key '" + e.key + "' was acknowledged with outcome " +
-                                   std::to_string(e.outcome) + " but the store has " +
-                                   (rec ? std::string(idem::to_string(rec->state)) + " outcome " + std::to_string(rec->outcome)
-                                        : std::string("no record")));
+                problems.push_back(
+                    "lost acknowledgement: key '" + e.key + "' was acknowledged with outcome " + std::to_string(e.outcome) +
+                    " but the store has " +
+                    (rec ? std::string(idem::to_string(rec->state)) + " outcome " + std::to_string(rec->outcome)
+                         : std::string("no record")));
         }
     }
     // Every issued key: SUCCESS with the outcome of its one effect; no SUCCESS without an effect.
@@ -533,7 +549,8 @@ int run_drill(const drill_config& c) {
             if (problems.size() < 10)
                 problems.push_back("unresolved: key '" + k + "' is " +
                                    (rec == records.end() ? std::string("absent") : idem::to_string(rec->second.state)) +
-                                   " in the store after the final run" + (eff != effect_outcome.end() ? " (its effect ran)" : ""));
+                                   " in the store after the final run" +
+                                   (eff != effect_outcome.end() ? " (its effect ran)" : ""));
         } else if (eff == effect_outcome.end()) {
             ++phantom;
             if (problems.size() < 10) problems.push_back("phantom success: key '" + k + "' is SUCCESS but never executed");
@@ -563,10 +580,10 @@ int run_drill(const drill_config& c) {
     // ---- --delete-file: the database file deleted under a running worker ----
     struct deletion_result {
         bool ran = false, deleted = false;
-        std::uint64_t trigger = 0;             // deleted after this many acknowledgements
-        std::uint64_t claims = 0, acks = 0;    // confirmed in the deletion run
+        std::uint64_t trigger = 0;                       // deleted after this many acknowledgements
+        std::uint64_t claims = 0, acks = 0;              // confirmed in the deletion run
         std::uint64_t claims_after = 0, acks_after = 0;  // of those, calls made after the unlink
-        std::string worker_error;              // the store's error as the worker saw it
+        std::string worker_error;                        // the store's error as the worker saw it
         std::string worker_status;
         std::vector<std::string> left_at_path;  // what is at PATH, PATH-wal, PATH-shm, PATH.lock afterwards
         std::string restart;                    // what a restart on the path found
@@ -591,8 +608,7 @@ int run_drill(const drill_config& c) {
             absorb(w, r, std::chrono::milliseconds(20));  // wakes on the worker's next line
             if (!del.deleted && r.ack_ok.size() >= del.trigger) {
                 if (::unlink(spec.path.c_str()) != 0)
-                    throw idem::error(idem::errc::store_error,
-                                      "cannot delete " + spec.path + ": " + std::strerror(errno));
+                    throw idem::error(idem::errc::store_error, "cannot delete " + spec.path + ": " + std::strerror(errno));
                 unlinked_ns = steady_ns();  // after unlink() returned: the path no longer names the file
                 del.deleted = true;
             }
@@ -656,7 +672,8 @@ int run_drill(const drill_config& c) {
             if (n > 1) {
                 ++double_executions;
                 if (effect_count[k] < 2 && problems.size() < 10)  // not listed above
-                    problems.push_back("double execution: key '" + k + "' has " + std::to_string(n) + " effects in the ledger");
+                    problems.push_back("double execution: key '" + k + "' has " + std::to_string(n) +
+                                       " effects in the ledger");
             }
     }
 
@@ -675,7 +692,8 @@ int run_drill(const drill_config& c) {
               std::to_string(ledger.malformed) + " malformed; acks " + std::to_string(ack_file.torn) + " torn bytes, " +
               std::to_string(ack_file.malformed) + " malformed");
     check(!vr.violations.empty(), "idem::verify found " + grouped(vr.violations.size()) + " violation(s)");
-    for (std::size_t i = 0; i < vr.violations.size() && problems.size() < 20; ++i) problems.push_back("violation: " + vr.violations[i]);
+    for (std::size_t i = 0; i < vr.violations.size() && problems.size() < 20; ++i)
+        problems.push_back("violation: " + vr.violations[i]);
     const bool ok = failures.empty();
 
     std::vector<double> rec_sorted = recovery_ms;
@@ -753,13 +771,13 @@ int run_drill(const drill_config& c) {
     } else {
         std::cout << "idem drill: " << c.cycles << " crash cycles"
                   << (c.workers > 1 ? ", " + std::to_string(c.workers) + " racing workers per cycle (global scope)" : "")
-                  << ", store " << display_name(spec) << ", seed " << c.seed
-                  << ", run id " << run_id << "\n\n";
+                  << ", store " << display_name(spec) << ", seed " << c.seed << ", run id " << run_id << "\n\n";
         table t;
-        t.row("worker kills", grouped(kills), "(SIGKILL; " + grouped(kills_before_ready) +
-                                                  " during recovery or compensation; " + grouped(clean_exits) +
-                                                  " cycles finished before the kill)");
-        t.row("keys issued", grouped(issued.size()), "(" + grouped(requests_sent) + " requests with retries and duplicates)");
+        t.row("worker kills", grouped(kills),
+              "(SIGKILL; " + grouped(kills_before_ready) + " during recovery or compensation; " + grouped(clean_exits) +
+                  " cycles finished before the kill)");
+        t.row("keys issued", grouped(issued.size()),
+              "(" + grouped(requests_sent) + " requests with retries and duplicates)");
         t.row("effects in the ledger", grouped(ledger.entries.size()));
         t.row("acknowledged", grouped(acknowledged), "(success committed in sync mode, then written to the ack file)");
         t.row("double executions", grouped(double_executions), "(keys with two effects in the ledger)");
@@ -855,8 +873,12 @@ command add_drill(CLI::App& root) {
         ->check(store_check(/*durable_only=*/true));
     app->add_option("--seed", c->seed, "Seed of the kill schedule and the requests (default: random; printed)");
     app->add_flag("--json", c->json, "Print the summary as one JSON object on stdout");
-    app->add_option("--keys", c->keys, "New keys per cycle")->check(in_range(1u, 1'000'000u, "keys per cycle"))->capture_default_str();
-    app->add_option("--threads", c->threads, "Threads in the worker")->check(in_range(1u, 256u, "worker threads"))->capture_default_str();
+    app->add_option("--keys", c->keys, "New keys per cycle")
+        ->check(in_range(1u, 1'000'000u, "keys per cycle"))
+        ->capture_default_str();
+    app->add_option("--threads", c->threads, "Threads in the worker")
+        ->check(in_range(1u, 256u, "worker threads"))
+        ->capture_default_str();
     app->add_option("--workers", c->workers,
                     "Worker processes per cycle; more than 1 share a postgresql:// store in global scope, race on "
                     "the same keys and are each SIGKILLed at their own random moment")

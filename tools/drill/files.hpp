@@ -105,8 +105,8 @@ public:
     void append(const std::string& line) {
         const ssize_t n = ::write(fd_, line.data(), line.size());
         if (n != static_cast<ssize_t>(line.size()))
-            throw idem::error(idem::errc::store_error, "write to '" + path_ + "' failed: " +
-                                                           (n < 0 ? std::strerror(errno) : "short write"));
+            throw idem::error(idem::errc::store_error,
+                              "write to '" + path_ + "' failed: " + (n < 0 ? std::strerror(errno) : "short write"));
         if (durable_ && ::fdatasync(fd_) != 0)
             throw idem::error(idem::errc::store_error, "fdatasync of '" + path_ + "' failed: " + std::strerror(errno));
     }

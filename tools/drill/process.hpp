@@ -74,8 +74,8 @@ public:
         fd_ = fds[0];
         if (rc != 0) {
             ::close(fd_);
-            throw idem::error(idem::errc::invalid_argument, "cannot start '" + exe + (args.empty() ? "" : " " + args.front()) +
-                                                                "': " + std::strerror(rc));
+            throw idem::error(idem::errc::invalid_argument,
+                              "cannot start '" + exe + (args.empty() ? "" : " " + args.front()) + "': " + std::strerror(rc));
         }
         ::fcntl(fd_, F_SETFL, O_NONBLOCK);
         started_ = clock_type::now();

@@ -76,17 +76,16 @@ struct worker_config {
     std::string prefix;  ///< keys of this drill start with it; the resolver answers only for them
     unsigned threads = 4;
     double lease_ms = 200;
-    std::string scope = "process";  ///< process: durable_guard; global: global_guard (PostgreSQL)
-    unsigned worker_index = 0;      ///< global: orders this worker's requests
+    std::string scope = "process";     ///< process: durable_guard; global: global_guard (PostgreSQL)
+    unsigned worker_index = 0;         ///< global: orders this worker's requests
     bool stop_on_unavailable = false;  ///< report each OK claim and ack; stop at the first failed commit
     double sync_timeout_ms = 10'000;   ///< store_options::sync_timeout
-    bool hold = false;  ///< after "done", keep the store open until killed (the file stays held)
+    bool hold = false;                 ///< after "done", keep the store open until killed (the file stays held)
 };
 
 /// Steady-clock time in ns (CLOCK_MONOTONIC on Linux: comparable between processes).
 std::int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 /// One line of free text for the drill: newlines would split it into several report lines.
@@ -191,10 +190,11 @@ private:
 /// The worker's last line for the drill: "done requests=... <counts>" plus `extra` (" name=value"...).
 void print_done(std::size_t requests, const counts& n, const std::string& extra) {
     auto u = [](const std::atomic<std::uint64_t>& a) { return static_cast<unsigned long long>(a.load()); };
-    std::printf("done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
-                "unacked=%llu unexpected=%llu replay_mismatches=%llu%s\n",
-                requests, u(n.executed), u(n.acked), u(n.replayed), u(n.busy), u(n.in_doubt), u(n.unavailable),
-                u(n.unacked), u(n.unexpected), u(n.replay_mismatches), extra.c_str());
+    std::printf(
+        "done requests=%zu executed=%llu acked=%llu replayed=%llu busy=%llu in_doubt=%llu unavailable=%llu "
+        "unacked=%llu unexpected=%llu replay_mismatches=%llu%s\n",
+        requests, u(n.executed), u(n.acked), u(n.replayed), u(n.busy), u(n.in_doubt), u(n.unavailable), u(n.unacked),
+        u(n.unexpected), u(n.replay_mismatches), extra.c_str());
     std::fflush(stdout);
 }
 
@@ -219,8 +219,8 @@ int run_worker(const worker_config& c) {
     idem::store_options so;
     so.mode = idem::durability::sync;
     so.offer_wait = std::chrono::seconds(2);
-    so.sync_timeout =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.sync_timeout_ms));
+    so.sync_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double, std::milli>(c.sync_timeout_ms));
     std::unique_ptr<guarded_store> gs;
     try {
         gs = make_guard(spec, std::move(opts), std::move(so));
@@ -253,10 +253,11 @@ int run_worker(const worker_config& c) {
     }
     const auto waited_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - wait_start).count();
-    std::printf("ready recovery_ns=%lld records=%zu processing=%zu compensated_at_open=%zu compensated_after_wait=%zu "
-                "waited_ms=%lld pending=%zu\n",
-                static_cast<long long>(rec.elapsed.count()), rec.records, rec.processing, rec.compensated, compensated,
-                static_cast<long long>(waited_ms), pending);
+    std::printf(
+        "ready recovery_ns=%lld records=%zu processing=%zu compensated_at_open=%zu compensated_after_wait=%zu "
+        "waited_ms=%lld pending=%zu\n",
+        static_cast<long long>(rec.elapsed.count()), rec.records, rec.processing, rec.compensated, compensated,
+        static_cast<long long>(waited_ms), pending);
     std::fflush(stdout);
 
     counts n;
@@ -321,9 +322,7 @@ int run_worker(const worker_config& c) {
                     ++n.unavailable;
                     if (c.stop_on_unavailable) stop.store(true);
                     break;
-                default:
-                    ++n.unexpected;
-                    note(rq.key + ": begin() answered " + idem::to_string(r.status));
+                default: ++n.unexpected; note(rq.key + ": begin() answered " + idem::to_string(r.status));
             }
             app->leave(rq.key);
         }
@@ -388,9 +387,10 @@ int run_worker_global(const worker_config& c) {
     auto g = std::make_unique<idem::global_guard>(c.store, std::move(opts), go);
     const auto open_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     const std::size_t compensated = g->compensate();
-    std::printf("ready recovery_ns=%lld records=0 processing=0 compensated_at_open=%zu compensated_after_wait=0 "
-                "waited_ms=0 pending=0\n",
-                static_cast<long long>(open_ns.count()), compensated);
+    std::printf(
+        "ready recovery_ns=%lld records=0 processing=0 compensated_at_open=%zu compensated_after_wait=0 "
+        "waited_ms=0 pending=0\n",
+        static_cast<long long>(open_ns.count()), compensated);
     std::fflush(stdout);
 
     counts n;
@@ -436,7 +436,8 @@ int run_worker_global(const worker_config& c) {
                 ++n.replayed;
                 if (r.outcome != outcome) {
                     ++n.replay_mismatches;
-                    note(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " + std::to_string(outcome));
+                    note(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " +
+                         std::to_string(outcome));
                 }
                 return true;
             case idem::begin_status::in_progress: ++n.busy; return false;

@@ -101,9 +101,7 @@ void compose_mode(std::string_view rest) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size == 0) return 0;
     const std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
-    if (data[0] % 2 == 0)
-        parse_mode(rest);
-    else
-        compose_mode(rest);
+    if (data[0] % 2 == 0) parse_mode(rest);
+    else compose_mode(rest);
     return 0;
 }

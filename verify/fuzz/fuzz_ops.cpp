@@ -66,16 +66,15 @@ struct mrec {
 };
 
 struct counters {
-    std::uint64_t acquired = 0, duplicates = 0, in_progress = 0, mismatch = 0, succeeded = 0, failed = 0,
-                  released = 0, stale = 0, in_doubt = 0, compensated = 0, reclaimed = 0, evicted = 0, rotations = 0,
-                  superseded = 0;
+    std::uint64_t acquired = 0, duplicates = 0, in_progress = 0, mismatch = 0, succeeded = 0, failed = 0, released = 0,
+                  stale = 0, in_doubt = 0, compensated = 0, reclaimed = 0, evicted = 0, rotations = 0, superseded = 0;
 };
 
 struct mticket {
     ticket_t t;
     std::size_t k;
     std::uint64_t fence;
-    unsigned gen;  // parity of the generation whose slot holds the claim
+    unsigned gen;      // parity of the generation whose slot holds the claim
     bool ran = false;  // a completion was refused: the drop leaves the claim in doubt, never released
 };
 
@@ -89,8 +88,8 @@ struct reader {
     std::fprintf(stderr, "fuzz_ops: model and guard disagree: %s\n", what.c_str());
     std::abort();
 }
-#define EXPECT(cond, what)                                                              \
-    do {                                                                                \
+#define EXPECT(cond, what)                                                                          \
+    do {                                                                                            \
         if (!(cond)) finding(std::string(what) + " [" #cond "] at step " + std::to_string(steps_)); \
     } while (0)
 
@@ -120,11 +119,9 @@ public:
                          "steps %zu acquired %llu reclaimed %llu succeeded %llu failed %llu released %llu stale %llu "
                          "doubt %llu compensated %llu rotations %llu evicted %llu mismatch %llu\n",
                          steps_, (unsigned long long)c_.acquired, (unsigned long long)c_.reclaimed,
-                         (unsigned long long)c_.succeeded, (unsigned long long)c_.failed,
-                         (unsigned long long)c_.released, (unsigned long long)c_.stale,
-                         (unsigned long long)c_.in_doubt, (unsigned long long)c_.compensated,
-                         (unsigned long long)c_.rotations, (unsigned long long)c_.evicted,
-                         (unsigned long long)c_.mismatch);
+                         (unsigned long long)c_.succeeded, (unsigned long long)c_.failed, (unsigned long long)c_.released,
+                         (unsigned long long)c_.stale, (unsigned long long)c_.in_doubt, (unsigned long long)c_.compensated,
+                         (unsigned long long)c_.rotations, (unsigned long long)c_.evicted, (unsigned long long)c_.mismatch);
         tickets_.clear();  // destructors release through the guard, which must still exist
         g_.reset();
     }
@@ -134,12 +131,14 @@ public:
         const std::uint8_t op = r.byte() % 10;
         switch (op) {
             case 0: begin(r.byte() % keys, r.byte()); break;
-            case 1: with_ticket(r, [&](std::size_t i) {
+            case 1:
+                with_ticket(r, [&](std::size_t i) {
                     const std::uint8_t outcome = r.byte();
                     complete(i, mst::succeeded, outcome, false, payload_of(r.byte(), steps_));
                 });
                 break;
-            case 2: with_ticket(r, [&](std::size_t i) {
+            case 2:
+                with_ticket(r, [&](std::size_t i) {
                     const std::uint8_t b = r.byte();
                     // An explicit terminal failure with bit 2 set carries an error response.
                     const bool response = (b & 1) && (b & 2) && (b & 4);
@@ -147,7 +146,9 @@ public:
                              response ? payload_of(b, steps_) : std::string());
                 });
                 break;
-            case 3: with_ticket(r, [&](std::size_t i) { extend(i, std::chrono::milliseconds(250 * (r.byte() % 8))); }); break;
+            case 3:
+                with_ticket(r, [&](std::size_t i) { extend(i, std::chrono::milliseconds(250 * (r.byte() % 8))); });
+                break;
             case 4: with_ticket(r, [&](std::size_t i) { drop(i); }); break;
             case 5: advance(std::chrono::milliseconds(250 * (r.byte() % 8))); break;
             case 6: {
@@ -321,7 +322,9 @@ private:
             tickets_.push_back(mticket{std::move(r.ticket), k, p.fence, p.where});
         } else {
             EXPECT(!r.ticket.valid(), "a ticket without a claim");
-            EXPECT(r.outcome == p.outcome, "replayed outcome: guard " + std::to_string(r.outcome) + ", model " + std::to_string(p.outcome) + " (" + idem::to_string(p.want) + ") for key " + std::to_string(k));
+            EXPECT(r.outcome == p.outcome, "replayed outcome: guard " + std::to_string(r.outcome) + ", model " +
+                                               std::to_string(p.outcome) + " (" + idem::to_string(p.want) + ") for key " +
+                                               std::to_string(k));
             EXPECT(r.payload == p.payload, "replayed payload of key " + std::to_string(k));
         }
     }
@@ -372,12 +375,9 @@ private:
         std::error_code ec;
         if (to == mst::succeeded)
             ec = payload.empty() && (outcome & 1) ? t.t.succeed(outcome) : t.t.succeed(outcome, payload);
-        else if (default_policy)
-            ec = t.t.fail(outcome);
-        else if (to == mst::failed && !payload.empty())
-            ec = t.t.fail(outcome, idem::failure_policy::terminal, payload);
-        else
-            ec = t.t.fail(outcome, to == mst::failed ? idem::failure_policy::terminal : idem::failure_policy::retryable);
+        else if (default_policy) ec = t.t.fail(outcome);
+        else if (to == mst::failed && !payload.empty()) ec = t.t.fail(outcome, idem::failure_policy::terminal, payload);
+        else ec = t.t.fail(outcome, to == mst::failed ? idem::failure_policy::terminal : idem::failure_policy::retryable);
         if (m) {
             EXPECT(!ec, "completion of a current ticket: " + ec.message());
             finish_model(*m, to, outcome, to != mst::released ? payload : std::string());
@@ -464,9 +464,10 @@ private:
                     }
                     continue;
                 }
-                finish_model(m, v == resolution::succeeded ? mst::succeeded
-                                : v == resolution::failed  ? mst::failed
-                                                           : mst::released,
+                finish_model(m,
+                             v == resolution::succeeded ? mst::succeeded
+                             : v == resolution::failed  ? mst::failed
+                                                        : mst::released,
                              verdict_outcome_[k]);
                 ++c_.compensated;
                 ++want;
@@ -503,10 +504,8 @@ private:
         for (std::size_t k = 0; k < keys; ++k) {
             const idem::record_view v = g_->query(names_[k]);
             const mrec* m = nullptr;
-            if (auto it = cur().find(k); it != cur().end())
-                m = &it->second;
-            else if (auto p = prev().find(k); p != prev().end())
-                m = &p->second;
+            if (auto it = cur().find(k); it != cur().end()) m = &it->second;
+            else if (auto p = prev().find(k); p != prev().end()) m = &p->second;
             const std::string who = " of key " + std::to_string(k);
             if (!m) {
                 EXPECT(v.state == record_state::absent && v.fence == 0, "query of an unknown key" + who);

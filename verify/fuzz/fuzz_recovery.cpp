@@ -55,9 +55,19 @@ struct reader {
 
 /// Small integers that matter (0, 1, boundaries of the fence and of chrono conversions), or raw.
 std::int64_t interesting(reader& r) {
-    static constexpr std::int64_t table[] = {0, 1, -1, 2, (1ll << 52) - 1, 1ll << 52, (1ll << 32) | 1,
-                                             INT64_MAX, INT64_MIN, INT64_MAX / 1000000, 1700000000000,
-                                             -1700000000000, 9223372036854};
+    static constexpr std::int64_t table[] = {0,
+                                             1,
+                                             -1,
+                                             2,
+                                             (1ll << 52) - 1,
+                                             1ll << 52,
+                                             (1ll << 32) | 1,
+                                             INT64_MAX,
+                                             INT64_MIN,
+                                             INT64_MAX / 1000000,
+                                             1700000000000,
+                                             -1700000000000,
+                                             9223372036854};
     const std::uint8_t sel = r.byte();
     if (sel < 64) return table[sel % (sizeof table / sizeof table[0])];
     return r.i64();
@@ -143,14 +153,10 @@ bool build(const std::string& path, reader& r) {
             sqlite3_stmt* v = nullptr;
             ok = ok && sqlite3_prepare_v2(db, "INSERT INTO idem_schema VALUES (?1, ?2)", -1, &v, nullptr) == SQLITE_OK;
             if (ok) {
-                if (shape % 16 == 10)
-                    bind(v, 1, r, false);
-                else
-                    sqlite3_bind_int(v, 1, 1);
-                if (shape & 32)
-                    bind(v, 2, r, false);
-                else
-                    sqlite3_bind_int(v, 2, 1);
+                if (shape % 16 == 10) bind(v, 1, r, false);
+                else sqlite3_bind_int(v, 1, 1);
+                if (shape & 32) bind(v, 2, r, false);
+                else sqlite3_bind_int(v, 2, 1);
                 ok = sqlite3_step(v) == SQLITE_DONE;
             }
             sqlite3_finalize(v);

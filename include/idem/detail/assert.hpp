@@ -33,7 +33,7 @@ namespace idem::detail {
 /// Reports a violated assertion and aborts. Out of line and cold, so the check at the call site is
 /// one compare and a branch that is predicted not taken.
 [[noreturn, gnu::cold, gnu::noinline]] inline void assertion_failed(const char* file, int line, const char* cond,
-                                                                   const char* what) noexcept {
+                                                                    const char* what) noexcept {
     std::fprintf(stderr, "idem: assertion failed at %s:%d: %s (%s)\n", file, line, what, cond);
     std::fflush(stderr);
     std::abort();
@@ -41,10 +41,10 @@ namespace idem::detail {
 
 }  // namespace idem::detail
 
-#define IDEM_ASSERT(cond, what)                                                          \
-    do {                                                                                 \
-        if (!(cond)) [[unlikely]]                                                        \
-            ::idem::detail::assertion_failed(__FILE__, __LINE__, #cond, what);           \
+#define IDEM_ASSERT(cond, what)                                                \
+    do {                                                                       \
+        if (!(cond)) [[unlikely]]                                              \
+            ::idem::detail::assertion_failed(__FILE__, __LINE__, #cond, what); \
     } while (false)
 
 #if IDEM_DEBUG_ASSERTS

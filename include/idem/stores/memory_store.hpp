@@ -29,8 +29,8 @@ public:
         }
         // The fold every store writes (detail/rows/batch_fold.hpp): the reference semantics.
         for (const store_row& r : rows)
-            audit_.push_back({next_sequence_++, std::string(r.t.k.view()), r.t.from, r.t.to, r.t.fence, node_,
-                              r.at_ms, audit_detail(r.t)});
+            audit_.push_back({next_sequence_++, std::string(r.t.k.view()), r.t.from, r.t.to, r.t.fence, node_, r.at_ms,
+                              audit_detail(r.t)});
         const detail::rows::batch_fold fold = detail::rows::fold_batch(rows);
         for (const detail::rows::key_fold& f : fold.keys) {
             const auto it = records_.find(std::string(f.key()));

@@ -161,8 +161,8 @@ public:
         run(op, [&] {
             step_ = "begin";
             pqxx::work w(*conn_);
-            const std::string fsync =
-                p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node, /*read_fsync=*/durable_required_, step_);
+            const std::string fsync = p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node,
+                                              /*read_fsync=*/durable_required_, step_);
             step_ = "check fsync";
             if (durable_required_ && fsync == "off") detail::pg::refuse_fsync_off(name_, op, step_);
             step_ = "commit";
@@ -286,8 +286,9 @@ public:
     /// Refuses fsync=off and synchronous_commit=off (see the header comment for what is accepted),
     /// then keeps refusing fsync=off on every connection and batch.
     void check_sync_durability() override {
-        require_durability(" or open the durable_guard with store_options::mode = durability::async (acknowledged "
-                           "before the commit)");
+        require_durability(
+            " or open the durable_guard with store_options::mode = durability::async (acknowledged "
+            "before the commit)");
     }
 
     /// check_sync_durability() with the caller's alternative to fixing the server (appended to the
@@ -436,17 +437,19 @@ private:
 
     /// The store that commits on `lane`, opened on first use with this store's settings (lanes.hpp).
     postgres_store& lane_store(std::size_t lane) {
-        return lanes_.at(lane, *this, [&] {
-            return std::unique_ptr<postgres_store>(new postgres_store(lane_of{}, *this));
-        });
+        return lanes_.at(lane, *this, [&] { return std::unique_ptr<postgres_store>(new postgres_store(lane_of{}, *this)); });
     }
 
     struct lane_of {};
     /// A lane (or a reader) of `first`: its settings, and no schema step (lanes.hpp says why). It
     /// connects at its first call.
     postgres_store(lane_of, const postgres_store& first)
-        : uri_(first.uri_), name_(first.name_), conninfo_(first.conninfo_), deadline_(first.deadline_),
-          durable_required_(first.durable_required_), keep_remote_apply_(first.keep_remote_apply_),
+        : uri_(first.uri_),
+          name_(first.name_),
+          conninfo_(first.conninfo_),
+          deadline_(first.deadline_),
+          durable_required_(first.durable_required_),
+          keep_remote_apply_(first.keep_remote_apply_),
           before_commit_(first.before_commit_) {
         node_ = first.node_;
     }
@@ -518,8 +521,8 @@ private:
                 case failure::cancelled: throw error(errc::store_unavailable, where + c.text);
                 case failure::data:
                     if (c.sqlstate == "23505" && c.text.find("idempotent_batch_pkey") != std::string::npos)
-                        throw error(errc::store_error, where + "this batch id already committed; a batch commits once (" +
-                                                           c.text + ")");
+                        throw error(errc::store_error,
+                                    where + "this batch id already committed; a batch commits once (" + c.text + ")");
                     // What a row holds, not an outage: the flusher isolates the row instead of
                     // retrying the batch forever.
                     throw rejected_row(where + c.text);
@@ -582,9 +585,9 @@ private:
     const std::string* op_ = nullptr;  // the operation run() is in (for messages); null outside run()
     bool committing_ = false;
     bool need_reconnect_ = true;
-    bool streaming_ = false;  // a COPY is open: load() or scan_audit() is in its callback
-    bool durable_required_ = false;   // check_sync_durability() passed: refuse fsync=off from then on
-    bool keep_remote_apply_ = false;  // the server was configured with remote_apply: keep pinning it
+    bool streaming_ = false;                  // a COPY is open: load() or scan_audit() is in its callback
+    bool durable_required_ = false;           // check_sync_durability() passed: refuse fsync=off from then on
+    bool keep_remote_apply_ = false;          // the server was configured with remote_apply: keep pinning it
     pqxx::transaction_base* snap_ = nullptr;  // inside snapshot_read(): its transaction
     std::function<void()> before_commit_;
     detail::pg::lane_set<postgres_store> lanes_;  // lanes 1.., opened on first use (lanes.hpp)

@@ -105,8 +105,8 @@ public:
 
     rocksdb_store(std::string path, const rocksdb_options& opts) : path_(std::move(path)), opts_(opts) {
         if (path_.empty() || detail::files::has_nul(path_))
-            throw error(errc::invalid_argument, "rocksdb:" + key::printable(path_) +
-                                                    ": the path must name a directory (non-empty, no NUL byte)");
+            throw error(errc::invalid_argument,
+                        "rocksdb:" + key::printable(path_) + ": the path must name a directory (non-empty, no NUL byte)");
         if (opts_.window.count() < 0)
             throw error(errc::invalid_argument, where() + "rocksdb_options::window is negative; 0 keeps records forever");
         if (opts_.window.count() > 0) filter_ = std::make_unique<detail::rocks::expiry_filter>(opts_.window);
@@ -135,8 +135,8 @@ public:
         std::vector<rocksdb::PinnableSlice> values(keys.size());
         std::vector<rocksdb::Status> found(keys.size());
         if (!keys.empty())
-            db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), keys.size(), slices.data(),
-                          values.data(), found.data(), sorted);
+            db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), keys.size(), slices.data(), values.data(),
+                          found.data(), sorted);
 
         // The batch is built in ascending key order ('a' audit rows, 'b' marker, 'm' counters, 'r'
         // records; each kind sorted by key): the memtable skip list then starts each insert from
@@ -156,16 +156,16 @@ public:
             std::optional<stored_record> before;
             if (found[group].ok())
                 before = codec::decode_record(where(), f.key(), {values[group].data(), values[group].size()});
-            else if (!found[group].IsNotFound())
-                fail(found[group], "read the batch's records");
+            else if (!found[group].IsNotFound()) fail(found[group], "read the batch's records");
             // The fold every store writes (detail/rows/batch_fold.hpp); nullopt: the record stays.
             const std::optional<stored_record> rec = detail::rows::folded(f, before ? &*before : nullptr);
             if (!rec || rec == before) continue;
             max_fence = std::max(max_fence, rec->fence);
             records.emplace_back(group, codec::encode_record(*rec));
         }
-        put(batch, codec::batch_key(batch_id), codec::encode_counter(static_cast<std::uint64_t>(
-                                                   rows.empty() ? 0 : std::max<std::int64_t>(rows.back().at_ms, 0))));
+        put(batch, codec::batch_key(batch_id),
+            codec::encode_counter(
+                static_cast<std::uint64_t>(rows.empty() ? 0 : std::max<std::int64_t>(rows.back().at_ms, 0))));
         put(batch, codec::meta_key("next_sequence"), codec::encode_counter(sequence));
         put(batch, codec::meta_key("max_fence"), codec::encode_counter(max_fence));
         prune_horizon h = horizon_;
@@ -196,9 +196,8 @@ public:
 
     void load(const std::function<void(const stored_record&)>& fn) override {
         ensure_open();
-        scan(detail::rocks::record_prefix, {}, [&](std::string_view k, std::string_view v) {
-            fn(detail::rocks::decode_record(where(), k.substr(1), v));
-        });
+        scan(detail::rocks::record_prefix, {},
+             [&](std::string_view k, std::string_view v) { fn(detail::rocks::decode_record(where(), k.substr(1), v)); });
     }
 
     std::optional<stored_record> get(std::string_view key) override {
@@ -214,17 +213,14 @@ public:
         ensure_open();
         std::vector<audit_entry> out;
         scan(detail::rocks::audit_key(key, 0), detail::rocks::audit_end(key),
-             [&](std::string_view k, std::string_view v) {
-                 out.push_back(detail::rocks::decode_audit(where(), k, v));
-             });
+             [&](std::string_view k, std::string_view v) { out.push_back(detail::rocks::decode_audit(where(), k, v)); });
         return out;
     }
 
     void scan_audit(const std::function<void(const audit_entry&)>& fn) override {
         ensure_open();
-        scan(detail::rocks::audit_prefix, {}, [&](std::string_view k, std::string_view v) {
-            fn(detail::rocks::decode_audit(where(), k, v));
-        });
+        scan(detail::rocks::audit_prefix, {},
+             [&](std::string_view k, std::string_view v) { fn(detail::rocks::decode_audit(where(), k, v)); });
     }
 
     /// Runs fn with every read on one rocksdb::Snapshot. (Compaction may still drop expired
@@ -247,8 +243,9 @@ public:
     void check_sync_durability() override {
         if (!opts_.wal)
             throw error(errc::invalid_argument,
-                        where() + "rocksdb_options::wal is off, so a commit lives only in memory until a flush; sync "
-                                  "durability needs the write-ahead log");
+                        where() +
+                            "rocksdb_options::wal is off, so a commit lives only in memory until a flush; sync "
+                            "durability needs the write-ahead log");
     }
 
     /// Closes and reopens the database: only the directory opened first, never a new one.
@@ -436,7 +433,8 @@ private:
                 throw error(errc::store_unavailable,
                             where() + "another process holds " + path_ +
                                 "/LOCK (or another store in this process has the directory open): a RocksDB store "
-                                "has one writer at a time; stop it first (RocksDB: " + msg + ")");
+                                "has one writer at a time; stop it first (RocksDB: " +
+                                msg + ")");
             if (first && (s.IsIOError() || s.IsInvalidArgument()))
                 if (const std::string fault = detail::files::database_directory_fault(path_); !fault.empty())
                     throw error(errc::invalid_argument, where() + fault + " (RocksDB: " + msg + ")");
@@ -465,8 +463,9 @@ private:
             std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
             it->SeekToFirst();
             if (it->Valid())
-                throw error(errc::corrupt_record, where() + "the database holds data but no schema version: it is not "
-                                                            "an idem store, or its metadata was lost");
+                throw error(errc::corrupt_record, where() +
+                                                      "the database holds data but no schema version: it is not "
+                                                      "an idem store, or its metadata was lost");
             if (!it->status().ok()) fail(it->status(), "read metadata");
             rocksdb::WriteBatch b;
             put(b, codec::meta_key("schema"), codec::encode_counter(schema_version));
@@ -483,8 +482,8 @@ private:
         }
         if (!s.ok()) fail(s, "read schema version");
         if (const auto v = codec::decode_counter(where(), "schema", value); v != schema_version)
-            throw error(errc::store_error, where() + "schema version " + std::to_string(v) +
-                                               " is not the supported version 1");
+            throw error(errc::store_error,
+                        where() + "schema version " + std::to_string(v) + " is not the supported version 1");
         next_sequence_ = counter("next_sequence");
         // Each batch numbers its audit rows from here with ++: a counter no real history reaches can
         // only come from damage, and would overflow.
@@ -494,8 +493,8 @@ private:
         max_fence_ = counter("max_fence");
         horizon_ = {read_bound("records_horizon"), read_bound("audit_horizon")};
         if (max_fence_ >= detail::rocks::fence_limit)
-            throw error(errc::corrupt_record, where() + "metadata 'max_fence' is " + std::to_string(max_fence_) +
-                                                  "; fences are below 2^52");
+            throw error(errc::corrupt_record,
+                        where() + "metadata 'max_fence' is " + std::to_string(max_fence_) + "; fences are below 2^52");
     }
     std::uint64_t counter(const char* name) {
         std::string value;
@@ -530,16 +529,16 @@ private:
     }
     void check_reopen() const {
         if (const std::string fault = dir_fault(); !fault.empty())
-            throw error(errc::store_error, where() + fault + " [found at reconnect]; refusing to create a new, empty "
-                                                             "database in its place (that would drop the history of "
-                                                             "every key)");
+            throw error(errc::store_error, where() + fault +
+                                               " [found at reconnect]; refusing to create a new, empty "
+                                               "database in its place (that would drop the history of "
+                                               "every key)");
     }
 
     /// Throws the error for a failed RocksDB call, naming the path and the step.
     [[noreturn]] void fail(const rocksdb::Status& s, const char* step) const {
         const std::string cause = std::string(step) + " failed: " + s.ToString();
-        if (s.IsCorruption())
-            throw error(errc::corrupt_record, where() + "the database is damaged (" + cause + ")");
+        if (s.IsCorruption()) throw error(errc::corrupt_record, where() + "the database is damaged (" + cause + ")");
         if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain() || s.IsShutdownInProgress())
             throw error(errc::store_unavailable, where() + cause);
         throw error(errc::store_error, where() + cause);  // NoSpace, IOError, ...
@@ -552,8 +551,8 @@ private:
     const rocksdb::Snapshot* snapshot_ = nullptr;  // inside snapshot_read()
     std::uint64_t next_sequence_ = 1;              // audit sequence: this store is the only writer
     std::uint64_t max_fence_ = 0;
-    prune_horizon horizon_;                        // what prune (and the window) removed; kept in the metadata
-    detail::files::identity dir_;                  // the directory the first open found
+    prune_horizon horizon_;        // what prune (and the window) removed; kept in the metadata
+    detail::files::identity dir_;  // the directory the first open found
 };
 
 }  // namespace idem

@@ -142,8 +142,9 @@ public:
         std::string why;
         if (!check_path(path_, opts.allow_temporary, &why))
             throw error(errc::invalid_argument,
-                        temporary_ ? why + "; to ask for a temporary database, use sqlite_store::temporary() or "
-                                           "sqlite_options::allow_temporary"
+                        temporary_ ? why +
+                                         "; to ask for a temporary database, use sqlite_store::temporary() or "
+                                         "sqlite_options::allow_temporary"
                                    : why);
         open();
     }
@@ -172,8 +173,8 @@ public:
     /// database (a second connection would see another one).
     std::unique_ptr<store> open_reader() override {
         if (temporary_) return nullptr;
-        return std::make_unique<sqlite_store>(path_, sqlite_options{full_sync_, busy_timeout_, false,
-                                                                    sqlite_lock::on_first_write});
+        return std::make_unique<sqlite_store>(path_,
+                                              sqlite_options{full_sync_, busy_timeout_, false, sqlite_lock::on_first_write});
     }
     sqlite_store(const sqlite_store&) = delete;
     sqlite_store& operator=(const sqlite_store&) = delete;
@@ -202,7 +203,9 @@ public:
             std::vector<std::int64_t> previous(fold.keys.size(), -1);  // each key's latest audit row; -1: not read yet
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 std::int64_t& prev = previous[fold.key_of[i]];
-                if (prev < 0) prev = detail::sqlite::last_audit(conn_, stmts_.last_audit, rows[i].t.k.view());  // the chain audit() follows
+                if (prev < 0)
+                    prev = detail::sqlite::last_audit(conn_, stmts_.last_audit,
+                                                      rows[i].t.k.view());  // the chain audit() follows
                 detail::sqlite::insert_audit(conn_, stmts_.audit, rows[i], node_, sequence, prev);
                 prev = sequence++;
             }
@@ -251,8 +254,7 @@ public:
 
     std::optional<stored_record> get(std::string_view key) override {
         ensure_open();
-        const detail::sqlite::statement s(conn_,
-                                          std::string(detail::sqlite::select_records) + " WHERE idempotent_key = ?1");
+        const detail::sqlite::statement s(conn_, std::string(detail::sqlite::select_records) + " WHERE idempotent_key = ?1");
         sqlite3_bind_text(s.s, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
         const int rc = sqlite3_step(s.s);
         if (rc == SQLITE_ROW) return detail::sqlite::read_record(conn_, s.s);
@@ -280,23 +282,25 @@ public:
         while (at != 0) {
             bool found = false;
             std::int64_t previous = 0;
-            scan_audit_rows(by_sequence, std::nullopt,
-                            [&](const audit_entry& a, std::int64_t prev) {
-                                found = true;
-                                previous = prev;
-                                out.push_back(a);
-                            },
-                            at);
+            scan_audit_rows(
+                by_sequence, std::nullopt,
+                [&](const audit_entry& a, std::int64_t prev) {
+                    found = true;
+                    previous = prev;
+                    out.push_back(a);
+                },
+                at);
             const std::string row = "audit row " + std::to_string(at) + " of key '" + key::printable(key) + "'";
             if (!found && at < pruned.sequence) break;  // pruned: the trail starts after it
             if (!found)
                 throw error(errc::corrupt_record,
                             where() + row + " is missing (the key's chain of audit rows is broken" +
-                                (pruned.sequence > 0 ? "; only rows below sequence " + std::to_string(pruned.sequence) +
-                                                           " were pruned)"
-                                                     : ")"));
+                                (pruned.sequence > 0
+                                     ? "; only rows below sequence " + std::to_string(pruned.sequence) + " were pruned)"
+                                     : ")"));
             if (out.back().key != key)
-                throw error(errc::corrupt_record, where() + row + " belongs to key '" + key::printable(out.back().key) + "'");
+                throw error(errc::corrupt_record,
+                            where() + row + " belongs to key '" + key::printable(out.back().key) + "'");
             if (previous < 0 || previous >= at)
                 throw error(errc::corrupt_record, where() + row + " has previous = " + std::to_string(previous) +
                                                       "; it must be 0 or an earlier sequence");
@@ -337,8 +341,7 @@ public:
     std::uint64_t max_fence() override {
         ensure_open();
         // MAX() orders text above every integer, so a damaged text fence would be the maximum.
-        sqlite3_stmt* s =
-            conn_.prepare("SELECT COALESCE(MAX(fencing_token), 0) AS fencing_token FROM idempotent_record");
+        sqlite3_stmt* s = conn_.prepare("SELECT COALESCE(MAX(fencing_token), 0) AS fencing_token FROM idempotent_record");
         const int rc = sqlite3_step(s);
         std::uint64_t v = 0;
         try {
@@ -372,11 +375,12 @@ public:
                 const std::string expired =
                     "idempotent_key IN (SELECT idempotent_key FROM idempotent_record WHERE updated_time < ?1 AND "
                     "status <> 'PROCESSING' ORDER BY updated_time LIMIT ?2)";
-                statement f(conn_, "SELECT COUNT(*), COALESCE(MAX(fencing_token), 0) FROM idempotent_record WHERE " +
-                                       expired);
+                statement f(conn_,
+                            "SELECT COUNT(*), COALESCE(MAX(fencing_token), 0) FROM idempotent_record WHERE " + expired);
                 statement d(conn_, "DELETE FROM idempotent_record WHERE " + expired);
-                statement m(conn_, "SELECT EXISTS (SELECT 1 FROM idempotent_record WHERE updated_time < ?1 AND "
-                                   "status <> 'PROCESSING')");
+                statement m(conn_,
+                            "SELECT EXISTS (SELECT 1 FROM idempotent_record WHERE updated_time < ?1 AND "
+                            "status <> 'PROCESSING')");
                 for (sqlite3_stmt* q : {f.s, d.s, m.s}) sqlite3_bind_int64(q, 1, limits.records_before_ms);
                 for (sqlite3_stmt* q : {f.s, d.s}) sqlite3_bind_int64(q, 2, limit);
                 f.row("find expired records");
@@ -524,8 +528,7 @@ private:
 
     /// Audit rows selected by `clause` (detail/sqlite/statements.hpp, scan_audit_rows).
     template <class Fn>
-    void scan_audit_rows(std::string_view clause, std::optional<std::string_view> key, Fn&& fn,
-                         std::int64_t sequence = 0) {
+    void scan_audit_rows(std::string_view clause, std::optional<std::string_view> key, Fn&& fn, std::int64_t sequence = 0) {
         detail::sqlite::scan_audit_rows(conn_, clause, key, std::forward<Fn>(fn), sequence);
     }
 
@@ -541,7 +544,7 @@ private:
     detail::sqlite::file_watch files_;        // the file and log first opened; a lost log or lock file
     std::int64_t next_sequence_ = 1;          // audit sequence: this store is the file's only writer
     std::int64_t opened_sequence_ = 0;        // next_sequence at the first open
-    std::string stale_;  // set when another writer committed before this store took the lock
+    std::string stale_;                       // set when another writer committed before this store took the lock
 };
 
 }  // namespace idem

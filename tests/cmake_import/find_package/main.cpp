@@ -29,8 +29,14 @@ namespace {
 template <class Guard>
 bool exactly_once(const char* what, Guard& g, const idem::key& k = idem::key::compose("TX1", "PAY", 1)) {
     int executed = 0;
-    const auto first = g.run(k, [&] { ++executed; return 42; });
-    const auto again = g.run(k, [&] { ++executed; return 43; });
+    const auto first = g.run(k, [&] {
+        ++executed;
+        return 42;
+    });
+    const auto again = g.run(k, [&] {
+        ++executed;
+        return 43;
+    });
     if (first != 42 || again != 42 || executed != 1) {
         std::fprintf(stderr, "consumer (%s): first=%llu again=%llu executed=%d\n", what,
                      static_cast<unsigned long long>(first), static_cast<unsigned long long>(again), executed);
@@ -65,13 +71,15 @@ int main() {
     std::filesystem::remove_all(scratch);
     std::filesystem::create_directories(scratch);
     ok = durable("sqlite", std::make_unique<idem::sqlite_store>((scratch / "idem.db").string()),
-                    idem::key::compose("TX1", "PAY", 1)) && ok;
+                 idem::key::compose("TX1", "PAY", 1)) &&
+         ok;
 #endif
 #ifdef IDEM_CONSUMER_ROCKSDB
     std::filesystem::remove_all(scratch / "rocksdb");
     std::filesystem::create_directories(scratch);
     ok = durable("rocksdb", std::make_unique<idem::rocksdb_store>((scratch / "rocksdb").string(), true),
-                    idem::key::compose("TX1", "PAY", 1)) && ok;
+                 idem::key::compose("TX1", "PAY", 1)) &&
+         ok;
 #endif
 #ifdef IDEM_CONSUMER_POSTGRES
     if (const char* uri = std::getenv("IDEM_TEST_PG_URI"); uri != nullptr && *uri != '\0') {

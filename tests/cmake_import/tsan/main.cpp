@@ -55,11 +55,8 @@ int main() {
                         duplicates.fetch_add(1);
                         if (r.outcome != outcome_of(k)) wrong.fetch_add(1);
                         break;
-                    case idem::begin_status::in_progress:
-                        break;
-                    default:
-                        std::fprintf(stderr, "key %d: %s\n", k, idem::to_string(r.status));
-                        wrong.fetch_add(1);
+                    case idem::begin_status::in_progress: break;
+                    default: std::fprintf(stderr, "key %d: %s\n", k, idem::to_string(r.status)); wrong.fetch_add(1);
                 }
                 // And a key of this thread's own, which it must acquire.
                 auto own = g->begin(idem::key::compose("T" + std::to_string(t) + "x" + std::to_string(i), "PAY", 1));
@@ -79,7 +76,7 @@ int main() {
             ++bad;
         }
     }
-    std::printf("tsan consumer: %d threads, %d keys, %d duplicates answered, %d wrong\n", threads, keys,
-                duplicates.load(), bad);
+    std::printf("tsan consumer: %d threads, %d keys, %d duplicates answered, %d wrong\n", threads, keys, duplicates.load(),
+                bad);
     return bad == 0 ? 0 : 1;
 }

@@ -45,7 +45,8 @@ struct entry {
 
 /// Whether the file open as `fd` is the one `path` names now (both found, same identity).
 [[nodiscard]] inline bool still_named(int fd, const std::string& path) noexcept {
-    struct stat held {}, now {};
+    struct stat held {
+    }, now{};
     return ::fstat(fd, &held) == 0 && ::stat(path.c_str(), &now) == 0 && identity::of(held).names(now);
 }
 

@@ -64,8 +64,7 @@ namespace idem::detail::files {
 
 /// What keeps this process from opening `path` as a database file read-write, with the files named
 /// by `sidecars` (suffixes: "-wal", ".lock", ...) beside it, opened or created; "" when nothing shows.
-[[nodiscard]] inline std::string database_file_fault(const std::string& path,
-                                                     std::initializer_list<const char*> sidecars) {
+[[nodiscard]] inline std::string database_file_fault(const std::string& path, std::initializer_list<const char*> sidecars) {
     const std::string dir = parent_of(path);
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
@@ -83,8 +82,7 @@ namespace idem::detail::files {
         ++i;
         const std::string side = path + suffix;
         if (refusal(side, F_OK) != 0) creates = true;
-        else if (const int e = refusal(side, R_OK | W_OK))
-            return "no permission to read and write " + side + because(e);
+        else if (const int e = refusal(side, R_OK | W_OK)) return "no permission to read and write " + side + because(e);
     }
     if (const int e = creates ? refusal(dir, W_OK | X_OK) : 0)
         return "no permission to create " + names + " files in directory " + dir + because(e);

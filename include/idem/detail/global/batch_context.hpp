@@ -70,9 +70,7 @@ public:
     /// when it is built, which is also before the first connection (coordinator.hpp's member order).
     static void check_options(const options& o, const global_options& g) {
         using std::chrono::milliseconds;
-        const auto ms = [](auto d) {
-            return std::to_string(std::chrono::duration_cast<milliseconds>(d).count()) + " ms";
-        };
+        const auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<milliseconds>(d).count()) + " ms"; };
         const auto refuse = [](const std::string& why) { throw error(errc::invalid_argument, why); };
         const std::string never_pruned = "; it must be positive (idem::forever: never pruned)";
         if (g.call_deadline <= milliseconds::zero())

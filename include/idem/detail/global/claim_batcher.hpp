@@ -252,11 +252,11 @@ private:
                 won.clear();
                 pqxx::nontransaction n(conn);
                 db.committing(true);  // autocommit: the statement is its own COMMIT
-                const auto res =
-                    ordered ? n.exec_prepared(std::string(sql::claim_ordered_name), batch_id, keys.str(), biz.str(),
-                                              fps.str(), lease_ms, ctx_.node, pairs.str(), versions.str())
-                            : n.exec_prepared(std::string(sql::claim_name), batch_id, keys.str(), biz.str(), fps.str(),
-                                              lease_ms, ctx_.node);
+                const auto res = ordered
+                                     ? n.exec_prepared(std::string(sql::claim_ordered_name), batch_id, keys.str(), biz.str(),
+                                                       fps.str(), lease_ms, ctx_.node, pairs.str(), versions.str())
+                                     : n.exec_prepared(std::string(sql::claim_name), batch_id, keys.str(), biz.str(),
+                                                       fps.str(), lease_ms, ctx_.node);
                 db.committing(false);
                 for (const auto& row : res)
                     won[row[0].c_str()] = {static_cast<std::uint64_t>(row[1].as<std::int64_t>()),
@@ -327,8 +327,8 @@ private:
     /// `newest` (ordered versions): also the newest version of each loser's pair, 0 for none (one
     /// statement, one snapshot with the rows).
     bool read_rows(const std::vector<std::shared_ptr<claim_request>>& batch, const won_map& skip,
-                   std::unordered_map<std::string, row_read>& rows,
-                   std::unordered_map<std::string, std::uint64_t>* newest, global_session& db) {
+                   std::unordered_map<std::string, row_read>& rows, std::unordered_map<std::string, std::uint64_t>* newest,
+                   global_session& db) {
         pg::array_literal losers, pairs;
         for (const auto& c : batch)
             if (!skip.contains(std::string(c->k.view()))) {
@@ -354,9 +354,12 @@ private:
                     // postgres_store's decoder and rules: a corrupt row is corrupt_record, never a default.
                     const pg::row_decoder dec("global guard", ctx_.name, "read claimed rows");
                     const std::string_view k = pg::text(row[0]);
-                    row_read rr{dec.state(k, pg::text(row[1]), /*of_record=*/true), dec.fence(k, pg::text(row[2])),
+                    row_read rr{dec.state(k, pg::text(row[1]), /*of_record=*/true),
+                                dec.fence(k, pg::text(row[2])),
                                 dec.uint64(k, pg::text(row[3]), "outcome"),
-                                dec.uint64(k, pg::text(row[4]), "request_fingerprint"), row[5].as<bool>(), {}};
+                                dec.uint64(k, pg::text(row[4]), "request_fingerprint"),
+                                row[5].as<bool>(),
+                                {}};
                     dec.payload(k, pg::text(row[newest ? 7 : 6]), rr.payload);  // encode(payload, 'hex')
                     rows[std::string(k)] = std::move(rr);
                 }

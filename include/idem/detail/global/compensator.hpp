@@ -89,8 +89,7 @@ public:
             if ((a.verdict == resolution::succeeded || a.verdict == resolution::failed) &&
                 a.payload.size() > opts.max_payload)
                 a = {};
-            completion_row it{*k, e.fence, record_state::processing, a.outcome, transition_cause::compensate,
-                              a.payload};
+            completion_row it{*k, e.fence, record_state::processing, a.outcome, transition_cause::compensate, a.payload};
             switch (a.verdict) {
                 case resolution::succeeded: it.to = record_state::succeeded; break;
                 case resolution::failed: it.to = record_state::failed; break;
@@ -134,7 +133,7 @@ private:
     completion_batcher& completions_;
     global_session& db_;
     const guard& local_;
-    std::mutex run_m_;                                  // one compensation pass at a time
+    std::mutex run_m_;                                         // one compensation pass at a time
     std::set<std::pair<std::string, std::uint64_t>> doubted_;  // (key, fence) marked in doubt by this node
 };
 

@@ -82,9 +82,8 @@ struct completion_row {
 /// once (their rows are locked in key order; one UPDATE cannot change a row twice).
 template <class Range, class Key>
 [[nodiscard]] bool strictly_increasing(const Range& rows, Key key_of) {
-    return std::adjacent_find(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
-               return !(key_of(a) < key_of(b));
-           }) == rows.end();
+    return std::adjacent_find(rows.begin(), rows.end(),
+                              [&](const auto& a, const auto& b) { return !(key_of(a) < key_of(b)); }) == rows.end();
 }
 
 class completion_batcher {
@@ -225,8 +224,9 @@ private:
                     completions_.done.notify_all();
                     return;  // `left` drops the local claims: released locally (local_options)
                 }
-                completions_.take(batch, ctx_.go.max_batch, [](const auto&) { return false; },
-                                  [](auto& r) { r->st = completion_request::phase::sent; });
+                completions_.take(
+                    batch, ctx_.go.max_batch, [](const auto&) { return false; },
+                    [](auto& r) { r->st = completion_request::phase::sent; });
             }
             run_completions(batch, db);
         }
@@ -280,7 +280,8 @@ private:
                 }
             }
             r->v = !ok ? completion_request::verdict::error
-                       : w ? completion_request::verdict::won : completion_request::verdict::stale;
+                   : w ? completion_request::verdict::won
+                       : completion_request::verdict::stale;
         }
         {
             std::lock_guard lk(completions_.m);
@@ -349,8 +350,8 @@ private:
                 std::unordered_set<std::string> before;
                 const auto rb = db.run("completion check", [&](pqxx::connection& conn) {
                     pqxx::nontransaction n(conn);
-                    const auto res = n.exec_prepared(std::string(sql::completed_before_name), lk.str(), lf.str(),
-                                                     ls.str(), ld.str(), ctx_.node);
+                    const auto res = n.exec_prepared(std::string(sql::completed_before_name), lk.str(), lf.str(), ls.str(),
+                                                     ld.str(), ctx_.node);
                     for (const auto& row : res) before.insert(row[0].c_str());
                 });
                 if (rb != global_session::result::ok) {
@@ -364,8 +365,8 @@ private:
             std::unordered_set<std::string> renewed;
             const auto re = db.run("lease renewal", [&](pqxx::connection& conn) {
                 pqxx::nontransaction n(conn);
-                const auto res =
-                    n.exec_prepared(std::string(sql::extend_name), ext_keys.str(), ext_fences.str(), ext_ms.str());
+                const auto res = n.exec_prepared(std::string(sql::extend_name), ext_keys.str(), ext_fences.str(),
+                                                 ext_ms.str());
                 for (const auto& row : res) renewed.insert(row[0].c_str());
             });
             if (re != global_session::result::ok) {

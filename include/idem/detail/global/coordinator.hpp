@@ -100,9 +100,7 @@ public:
     /// answers any other key invalid_key before it touches the local table, a batch or the store: the
     /// key can never be claimed, so an answer a caller would retry (store_unavailable) would be a lie,
     /// and a key the statement cannot bind would fail every other claim of its batch. Wait-free.
-    [[nodiscard]] static bool accepts(const key& k) noexcept {
-        return !k.empty() && postgres_store::accepts_key(k.view());
-    }
+    [[nodiscard]] static bool accepts(const key& k) noexcept { return !k.empty() && postgres_store::accepts_key(k.view()); }
     /// Why accepts(k) is false: the rule the key breaks (for messages).
     [[nodiscard]] static std::string refusal(const key& k) {
         return k.empty() ? "is the empty placeholder key{} (a key has 1 to 128 bytes)"
@@ -245,8 +243,7 @@ private:
                 if (ctx_.opts.ordered_versions) n.exec(std::string(sql::version_table));
             });
             if (r == global_session::result::ok) return;
-            if (attempt == 3)
-                throw error(errc::store_unavailable, "global guard: " + compensation_db_.last_error());
+            if (attempt == 3) throw error(errc::store_unavailable, "global guard: " + compensation_db_.last_error());
             std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));  // a racing opener
         }
     }

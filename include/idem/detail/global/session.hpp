@@ -114,9 +114,7 @@ private:
             last_error_ = where + c.text;
             switch (c.kind) {
                 case failure::in_doubt: need_reconnect_ = true; return result::in_doubt;
-                case failure::client:
-                    need_reconnect_ = true;
-                    return in_commit ? result::in_doubt : result::fatal;
+                case failure::client: need_reconnect_ = true; return in_commit ? result::in_doubt : result::fatal;
                 case failure::lost: need_reconnect_ = true; return result::transient;
                 case failure::cancelled:
                 case failure::contention: return result::transient;
@@ -142,8 +140,8 @@ private:
         watchdog_.watch(conn_->sock());
         {
             pqxx::nontransaction n(*conn_);
-            const auto r = n.exec(pg::session_setup(deadline_, keep_remote_apply_,
-                                                    "SET default_transaction_isolation = 'read committed'; "));
+            const auto r = n.exec(
+                pg::session_setup(deadline_, keep_remote_apply_, "SET default_transaction_isolation = 'read committed'; "));
             keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
             if (std::string_view(r[0][1].c_str()) == "off")
                 throw error(errc::store_unavailable,

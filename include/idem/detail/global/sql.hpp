@@ -51,7 +51,7 @@ inline constexpr std::string_view processing_index =
 
 // The batch row, first in every batch statement (`b`; the header says why everything else reaches
 // the keys through it). $1 batch id.
-#define IDEM_GSQL_BATCH_CTE                                                                         \
+#define IDEM_GSQL_BATCH_CTE                                                                             \
     "WITH b AS (\n  INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, " IDEM_GSQL_NOW \
     ") RETURNING batch_id\n)"
 
@@ -64,7 +64,8 @@ inline std::string claim_statement(std::string_view claimable, std::string_view 
     static constexpr std::string_view tail = R"sql(, ins AS (
   INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                       request_fingerprint, created_time, updated_time)
-  SELECT c.k, c.biz, 'PROCESSING', pf.f + 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, c.fp, )sql" IDEM_GSQL_NOW R"sql(, )sql" IDEM_GSQL_NOW R"sql(
+  SELECT c.k, c.biz, 'PROCESSING', pf.f + 1, )sql" IDEM_GSQL_NOW R"sql( + $5, 0, c.fp, )sql" IDEM_GSQL_NOW
+                                             R"sql(, )sql" IDEM_GSQL_NOW R"sql(
   FROM {claimable} AS c, (SELECT COALESCE(max(pruned_fence), 0) AS f FROM idem_schema) AS pf ORDER BY c.n
   ON CONFLICT (idempotent_key) DO NOTHING
   RETURNING r.idempotent_key AS k, r.fencing_token AS f, 'ABSENT'::text AS fr
@@ -79,7 +80,8 @@ inline std::string claim_statement(std::string_view claimable, std::string_view 
   SELECT k, f, fr FROM ins UNION ALL SELECT k, f, fr FROM re
 ), aud AS (
   INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail)
-  SELECT won.k, won.fr, 'PROCESSING', won.f, $6, )sql" IDEM_GSQL_NOW R"sql(, ')sql" IDEM_AUDIT_CLAIM_BATCH_PREFIX R"sql(' || $1::text
+  SELECT won.k, won.fr, 'PROCESSING', won.f, $6, )sql" IDEM_GSQL_NOW R"sql(, ')sql" IDEM_AUDIT_CLAIM_BATCH_PREFIX
+                                             R"sql(' || $1::text
   FROM won ORDER BY won.k
 )
 SELECT k, f, fr FROM won
@@ -109,7 +111,8 @@ SELECT k, f, fr FROM won
 inline constexpr std::string_view claim_name = "idem_g_claim";
 inline const std::string claim = claim_statement(R"sql(, u AS (
   SELECT u.* FROM b, unnest($2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY AS u(k, biz, fp, n)
-))sql", "u");
+))sql",
+                                                 "u");
 
 // Ordered versions (options.ordered_versions; none of this SQL runs, and the table is not created,
 // when the option is off). The newest version claimed of each (txid, operation) of a key
@@ -164,7 +167,8 @@ inline const std::string claim_ordered = claim_statement(R"sql(, u AS (
   SELECT COALESCE(array_agg(ver.p), ARRAY[]::text[]) AS granted FROM ver
 ), ok AS MATERIALIZED (
   SELECT u.k, u.biz, u.fp, u.n FROM u CROSS JOIN g WHERE u.p = '' OR u.p = ANY(g.granted)
-))sql", "ok");
+))sql",
+                                                         "ok");
 
 // Claim batch, statement 2, ordered: read_rows's columns for every key of $1 (status NULL: no
 // record), plus the newest version of its pair $2 (0: none, or the key does not split). One

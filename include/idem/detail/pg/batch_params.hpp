@@ -95,20 +95,19 @@ struct batch_params {
     /// Returns the server's fsync setting as read after the last write, which sync mode checks right
     /// before COMMIT: apply_main's answer when it was the last statement, else (when `read_fsync`)
     /// one more read after the class-Y records.
-    std::string write(pqxx::work& w, std::int64_t batch_id, std::int64_t now_ms, const std::string& node,
-                      bool read_fsync, std::string& step) {
+    std::string write(pqxx::work& w, std::int64_t batch_id, std::int64_t now_ms, const std::string& node, bool read_fsync,
+                      std::string& step) {
         step = "write batch id, audit rows and records";
         const auto main = w.exec_prepared(std::string(apply_main_name), batch_id, now_ms, a_key.str(), a_from.str(),
                                           a_to.str(), a_fence.str(), a_at.str(), a_detail.str(), node, l_key.str(),
-                                          l_fence.str(), l_lease.str(), l_fp.str(), x.key.str(), x.biz.str(),
-                                          x.status.str(), x.fence.str(), x.lease.str(), x.outcome.str(), x.fp.str(),
-                                          x.created.str(), x.updated.str(), x.payload.str());
+                                          l_fence.str(), l_lease.str(), l_fp.str(), x.key.str(), x.biz.str(), x.status.str(),
+                                          x.fence.str(), x.lease.str(), x.outcome.str(), x.fp.str(), x.created.str(),
+                                          x.updated.str(), x.payload.str());
         std::string fsync = main[0][0].c_str();
         if (!y.key.empty()) {
             step = "write records that keep their lease";
-            w.exec_prepared(std::string(apply_keep_lease_name), y.key.str(), y.biz.str(), y.status.str(),
-                            y.fence.str(), y.lease.str(), y.outcome.str(), y.fp.str(), y.created.str(),
-                            y.updated.str(), y.payload.str());
+            w.exec_prepared(std::string(apply_keep_lease_name), y.key.str(), y.biz.str(), y.status.str(), y.fence.str(),
+                            y.lease.str(), y.outcome.str(), y.fp.str(), y.created.str(), y.updated.str(), y.payload.str());
             if (read_fsync) {
                 step = "check fsync";
                 fsync = w.exec(std::string(fsync_now))[0][0].c_str();

@@ -266,8 +266,7 @@ struct classified {
     IDEM_ASSERT(std::current_exception() != nullptr, "classify() runs inside a catch block");
     classified c;
     const auto late = [&] {
-        return "no answer within the call deadline of " + std::to_string(deadline.count()) +
-               " ms; the connection was cut";
+        return "no answer within the call deadline of " + std::to_string(deadline.count()) + " ms; the connection was cut";
     };
     const auto trimmed = [](std::string s) {
         while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();

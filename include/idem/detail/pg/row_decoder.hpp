@@ -238,8 +238,7 @@ public:
     void audit(const pqxx::row& row, audit_entry& out) const { audit(texts<audit_columns>(row), out); }
 
     /// One COPY line of load_query (`fields`: its buffers, reused line after line) into `out`.
-    void record_line(std::string_view line, std::array<std::string, record_columns>& fields,
-                     stored_record& out) const {
+    void record_line(std::string_view line, std::array<std::string, record_columns>& fields, stored_record& out) const {
         on_line(line).record(split(line, fields), out);
     }
     /// One COPY line of scan_audit_query into `out`.

@@ -188,10 +188,9 @@ struct durability {
 /// `alternative` (the caller's alternative to fixing the server; empty: none).
 inline void check_durability(const durability& d, std::string_view name, const std::string& alternative) {
     auto refuse = [&](const std::string& setting, const std::string& fix) {
-        throw error(errc::invalid_argument, "sync durability refused: PostgreSQL at " + std::string(name) +
-                                                " runs with " + setting +
-                                                "; a commit acknowledged by it can be lost on a crash. Set " + fix +
-                                                " in the server's configuration" + alternative);
+        throw error(errc::invalid_argument, "sync durability refused: PostgreSQL at " + std::string(name) + " runs with " +
+                                                setting + "; a commit acknowledged by it can be lost on a crash. Set " +
+                                                fix + " in the server's configuration" + alternative);
     };
     if (d.fsync == "off") refuse("fsync=off", "fsync=on");
     if (d.synchronous_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");

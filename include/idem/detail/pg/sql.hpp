@@ -142,12 +142,12 @@ inline constexpr std::string_view max_fence =
             n = 2;
         } else if (c >= 0xe0 && c <= 0xef) {
             n = 3;
-            if (c == 0xe0) lo = 0xa0;       // overlong
-            if (c == 0xed) hi = 0x9f;       // surrogates
+            if (c == 0xe0) lo = 0xa0;  // overlong
+            if (c == 0xed) hi = 0x9f;  // surrogates
         } else if (c >= 0xf0 && c <= 0xf4) {
             n = 4;
-            if (c == 0xf0) lo = 0x90;       // overlong
-            if (c == 0xf4) hi = 0x8f;       // above U+10FFFF
+            if (c == 0xf0) lo = 0x90;  // overlong
+            if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
         } else {
             return false;
         }

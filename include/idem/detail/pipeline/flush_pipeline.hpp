@@ -72,7 +72,9 @@ public:
     /// `to_wall_ms` maps a guard-clock time to Unix milliseconds. Throws idem::error
     /// (invalid_argument) for a queue_capacity or max_batch out of range.
     flush_pipeline(store& st, store_options opts, std::function<std::int64_t(std::chrono::nanoseconds)> to_wall_ms)
-        : store_(st), opts_(std::move(opts)), to_wall_ms_(std::move(to_wall_ms)),
+        : store_(st),
+          opts_(std::move(opts)),
+          to_wall_ms_(std::move(to_wall_ms)),
           core_(opts_.queue_capacity, opts_.max_batch, random_batch_prefix()),
           pipelined_(dynamic_cast<pipelined_store*>(&st)),
           lanes_(pipelined_ != nullptr ? std::max<std::size_t>(1, pipelined_->lanes()) : 1),
@@ -100,7 +102,7 @@ public:
         reads_.stop();
         if (threads_.empty()) return;
         stop_deadline_.store((std::chrono::steady_clock::now() + opts_.sync_timeout).time_since_epoch().count(),
-                             std::memory_order_relaxed);  // relaxed: published by (F1)
+                             std::memory_order_relaxed);   // relaxed: published by (F1)
         running_.store(false, std::memory_order_release);  // (F1) pairs with (F2)
         wake_idle();  // a sleeper or idle lane between its check of running_ and its wait sees the notify
         for (auto& t : threads_) t.join();
@@ -139,7 +141,8 @@ public:
         row.lease_until_ms = t.to == record_state::processing ? to_wall_ms_(t.lease_until) : 0;
         const std::uint64_t seq = core_.push(row);  // (P5) inside: a seq_cst RMW
         // (S2) pairs with (S1): a flusher asleep is woken ("Idle"); an awake one costs this load.
-        if (sleeping_.load(std::memory_order_seq_cst)) [[unlikely]] wake_flusher();
+        if (sleeping_.load(std::memory_order_seq_cst)) [[unlikely]]
+            wake_flusher();
         return seq;
     }
 
@@ -221,7 +224,7 @@ public:
         /// Idle flusher threads' returns from a pause, a sleep or a wait (not the backoff after a
         /// failed store call): about 10 a second when idle ("Idle").
         std::uint64_t wakeups = 0;
-        bool sleeping = false;  ///< a flusher sleeps now, until an offer wakes it (or idle_sleep)
+        bool sleeping = false;              ///< a flusher sleeps now, until an offer wakes it (or idle_sleep)
         std::uint64_t recall_queue = 0;     ///< recall requests queued, not yet being read (<= recall_waiters)
         std::uint64_t recall_waiters = 0;   ///< callers waiting in recall() now
         std::uint64_t recall_reads = 0;     ///< store reads made for recalls
@@ -239,13 +242,13 @@ public:
         out.rejected = c.rejected;
         out.last_error = c.last_error;
         out.queue_depth = core_.depth();
-        out.lag_ns = lag_ns_.load(std::memory_order_relaxed);  // relaxed: a statistic
-        out.cpu_ns = cpu_ns_.load(std::memory_order_relaxed);  // relaxed: a statistic
+        out.lag_ns = lag_ns_.load(std::memory_order_relaxed);                  // relaxed: a statistic
+        out.cpu_ns = cpu_ns_.load(std::memory_order_relaxed);                  // relaxed: a statistic
         out.pruned_records = pruned_records_.load(std::memory_order_relaxed);  // relaxed: statistics
         out.pruned_audit_rows = pruned_audit_.load(std::memory_order_relaxed);
-        out.wakeups = wakeups_.load(std::memory_order_relaxed);      // relaxed: a statistic
-        out.sleeping = sleeping_.load(std::memory_order_relaxed);    // relaxed: a statistic
-        const recall_reads::counters r = reads_.snapshot();  // one instant: recall_queue <= recall_waiters
+        out.wakeups = wakeups_.load(std::memory_order_relaxed);    // relaxed: a statistic
+        out.sleeping = sleeping_.load(std::memory_order_relaxed);  // relaxed: a statistic
+        const recall_reads::counters r = reads_.snapshot();        // one instant: recall_queue <= recall_waiters
         out.recall_queue = r.queue;
         out.recall_waiters = r.waiters;
         out.recall_reads = r.reads;
@@ -392,10 +395,8 @@ private:
             auto deadline = now + idle_sleep();
             if (owner && prunes()) deadline = std::min(deadline, next_prune_);
             if (deadline > now) {  // else a prune is due: the loop does it now
-                if (sleep(owner, deadline))
-                    wakeups_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
-                else
-                    busy_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);  // work: linger again
+                if (sleep(owner, deadline)) wakeups_.fetch_add(1, std::memory_order_relaxed);    // relaxed: a statistic
+                else busy_at_.store(now.time_since_epoch().count(), std::memory_order_relaxed);  // work: linger again
             }
         }
         if (!one) {
@@ -409,12 +410,12 @@ private:
     /// its way into its cell) or a recall waits for this thread. One sleeper at a time: the single
     /// flusher, or the lane that holds polling_.
     bool sleep(bool owner, std::chrono::steady_clock::time_point deadline) {
-        std::unique_lock lock(idle_mutex_);  // held from (S1) until the wait: a waker's lock waits for it
+        std::unique_lock lock(idle_mutex_);                // held from (S1) until the wait: a waker's lock waits for it
         sleeping_.store(true, std::memory_order_seq_cst);  // (S1) pairs with (S2) through (P5)/(P6)
-        if (core_.unpopped() ||                               // (P6) pairs with (P5)
-            !running_.load(std::memory_order_acquire) ||      // (F2); stop() wakes under idle_mutex_
+        if (core_.unpopped() ||                            // (P6) pairs with (P5)
+            !running_.load(std::memory_order_acquire) ||   // (F2); stop() wakes under idle_mutex_
             (owner && !reads_.has_reader() && reads_.waiting())) {  // (R2); recall() too
-            sleeping_.store(false, std::memory_order_relaxed);  // relaxed: nobody waits for this
+            sleeping_.store(false, std::memory_order_relaxed);      // relaxed: nobody waits for this
             return false;
         }
         wake_cv_.wait_until(lock, deadline, [this] {
@@ -438,7 +439,8 @@ private:
     void wake_idle() {
         {
             std::lock_guard lock(idle_mutex_);
-            sleeping_.store(false, std::memory_order_relaxed);  // relaxed: under idle_mutex_, which the sleeper's check holds
+            sleeping_.store(false,
+                            std::memory_order_relaxed);  // relaxed: under idle_mutex_, which the sleeper's check holds
         }
         wake_cv_.notify_all();
         idle_cv_.notify_all();
@@ -460,7 +462,7 @@ private:
     alignas(64) std::atomic<bool> running_{false};
     std::atomic<std::int64_t> stop_deadline_{0};
     std::atomic<std::int64_t> lag_ns_{0};
-    std::atomic<std::uint64_t> cpu_ns_{0};  // summed over the flusher threads
+    std::atomic<std::uint64_t> cpu_ns_{0};   // summed over the flusher threads
     std::atomic<std::uint64_t> wakeups_{0};  // idle wake-ups, summed over the flusher threads
     std::atomic<std::int64_t> busy_at_{0};   // steady_clock ticks of the last progress of any lane ("Idle")
     std::atomic<std::uint64_t> abandoned_at_stop_{0};
@@ -476,10 +478,10 @@ private:
     // batches fill as before), and an idle one pauses 10 ms / idle_poll times (50) once.
     static constexpr std::chrono::milliseconds idle_linger{10};
     alignas(64) std::atomic<bool> sleeping_{false};  // a line of its own: offer() reads it, rarely written
-    alignas(64) std::mutex idle_mutex_;   // the sleeper's check and wait; idle lanes: who polls
-    std::condition_variable wake_cv_;     // the sleeper
-    std::condition_variable idle_cv_;     // idle lanes that do not poll (lanes > 1 only)
-    bool polling_ = false;                // under idle_mutex_: a lane looks for work (lanes > 1)
+    alignas(64) std::mutex idle_mutex_;              // the sleeper's check and wait; idle lanes: who polls
+    std::condition_variable wake_cv_;                // the sleeper
+    std::condition_variable idle_cv_;                // idle lanes that do not poll (lanes > 1 only)
+    bool polling_ = false;                           // under idle_mutex_: a lane looks for work (lanes > 1)
 
     std::mutex mutex_;  // flusher <-> sync waiters only; never taken on the async hot path
     std::condition_variable decided_;

@@ -97,9 +97,9 @@ public:
 
     pipeline_core(std::size_t queue_capacity, std::size_t max_batch, std::uint64_t batch_prefix)
         : capacity_(check_capacity(queue_capacity)),
-          max_batch_(max_batch == 0 ? throw error(errc::invalid_argument,
-                                                  "store_options.max_batch is 0; it must be at least 1")
-                                    : max_batch),
+          max_batch_(max_batch == 0
+                         ? throw error(errc::invalid_argument, "store_options.max_batch is 0; it must be at least 1")
+                         : max_batch),
           batch_prefix_(batch_prefix),
           queue_(capacity_),
           room_(static_cast<std::int64_t>(capacity_)) {
@@ -202,7 +202,9 @@ public:
         }
         return result;
     }
-    step_result step_lane(pipelined_store& st, std::size_t lane) { return step_lane(st, lane, [] {}); }
+    step_result step_lane(pipelined_store& st, std::size_t lane) {
+        return step_lane(st, lane, [] {});
+    }
 
     /// Every seq <= watermark() committed or was set aside. Progress: wait-free.
     [[nodiscard]] std::uint64_t watermark() const noexcept {
@@ -213,7 +215,7 @@ public:
     /// popped_ (another lane's pop not yet seen) only answers true. Progress: wait-free.
     [[nodiscard]] bool unpopped() const noexcept {
         return next_seq_.load(std::memory_order_seq_cst) !=  // (P6) pairs with (P5)
-               popped_.load(std::memory_order_relaxed);       // relaxed: see above; this thread's own pops are seen
+               popped_.load(std::memory_order_relaxed);      // relaxed: see above; this thread's own pops are seen
     }
     /// Sequence numbers taken so far (the last one pushed or being pushed).
     [[nodiscard]] std::uint64_t issued() const noexcept {
@@ -290,8 +292,8 @@ public:
 private:
     static std::size_t check_capacity(std::size_t n) {
         if (n == 0 || n > max_queue_capacity)
-            throw error(errc::invalid_argument, "store_options.queue_capacity " + std::to_string(n) +
-                                                    " is outside 1.." + std::to_string(max_queue_capacity));
+            throw error(errc::invalid_argument, "store_options.queue_capacity " + std::to_string(n) + " is outside 1.." +
+                                                    std::to_string(max_queue_capacity));
         return n;
     }
 
@@ -310,7 +312,7 @@ private:
     /// Rows popped: their room goes back to the producers, and unpopped() counts them.
     void note_popped(std::int64_t n) noexcept {
         popped_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);  // relaxed: see unpopped()
-        room_.fetch_add(n, std::memory_order_release);  // (P2) pairs with (P1)
+        room_.fetch_add(n, std::memory_order_release);                                // (P2) pairs with (P1)
     }
 
     static void sort_rows(std::vector<store_row>& rows) {
@@ -360,9 +362,7 @@ private:
     /// parallel cost more per row (a transaction each) than they save; large ones (async mode under
     /// load) are where a second connection pays. A quarter of max_batch, at most 1,024 rows (the
     /// figure measured with max_batch 4,096; a larger max_batch must not keep the lanes idle).
-    [[nodiscard]] std::size_t pipelined_rows() const noexcept {
-        return std::clamp<std::size_t>(max_batch_ / 4, 1, 1024);
-    }
+    [[nodiscard]] std::size_t pipelined_rows() const noexcept { return std::clamp<std::size_t>(max_batch_ / 4, 1, 1024); }
     /// Rows reserved and not yet popped: the queue's depth, give or take reservations in progress.
     [[nodiscard]] std::size_t queued() const noexcept {
         const std::int64_t room = room_.load(std::memory_order_relaxed);  // relaxed: an estimate
@@ -521,13 +521,13 @@ private:
 
     // Lanes (step_lane), under lanes_mutex_.
     mutable std::mutex lanes_mutex_;
-    std::vector<store_row> deferred_;                   // popped, key held by a job; pop order
-    std::vector<std::unique_ptr<job>> retry_;           // failed (or halving) jobs, keys still held
+    std::vector<store_row> deferred_;                      // popped, key held by a job; pop order
+    std::vector<std::unique_ptr<job>> retry_;              // failed (or halving) jobs, keys still held
     std::unordered_map<std::size_t, std::uint32_t> held_;  // key hash -> jobs holding it
-    std::size_t in_flight_ = 0;                          // jobs taken by a lane and not yet back
+    std::size_t in_flight_ = 0;                            // jobs taken by a lane and not yet back
 
-    mutable std::mutex mutex_;  // flusher <-> readers of counters and rejected seqs; never on the hot path
-    std::set<std::uint64_t> done_;           // decided seqs above the watermark
+    mutable std::mutex mutex_;      // flusher <-> readers of counters and rejected seqs; never on the hot path
+    std::set<std::uint64_t> done_;  // decided seqs above the watermark
     // Decided as rejected. Kept for the pipeline's life (about 48 bytes a row): a sync-mode terminal
     // record whose row was rejected asks fate(seq) whenever a duplicate reads it, and must never be
     // told "committed". Rejections are rare: keys a store declares it cannot hold never get here.

@@ -44,10 +44,10 @@ public:
     struct request {
         std::string key;
         std::optional<stored_record> rec;
-        std::condition_variable answered;  // its waiters wait here (one per request: no herd)
-        std::size_t waiters = 0;           // callers waiting for it now
+        std::condition_variable answered;                  // its waiters wait here (one per request: no herd)
+        std::size_t waiters = 0;                           // callers waiting for it now
         std::list<std::shared_ptr<request>>::iterator at;  // its place in reads_ while queued
-        bool queued = false;  // in reads_: no server took it yet, it can be joined or dropped
+        bool queued = false;                               // in reads_: no server took it yet, it can be joined or dropped
         bool failed = false;
         bool done = false;
     };

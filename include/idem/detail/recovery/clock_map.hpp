@@ -52,9 +52,9 @@ public:
 
     /// The mapping a durable guard takes when it is built: the guard clock's now is system_clock's now.
     [[nodiscard]] static clock_map at_start(std::chrono::nanoseconds clock_now) noexcept {
-        return {clock_now, std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count()};
+        return {clock_now,
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                    .count()};
     }
 
     /// A guard-clock time in Unix ms.

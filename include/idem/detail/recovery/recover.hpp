@@ -41,12 +41,12 @@ namespace idem::detail::recovery {
 
 /// What recovery found (durable.hpp's recovery_report takes these).
 struct tally {
-    std::size_t seen = 0;        ///< records the store returned
-    std::size_t records = 0;     ///< put into the table (the hot window and every claim)
-    std::size_t processing = 0;  ///< of those, claims in flight
-    std::size_t refused = 0;     ///< claims the table had no room for (the start then fails)
-    std::size_t cold = 0;        ///< given to the cold window
-    std::size_t expired = 0;     ///< past the idempotency window: forgotten
+    std::size_t seen = 0;                      ///< records the store returned
+    std::size_t records = 0;                   ///< put into the table (the hot window and every claim)
+    std::size_t processing = 0;                ///< of those, claims in flight
+    std::size_t refused = 0;                   ///< claims the table had no room for (the start then fails)
+    std::size_t cold = 0;                      ///< given to the cold window
+    std::size_t expired = 0;                   ///< past the idempotency window: forgotten
     std::chrono::nanoseconds elapsed{0};       ///< recover(): from the first read to the end
     std::chrono::nanoseconds cold_elapsed{0};  ///< of that, building the cold window's filter
 };
@@ -54,7 +54,7 @@ struct tally {
 /// What load() leaves for the steps after it.
 struct loaded {
     tally counts;
-    std::uint64_t max_fence = 0;                     ///< the largest fence read
+    std::uint64_t max_fence = 0;                    ///< the largest fence read
     std::vector<table::window_filter::entry> cold;  ///< the cold window's keys, for install()
 };
 
@@ -68,9 +68,10 @@ struct no_observer {
 template <class G>
 begin_status install_record(G& g, const key& k, const stored_record& r, std::chrono::nanoseconds updated,
                             const clock_map& clock, const store& st) {
-    const begin_status s =
-        guard_access::restore(g, k, {r.state, r.fence, r.outcome, r.fingerprint,
-                                     clock.from_wall_ms(r.lease_until_ms, r.key, "lease_until", st), updated, r.payload});
+    const begin_status s = guard_access::restore(g, k,
+                                                 {r.state, r.fence, r.outcome, r.fingerprint,
+                                                  clock.from_wall_ms(r.lease_until_ms, r.key, "lease_until", st), updated,
+                                                  r.payload});
     // The store checked the record's fence and status (record_rules.hpp, record_fault), which is all
     // restore refuses besides room.
     IDEM_ASSERT(s == begin_status::acquired || s == begin_status::capacity_exhausted,
@@ -121,8 +122,9 @@ loaded load(G& g, store& st, const clock_map& clock, const window& w, Observe&& 
         before_restore(r);
         if (install_record(g, *k, r, updated, clock, st) == begin_status::capacity_exhausted) {
             ++n.refused;
-            throw error(errc::capacity_exhausted, st.name() + ": recovery found more claims in flight than "
-                                                              "options.capacity allows (at key '" +
+            throw error(errc::capacity_exhausted, st.name() +
+                                                      ": recovery found more claims in flight than "
+                                                      "options.capacity allows (at key '" +
                                                       key::printable(r.key) + "'); raise options.capacity");
         }
         ++n.records;
@@ -159,8 +161,8 @@ template <class G>
 void install(G& g, const store& st, loaded& l, std::uint64_t floor) {
     const auto cold_started = std::chrono::steady_clock::now();
     if (!guard_access::remember_cold(g, l.cold))
-        throw error(errc::capacity_exhausted, st.name() + ": no memory for the cold window's filter of " +
-                                                  std::to_string(l.cold.size()) + " keys");
+        throw error(errc::capacity_exhausted,
+                    st.name() + ": no memory for the cold window's filter of " + std::to_string(l.cold.size()) + " keys");
     l.cold = {};
     guard_access::set_fence_floor(g, floor);
     l.counts.cold_elapsed = std::chrono::steady_clock::now() - cold_started;

@@ -48,7 +48,7 @@ inline constexpr char batch_prefix = 'b';
 inline constexpr char meta_prefix = 'm';
 inline constexpr std::uint8_t value_version = 1;
 inline constexpr std::uint8_t record_payload_version = 2;  ///< a record value that ends with a payload
-using detail::rows::fence_limit;  // fences are below 2^52, as in every store (record_rules.hpp)
+using detail::rows::fence_limit;                           // fences are below 2^52, as in every store (record_rules.hpp)
 
 static_assert(key::max_size < 0xff, "an audit key is KEY 0x00 SEQ: keys must stay short and NUL-free");
 
@@ -109,8 +109,9 @@ public:
         const std::uint64_t n = varint(field);
         if (!ok()) return {};
         if (n > in_.size() - pos_) {
-            fail(field, ("has length " + std::to_string(n) + " but only " + std::to_string(in_.size() - pos_) +
-                         " bytes follow").c_str());
+            fail(field,
+                 ("has length " + std::to_string(n) + " but only " + std::to_string(in_.size() - pos_) + " bytes follow")
+                     .c_str());
             return {};
         }
         std::string s(in_.substr(pos_, n));
@@ -132,7 +133,8 @@ public:
                 break;
         }
         fail(field, ("is byte " + std::to_string(b) + (absent_ok ? "; expected ABSENT, " : "; expected ") +
-                     "PROCESSING, SUCCESS, FAILED or RELEASED").c_str());
+                     "PROCESSING, SUCCESS, FAILED or RELEASED")
+                        .c_str());
         return record_state::absent;
     }
     std::uint64_t fence(const char* field) {
@@ -312,7 +314,8 @@ private:
     in.version();
     const std::uint64_t v = in.varint(std::string(name).c_str());
     in.end();
-    if (!in.ok()) throw error(errc::corrupt_record, std::string(where) + "metadata '" + std::string(name) + "': " + in.fault());
+    if (!in.ok())
+        throw error(errc::corrupt_record, std::string(where) + "metadata '" + std::string(name) + "': " + in.fault());
     return v;
 }
 

@@ -60,7 +60,7 @@ struct payload_summary {
 
 /// The fields of a detail text.
 struct audit_detail_fields {
-    std::string_view cause;                  ///< as written (the formatter writes to_string(cause))
+    std::string_view cause;  ///< as written (the formatter writes to_string(cause))
     std::uint64_t outcome = 0;
     std::optional<payload_summary> payload;  ///< none: the row recorded no payload
     std::optional<std::int64_t> batch;       ///< the global scope's claim batch id, if named
@@ -98,8 +98,8 @@ public:
     [[nodiscard]] std::string str() const { return std::string(view()); }
 
     /// The longest cause name ("not_durable"), 20 digits per number, 16 hex digits, the tags.
-    static constexpr std::size_t capacity = 11 + outcome_tag.size() + 20 + payload_tag.size() + 20 + fnv_tag.size() +
-                                            16 + batch_tag.size() + 20;
+    static constexpr std::size_t capacity = 11 + outcome_tag.size() + 20 + payload_tag.size() + 20 + fnv_tag.size() + 16 +
+                                            batch_tag.size() + 20;
 
 private:
     detail_text() noexcept = default;
@@ -180,7 +180,8 @@ inline constexpr std::string_view claim_batch_prefix = claim_batch_prefix_text.v
 #define IDEM_AUDIT_CLAIM_BATCH_PREFIX "claim outcome=0 batch="
 static_assert(claim_batch_prefix == IDEM_AUDIT_CLAIM_BATCH_PREFIX,
               "the SQL's claim detail is the formatter's: cause, outcome 0, batch tag");
-static_assert(claim_batch_prefix.find('\'') == std::string_view::npos && claim_batch_prefix.find('\\') == std::string_view::npos,
+static_assert(claim_batch_prefix.find('\'') == std::string_view::npos &&
+                  claim_batch_prefix.find('\\') == std::string_view::npos,
               "claim_batch_prefix is spliced into a SQL string literal");
 
 /// The detail of a global claim of batch `batch_id`: what the SQL writes on the server.

@@ -37,8 +37,8 @@ inline constexpr std::size_t payload_hard_max = std::size_t{1} << 20;
 /// The rule a stored payload of `size` bytes breaks, or "".
 [[nodiscard]] inline std::string payload_fault(std::size_t size) {
     if (size <= payload_hard_max) return {};
-    return "payload is " + std::to_string(size) + " bytes; a payload holds at most " +
-           std::to_string(payload_hard_max) + " bytes (the hard maximum)";
+    return "payload is " + std::to_string(size) + " bytes; a payload holds at most " + std::to_string(payload_hard_max) +
+           " bytes (the hard maximum)";
 }
 
 /// The rule a stored key breaks (key::check's reason, naming the key), or "".
@@ -59,8 +59,8 @@ template <std::integral I>
 
 /// A status column's text parsed; on failure *why names the rule. `of_record`: a record's status
 /// (ABSENT is for audit rows only), else an audit row's from_status / to_status.
-[[nodiscard]] inline std::optional<record_state> checked_status(std::string_view text, bool of_record,
-                                                                std::string* why, const char* column = "status") {
+[[nodiscard]] inline std::optional<record_state> checked_status(std::string_view text, bool of_record, std::string* why,
+                                                                const char* column = "status") {
     const auto s = parse_status(text);
     if (!s) {
         *why = std::string(column) + " '" + key::printable(text) +

@@ -52,9 +52,8 @@ public:
     /// Opens the handle read-write; `create` lets SQLite create a missing file (only a store's first
     /// open may: a reopen that found nothing at the path would start a new, empty history there).
     void open(bool create) {
-        const int rc = sqlite3_open_v2(path_.c_str(), &db_,
-                                       SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX,
-                                       nullptr);
+        const int rc = sqlite3_open_v2(
+            path_.c_str(), &db_, SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX, nullptr);
         if (rc != SQLITE_OK) {
             std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
             close();
@@ -107,8 +106,7 @@ public:
     }
 
     [[noreturn]] void fail(int rc, const char* step) const {
-        raise(rc, std::string(step) + " failed: " + (db_ ? sqlite3_errmsg(db_) : "") + " (" + sqlite3_errstr(rc) +
-                      ")");
+        raise(rc, std::string(step) + " failed: " + (db_ ? sqlite3_errmsg(db_) : "") + " (" + sqlite3_errstr(rc) + ")");
     }
 
     /// Throws the error for SQLite result `rc`, with `cause` after the path. While opening, a
@@ -126,8 +124,8 @@ public:
         // A damaged file is the same fault wherever it shows (open, recovery, a read, verify): data
         // the store cannot trust, not an outage a retry could end.
         if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB)
-            throw error(errc::corrupt_record, where + "the database file is damaged or is not a SQLite database (" +
-                                                  cause + ")");
+            throw error(errc::corrupt_record,
+                        where + "the database file is damaged or is not a SQLite database (" + cause + ")");
         if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED || primary == SQLITE_CANTOPEN)
             throw error(errc::store_unavailable, where + cause);
         throw error(errc::store_error, where + cause);  // SQLITE_FULL (disk full), SQLITE_IOERR, ...
@@ -149,17 +147,20 @@ public:
     /// The same, naming the row only when it is refused (`row()` builds the name: recovery reads
     /// millions of rows and names none of them).
     template <class RowName>
-        requires std::is_invocable_r_v<std::string, RowName>
+    requires std::is_invocable_r_v<std::string, RowName>
     [[nodiscard]] std::int64_t integer(sqlite3_stmt* s, int col, RowName&& row_name) const {
         const int type = sqlite3_column_type(s, col);
-        if (type == SQLITE_INTEGER) [[likely]] return sqlite3_column_int64(s, col);
+        if (type == SQLITE_INTEGER) [[likely]]
+            return sqlite3_column_int64(s, col);
         const std::string row = row_name();
-        const char* kind = type == SQLITE_TEXT ? "text" : type == SQLITE_FLOAT ? "a real number"
-                                               : type == SQLITE_BLOB ? "a blob" : "NULL";
+        const char* kind = type == SQLITE_TEXT    ? "text"
+                           : type == SQLITE_FLOAT ? "a real number"
+                           : type == SQLITE_BLOB  ? "a blob"
+                                                  : "NULL";
         std::string value = type == SQLITE_NULL ? std::string("NULL") : "'" + key::printable(text(s, col)) + "'";
         if (value.size() > 80) value = value.substr(0, 77) + "...";
-        throw error(errc::corrupt_record, where() + row + " has " + sqlite3_column_name(s, col) + " = " + value +
-                                              " (" + kind + "); the column holds integers only");
+        throw error(errc::corrupt_record, where() + row + " has " + sqlite3_column_name(s, col) + " = " + value + " (" +
+                                              kind + "); the column holds integers only");
     }
 
 private:

@@ -77,9 +77,9 @@ public:
             return;  // unreachable for now: SQLite's open and the configuration checks say why
         }
         if (db.regular() && !file_.names(db.st))
-            throw error(errc::store_error,
-                        where(path_) + replaced_message("found at reconnect: another file is at the path") +
-                            "; refusing to use it in place of the history this store opened");
+            throw error(errc::store_error, where(path_) +
+                                               replaced_message("found at reconnect: another file is at the path") +
+                                               "; refusing to use it in place of the history this store opened");
     }
 
     /// What is wrong with the files under a writer, or "" when the path still names the database

@@ -20,9 +20,7 @@
 namespace idem::detail::sqlite {
 
 /// True for the paths SQLite turns into a temporary database: "" and ":memory:".
-[[nodiscard]] inline bool is_temporary_path(std::string_view path) noexcept {
-    return path.empty() || path == ":memory:";
-}
+[[nodiscard]] inline bool is_temporary_path(std::string_view path) noexcept { return path.empty() || path == ":memory:"; }
 
 /// Whether `path` may name a database (the rules above; the file system is not consulted). On
 /// refusal fills *why (if given) with the path and the rule.
@@ -37,14 +35,17 @@ inline bool check_path(std::string_view path, bool allow_temporary, std::string*
         return refuse(
             "begins with 'file:', so SQLite may read it as a URI, whose parameters (mode=memory, vfs=memdb, "
             "nolock=1, immutable=1, ...) drop durability or locking; this store opens plain paths only (write "
-            "'./" + std::string(path) + "' for a file of that name)");
+            "'./" +
+            std::string(path) + "' for a file of that name)");
     if (allow_temporary) return true;
     if (path.empty())
-        return refuse("is empty, which makes SQLite create a temporary database that it deletes when the store "
-                      "closes: nothing would survive a reopen; name a database file");
+        return refuse(
+            "is empty, which makes SQLite create a temporary database that it deletes when the store "
+            "closes: nothing would survive a reopen; name a database file");
     if (path == ":memory:")
-        return refuse("makes SQLite create an in-memory database that is gone when the store closes: nothing "
-                      "would survive a reopen; name a database file");
+        return refuse(
+            "makes SQLite create an in-memory database that is gone when the store closes: nothing "
+            "would survive a reopen; name a database file");
     return true;
 }
 

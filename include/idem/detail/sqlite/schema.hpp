@@ -175,8 +175,7 @@ struct pruned_state {
     statement s(c, "SELECT records_horizon, audit_horizon, pruned_sequence, pruned_fence FROM idem_schema");
     if (const int rc = sqlite3_step(s.s); rc == SQLITE_DONE)
         throw error(errc::corrupt_record, c.where() + "idem_schema has no version row (damaged file?)");
-    else if (rc != SQLITE_ROW)
-        c.fail(rc, "read the prune horizon");
+    else if (rc != SQLITE_ROW) c.fail(rc, "read the prune horizon");
     pruned_state p;
     if (sqlite3_column_type(s.s, 0) != SQLITE_NULL) p.records_ms = c.integer(s.s, 0, "idem_schema");
     if (sqlite3_column_type(s.s, 1) != SQLITE_NULL) p.audit_ms = c.integer(s.s, 1, "idem_schema");
@@ -187,8 +186,9 @@ struct pruned_state {
 
 /// Writes `p` back into idem_schema (inside the prune's transaction; a bound that is keep_all is NULL).
 inline void write_pruned(connection& c, const pruned_state& p) {
-    statement w(c, "UPDATE idem_schema SET records_horizon = ?1, audit_horizon = ?2, pruned_sequence = ?3, "
-                   "pruned_fence = ?4");
+    statement w(c,
+                "UPDATE idem_schema SET records_horizon = ?1, audit_horizon = ?2, pruned_sequence = ?3, "
+                "pruned_fence = ?4");
     for (auto [i, v] : {std::pair{1, p.records_ms}, std::pair{2, p.audit_ms}}) {
         if (v == prune_limits::keep_all) sqlite3_bind_null(w.s, i);
         else sqlite3_bind_int64(w.s, i, v);

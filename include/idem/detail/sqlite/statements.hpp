@@ -52,11 +52,13 @@ inline constexpr const char* select_records =
            guarded("outcome", "excluded.outcome") + ", " + guarded("payload", "excluded.payload") + ", " +
            // The claim's lease and fingerprint only when the claim's own fence (?12) reaches
            // the stored one (detail/rows/batch_fold.hpp).
-           guarded("lease_until", "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN excluded.lease_until "
-                                  "ELSE idempotent_record.lease_until END") +
+           guarded("lease_until",
+                   "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN excluded.lease_until "
+                   "ELSE idempotent_record.lease_until END") +
            ", " +
-           guarded("request_fingerprint", "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN "
-                                          "excluded.request_fingerprint ELSE idempotent_record.request_fingerprint END") +
+           guarded("request_fingerprint",
+                   "CASE WHEN ?9 AND idempotent_record.fencing_token <= ?12 THEN "
+                   "excluded.request_fingerprint ELSE idempotent_record.request_fingerprint END") +
            ", " + guarded("updated_time", "excluded.updated_time") + ", last_audit = excluded.last_audit";
 }
 
@@ -93,8 +95,8 @@ struct batch_statements {
 };
 
 /// Inserts the audit row of `r`: number `sequence`, chained to the key's `previous` row.
-inline void insert_audit(connection& c, sqlite3_stmt* a, const store_row& r, std::string_view node,
-                         std::int64_t sequence, std::int64_t previous) {
+inline void insert_audit(connection& c, sqlite3_stmt* a, const store_row& r, std::string_view node, std::int64_t sequence,
+                         std::int64_t previous) {
     const auto k = r.t.k.view();
     sqlite3_reset(a);
     sqlite3_bind_text(a, 1, k.data(), static_cast<int>(k.size()), SQLITE_STATIC);

@@ -47,8 +47,8 @@ public:
         const int e = errno;
         const std::string fault = configuration_fault(db_path_);
         throw error(fault.empty() ? errc::store_error : errc::invalid_argument,
-                    where(db_path_) + (fault.empty() ? "" : fault + "; ") + "cannot open the writer lock file " +
-                        path_ + " (" + std::strerror(e) + ")");
+                    where(db_path_) + (fault.empty() ? "" : fault + "; ") + "cannot open the writer lock file " + path_ +
+                        " (" + std::strerror(e) + ")");
     }
 
     /// A first open that finds no database file but a PATH.lock in which a writer recorded itself:
@@ -63,8 +63,8 @@ public:
         throw error(errc::invalid_argument,
                     where(db_path_) + "the database file is missing, but " + path_ + " records a writer (" + who +
                         "): the database this path held was deleted or moved, and a new, empty one would let every "
-                        "key it recorded run again. Put the file back, or delete " + path_ +
-                        " too to start a new, empty history on purpose");
+                        "key it recorded run again. Put the file back, or delete " +
+                        path_ + " too to start a new, empty history on purpose");
     }
 
     /// Who holds the lock, as the holder wrote it into PATH.lock ("pid N on host H"), or "".
@@ -85,8 +85,7 @@ public:
             if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
                 const int e = errno;
                 if (e != EWOULDBLOCK && e != EINTR)
-                    throw error(errc::store_error,
-                                where(db_path_) + "cannot lock " + path_ + " (" + std::strerror(e) + ")");
+                    throw error(errc::store_error, where(db_path_) + "cannot lock " + path_ + " (" + std::strerror(e) + ")");
                 const std::string who = holder();
                 throw error(errc::store_unavailable,
                             where(db_path_) + "another store holds the writer lock " + path_ + " (" +
@@ -100,8 +99,8 @@ public:
             if (files::still_named(fd_, path_)) break;
             fd_.reset();
             if (attempt == 3)
-                throw error(errc::store_unavailable, where(db_path_) + "the writer lock file " + path_ +
-                                                         " keeps being replaced while it is locked");
+                throw error(errc::store_unavailable,
+                            where(db_path_) + "the writer lock file " + path_ + " keeps being replaced while it is locked");
             open_file();
         }
         char host[64] = {};

@@ -54,7 +54,7 @@ public:
         thread_ = std::thread([this] { run(); });
     }
     ~arena_toucher() {
-        stop_.store(true, std::memory_order_relaxed);  // relaxed: published by the release RMW below
+        stop_.store(true, std::memory_order_relaxed);   // relaxed: published by the release RMW below
         bell_.fetch_add(1, std::memory_order_release);  // pairs with the acquire load in run()
         bell_.notify_one();
         thread_.join();

@@ -131,8 +131,8 @@ private:
 
 /// Cursors per arena: one per counter stripe; with other atomic types (model checkers) a few.
 template <template <class> class Atomic>
-inline constexpr unsigned arena_cursors =
-    std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>> ? stripe_count : 4;
+inline constexpr unsigned arena_cursors = std::is_same_v<Atomic<std::uint64_t>, std::atomic<std::uint64_t>> ? stripe_count
+                                                                                                            : 4;
 
 /// An arena's memory and its allocator, as the toucher sees them.
 template <template <class> class Atomic>
@@ -254,7 +254,7 @@ public:
         : chunk_words_(zero_pages_ok ? (std::max<std::uint64_t>(min_chunk_bytes, max_payload) + 7) / 8
                                      : std::min<std::uint64_t>((std::max<std::uint64_t>(8, max_payload) + 7) / 8,
                                                                8 * std::max<std::size_t>(positions, 1))),
-          chunks_(budget == 0      ? 0
+          chunks_(budget == 0     ? 0
                   : zero_pages_ok ? (2 * budget + chunk_words_ * 8 - 1) / (chunk_words_ * 8) + arena_cursors<Atomic> + 2
                                   : 1),
           budget_words_(zero_pages_ok ? (budget + 7) / 8 : chunks_ * chunk_words_),
@@ -330,7 +330,8 @@ public:
     [[nodiscard]] std::string_view view(std::uint64_t ref) const noexcept {
         if constexpr (zero_pages_ok) {
             if (!in_range(ref)) return {};
-            return {reinterpret_cast<const char*>(words_ + (ref & at_mask) - 1), static_cast<std::size_t>(ref >> size_shift)};
+            return {reinterpret_cast<const char*>(words_ + (ref & at_mask) - 1),
+                    static_cast<std::size_t>(ref >> size_shift)};
         } else {
             (void)ref;
             return {};

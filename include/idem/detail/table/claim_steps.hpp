@@ -21,8 +21,8 @@ namespace idem::detail::table {
 template <template <class> class Atomic, class Clock>
 inline auto record_table<Atomic, Clock>::try_claim(slot_type& s, generation<Atomic>& gen, std::uint64_t seen,
                                                    std::uint64_t fence, record_state from, const key& k,
-                                                   std::uint64_t fingerprint, std::uint64_t epoch,
-                                                   transition_cause cause, admission& room, std::string* payload) noexcept
+                                                   std::uint64_t fingerprint, std::uint64_t epoch, transition_cause cause,
+                                                   admission& room, std::string* payload) noexcept
     -> std::optional<begin_answer> {
     if (fence > state_word::max_fence) {
         count(c_capacity);
@@ -60,8 +60,7 @@ inline auto record_table<Atomic, Clock>::claim_fresh(index_entry<Atomic>& e, gen
     }
     // The epoch is current, so this generation cannot be recycled (its arenas reset) while the
     // position is pending: a pending position blocks recycling like a claim in progress.
-    const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos
-                                                          : gen.slots().alloc(my_stripe_here());
+    const std::uint64_t n = fence > state_word::max_fence ? slot_arena<Atomic>::npos : gen.slots().alloc(my_stripe_here());
     if (n == slot_arena<Atomic>::npos) {
         position::withdraw(e, h);
         count(c_capacity);
@@ -85,7 +84,7 @@ inline auto record_table<Atomic, Clock>::claim_fresh(index_entry<Atomic>& e, gen
     // release: a reader that acquires this word also sees the recycle's reset of the identity
     // (which this thread saw through (6)), so it cannot validate the identity of an earlier life.
     s.word.store(state_word::make(slot_state::claiming, inc, fence), std::memory_order_release);  // (4')
-    seqlock::writer_fence();  // (9)
+    seqlock::writer_fence();                                                                      // (9)
     s.lo.store(h.lo, seqlock::field_store);  // field_store: published by (2')
     s.hi.store(h.hi, seqlock::field_store);
     s.key_ref.store(0, seqlock::field_store);
@@ -107,8 +106,8 @@ template <template <class> class Atomic, class Clock>
 inline auto record_table<Atomic, Clock>::grant(slot_type& s, generation<Atomic>& gen, std::uint64_t seen,
                                                std::uint64_t fence, record_state from, const key& k,
                                                std::uint64_t fingerprint, transition_cause cause,
-                                               std::chrono::nanoseconds now, admission& room,
-                                               std::string* payload) noexcept -> std::optional<begin_answer> {
+                                               std::chrono::nanoseconds now, admission& room, std::string* payload) noexcept
+    -> std::optional<begin_answer> {
     const std::uint64_t inc = state_word::incarnation(seen);
     IDEM_DEBUG_ASSERT(s.word.load(std::memory_order_relaxed) == state_word::make(slot_state::claiming, inc, fence),
                       "a claim's fields are written only by its claimer, holding claiming(fence)");
@@ -125,7 +124,8 @@ inline auto record_table<Atomic, Clock>::grant(slot_type& s, generation<Atomic>&
     // A key memory does not know may still be in the store's window: ask it before granting.
     // The slot holds claiming meanwhile, so racing callers are answered in_progress.
     if (from == record_state::absent && cause == transition_cause::claim && cold_ != nullptr &&
-        cold_->may_contain(s.lo.load(std::memory_order_relaxed), s.hi.load(std::memory_order_relaxed))) {  // relaxed: we hold claiming
+        cold_->may_contain(s.lo.load(std::memory_order_relaxed),
+                           s.hi.load(std::memory_order_relaxed))) {  // relaxed: we hold claiming
         if (auto answered = recall(s, gen, seen, k, fingerprint, from, payload)) return answered;
     }
     if (s.key_ref.load(std::memory_order_relaxed) == 0) {  // relaxed: we hold claiming
@@ -151,7 +151,9 @@ inline auto record_table<Atomic, Clock>::grant(slot_type& s, generation<Atomic>&
     s.lease_until.store(lease_until.count(), seqlock::field_store);
     s.updated.store(now.count(), seqlock::field_store);
     const std::uint64_t seq =  // the transition is built only for a sink to take
-        sink_ == nullptr ? 0 : room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
+        sink_ == nullptr
+            ? 0
+            : room.offer(transition{k, from, record_state::processing, cause, fence, 0, fingerprint, lease_until, now});
     const std::uint64_t processing = state_word::make(slot_state::processing, inc, fence);
     s.word.store(processing, std::memory_order_release);  // (5)
     claim_ref<Atomic> ref{&s, processing};
@@ -162,9 +164,8 @@ inline auto record_table<Atomic, Clock>::grant(slot_type& s, generation<Atomic>&
             // the lease runs out and compensation asks the resolver (which will answer
             // not_executed). The caller is told now: the withdrawal is queued, not awaited.
             (void)complete(k, ref, slot_state::released, 0, transition_cause::not_durable, false, /*await=*/false);
-            return begin_answer{w == durability_wait::rejected ? begin_status::invalid_key
-                                                              : begin_status::store_unavailable,
-                                {}, 0, fence};
+            return begin_answer{
+                w == durability_wait::rejected ? begin_status::invalid_key : begin_status::store_unavailable, {}, 0, fence};
         }
     }
     return begin_answer{begin_status::acquired, ref, 0, fence};

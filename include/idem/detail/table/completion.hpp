@@ -57,7 +57,7 @@ inline std::error_code record_table<Atomic, Clock>::complete_as(const key& k, cl
     IDEM_DEBUG_ASSERT(holds(s, c.word, slot_state::completing), "a completion writes only while it holds completing");
     const auto now = clock_.now();
     if (check_lease && s.lease_until.load(std::memory_order_relaxed) > now.count()) {  // relaxed: we hold completing
-        s.word.store(replaced, std::memory_order_release);  // (5) the owner renewed: not expired
+        s.word.store(replaced, std::memory_order_release);                             // (5) the owner renewed: not expired
         return errc::busy;
     }
     std::string_view stored{};  // the payload's bytes in the arena, for the sink
@@ -71,15 +71,17 @@ inline std::error_code record_table<Atomic, Clock>::complete_as(const key& k, cl
     }
     // The transition (a copy of the key among its fields) is built only for a sink to take.
     const std::uint64_t seq =
-        sink_ == nullptr ? 0
-                         : room.offer(transition{k, record_state::processing, durable_state(to), cause,
-                                                 state_word::fence(c.word), outcome,
-                                                 s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
-                                                 std::chrono::nanoseconds(0), now, stored});
+        sink_ == nullptr
+            ? 0
+            : room.offer(transition{k, record_state::processing, durable_state(to), cause, state_word::fence(c.word),
+                                    outcome,
+                                    s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
+                                    std::chrono::nanoseconds(0), now, stored});
     const bool unconfirmed = seq != 0 && is_terminal(to) && sink_->synchronous();
     if (leases_ != nullptr && (cause == transition_cause::succeed || cause == transition_cause::fail)) [[unlikely]]
-        observe(k, now - std::chrono::nanoseconds(s.updated.load(std::memory_order_relaxed)));  // relaxed: we hold completing; the claim time
-    s.outcome.store(outcome, seqlock::field_store);  // field_store: published by (5)
+        observe(k, now - std::chrono::nanoseconds(
+                             s.updated.load(std::memory_order_relaxed)));  // relaxed: we hold completing; the claim time
+    s.outcome.store(outcome, seqlock::field_store);                        // field_store: published by (5)
     s.updated.store(now.count(), seqlock::field_store);
     if (unconfirmed) s.lease_until.store(static_cast<std::int64_t>(seq), seqlock::field_store);
     const std::uint64_t done = state_word::with_state(c.word, to) | (unconfirmed ? state_word::doubt_bit : 0);
@@ -100,7 +102,7 @@ inline std::error_code record_table<Atomic, Clock>::extend(claim_ref<Atomic>& c,
     std::uint64_t replaced = 0;
     if (std::error_code ec = enter(c, replaced)) return ec;
     s.lease_until.store((clock_.now() + by).count(), seqlock::field_store);  // field_store: published by (5)
-    s.word.store(c.word, std::memory_order_release);                                // (5)
+    s.word.store(c.word, std::memory_order_release);                         // (5)
     return {};
 }
 
@@ -126,7 +128,7 @@ inline void record_table<Atomic, Clock>::hold_in_doubt(const key& k, claim_ref<A
                                     s.fingerprint.load(std::memory_order_relaxed),  // relaxed: we hold completing
                                     std::chrono::nanoseconds(0), now});
     s.word.store(c.word | state_word::doubt_bit, std::memory_order_release);  // (5)
-    if (!state_word::in_doubt(replaced)) count(c_in_doubt);  // a claim is counted in doubt once
+    if (!state_word::in_doubt(replaced)) count(c_in_doubt);                   // a claim is counted in doubt once
 }
 
 /// Moves the claim's slot from processing(fence) (with or without the doubt mark) into
@@ -139,7 +141,7 @@ inline std::error_code record_table<Atomic, Clock>::enter(claim_ref<Atomic>& c, 
     for (std::uint64_t expected : {c.word, c.word | state_word::doubt_bit}) {
         const std::uint64_t want = expected;
         if (s.word.compare_exchange_strong(expected, busy, std::memory_order_seq_cst)) {  // (4)
-            seqlock::writer_fence();  // (9)
+            seqlock::writer_fence();                                                      // (9)
             replaced = want;
             return {};
         }
@@ -171,7 +173,8 @@ inline void record_table<Atomic, Clock>::confirm(slot_type& s, std::uint64_t mar
                                         std::memory_order_seq_cst))  // (4)
         return;
     seqlock::writer_fence();  // (9)
-    s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag), seqlock::field_store);  // field_store: published by (5)
+    s.lease_until.store(static_cast<std::int64_t>(seq | gave_up_flag),
+                        seqlock::field_store);        // field_store: published by (5)
     s.word.store(marked, std::memory_order_release);  // (5)
 }
 

@@ -33,8 +33,7 @@ inline void record_table<Atomic, Clock>::check_options(const options& o) {
         throw error(errc::invalid_argument,
                     "options.capacity " + std::to_string(o.capacity) + " exceeds the limit of 2^30 records");
     if (o.max_probe == 0) throw error(errc::invalid_argument, "options.max_probe is 0; it must be at least 1");
-    if (o.lease <= std::chrono::nanoseconds::zero())
-        throw error(errc::invalid_argument, "options.lease must be positive");
+    if (o.lease <= std::chrono::nanoseconds::zero()) throw error(errc::invalid_argument, "options.lease must be positive");
     if (o.retention < std::chrono::nanoseconds::zero())
         throw error(errc::invalid_argument, "options.retention must not be negative");
     if (o.adaptive.enabled) check_adaptive_lease(o.adaptive);
@@ -48,8 +47,8 @@ inline void record_table<Atomic, Clock>::check_options(const options& o) {
                                                 " is below options.max_payload " + std::to_string(o.max_payload) +
                                                 "; it must hold one payload of the largest size (or be 0: no payloads)");
     if (o.payload_budget > (std::size_t{1} << 40))
-        throw error(errc::invalid_argument, "options.payload_budget " + std::to_string(o.payload_budget) +
-                                                " exceeds the limit of 2^40 bytes");
+        throw error(errc::invalid_argument,
+                    "options.payload_budget " + std::to_string(o.payload_budget) + " exceeds the limit of 2^40 bytes");
 }
 
 template <template <class> class Atomic, class Clock>
@@ -64,7 +63,7 @@ inline record_table<Atomic, Clock>::record_table(options opts, Clock clock, tran
     std::random_device rd;
     for (auto& b : secret_) b = static_cast<unsigned char>(rd());
     for (auto& st : stripes_)
-        for (auto& c : st.v) c.store(0, std::memory_order_relaxed);  // relaxed: before publication
+        for (auto& c : st.v) c.store(0, std::memory_order_relaxed);    // relaxed: before publication
     for (auto& b : fill_base_) b.store(0, std::memory_order_relaxed);  // relaxed: before publication
     if (opts_.ordered_versions)  // one map per generation, sized like it (version_map.hpp)
         for (auto& v : versions_) v = std::make_unique<version_map<Atomic>>(slots, opts_.prefault);

@@ -77,7 +77,9 @@ template <template <class> class Atomic>
 class generation {
 public:
     generation(std::size_t positions, bool prefault, std::size_t payload_budget = 0, std::size_t max_payload = 0)
-        : mask_(positions - 1), slots_(positions, prefault), keys_(positions, prefault),
+        : mask_(positions - 1),
+          slots_(positions, prefault),
+          keys_(positions, prefault),
           payloads_(positions, slots_.size(), payload_budget, max_payload) {
         index_ = map_words<index_entry<Atomic>>(
             positions, prefault,

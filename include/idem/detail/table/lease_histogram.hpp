@@ -84,10 +84,10 @@ namespace idem::detail::table {
 /// A log-linear histogram of durations (the layout is at the top of this file).
 class latency_histogram {
 public:
-    static constexpr unsigned sub_bits = 3;                       ///< 2^3 = 8 linear sub-buckets per octave
+    static constexpr unsigned sub_bits = 3;  ///< 2^3 = 8 linear sub-buckets per octave
     static constexpr unsigned sub_buckets = 1u << sub_bits;
-    static constexpr unsigned min_exp = 10;                       ///< 2^10 ns = 1.02 us: the first octave
-    static constexpr unsigned max_exp = 42;                       ///< 2^42 ns = 73.3 min: the overflow bucket
+    static constexpr unsigned min_exp = 10;  ///< 2^10 ns = 1.02 us: the first octave
+    static constexpr unsigned max_exp = 42;  ///< 2^42 ns = 73.3 min: the overflow bucket
     static constexpr std::size_t buckets = 2 + (max_exp - min_exp) * sub_buckets;
     /// A quantile's answer is at most this fraction above the true sample quantile (1.02 us to 73.3 min).
     static constexpr double relative_error = 1.0 / sub_buckets;
@@ -126,7 +126,8 @@ public:
         /// The upper edge of the bucket holding the sample of rank ceil(q x total); nullopt when empty.
         [[nodiscard]] std::optional<std::chrono::nanoseconds> quantile(double q) const noexcept {
             if (total == 0) return std::nullopt;
-            const auto rank = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(total))));
+            const auto rank = std::max<std::uint64_t>(1,
+                                                      static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(total))));
             std::uint64_t seen = 0;
             for (std::size_t b = 0; b < buckets; ++b) {
                 seen += counts[b];
@@ -168,7 +169,8 @@ static_assert(latency_histogram::lower_edge(latency_histogram::bucket_of(std::ch
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "counters must be lock-free atomics");
 
 /// clamp(k x p99, min, max), saturating (p99 may be nanoseconds::max()).
-[[nodiscard]] inline std::chrono::nanoseconds adaptive_lease_of(std::chrono::nanoseconds p99, const adaptive_lease& p) noexcept {
+[[nodiscard]] inline std::chrono::nanoseconds adaptive_lease_of(std::chrono::nanoseconds p99,
+                                                                const adaptive_lease& p) noexcept {
     const double want = p.k * static_cast<double>(p99.count());
     if (!(want < static_cast<double>(p.max.count()))) return p.max;  // also NaN: never expected
     return std::clamp(std::chrono::nanoseconds(static_cast<std::int64_t>(want)), p.min, p.max);
@@ -181,10 +183,12 @@ inline void check_adaptive_lease(const adaptive_lease& p) {
         throw error(errc::invalid_argument, "options.adaptive.k is " + std::to_string(p.k) +
                                                 "; it must be a finite number of at least 1 (below 1, more than 1% of "
                                                 "claims would outlive their lease)");
-    if (p.min <= std::chrono::nanoseconds::zero()) throw error(errc::invalid_argument, "options.adaptive.min must be positive");
+    if (p.min <= std::chrono::nanoseconds::zero())
+        throw error(errc::invalid_argument, "options.adaptive.min must be positive");
     if (p.max < p.min)
         throw error(errc::invalid_argument, "options.adaptive.max (" + std::to_string(p.max.count()) +
-                                                " ns) is below options.adaptive.min (" + std::to_string(p.min.count()) + " ns)");
+                                                " ns) is below options.adaptive.min (" + std::to_string(p.min.count()) +
+                                                " ns)");
     if (p.min_samples == 0) throw error(errc::invalid_argument, "options.adaptive.min_samples is 0; it must be at least 1");
     if (p.window != 0 && p.window < 2 * p.min_samples)
         throw error(errc::invalid_argument, "options.adaptive.window (" + std::to_string(p.window) +
@@ -227,7 +231,8 @@ public:
             if (ids_[i].load(std::memory_order_relaxed) == 0) continue;  // relaxed: identity only
             if (policy_.window != 0 && hist_[i].count() > policy_.window) hist_[i].halve();
             const auto c = hist_[i].read();
-            const std::int64_t l = c.total >= policy_.min_samples ? adaptive_lease_of(*c.quantile(0.99), policy_).count() : 0;
+            const std::int64_t l = c.total >= policy_.min_samples ? adaptive_lease_of(*c.quantile(0.99), policy_).count()
+                                                                  : 0;
             leases_[i].store(l, std::memory_order_relaxed);  // relaxed: top of file
         }
         if (policy_.window != 0 && other_.count() > policy_.window) other_.halve();
@@ -303,7 +308,7 @@ private:
     std::uint64_t seed_ = 0;
     std::array<std::atomic<std::uint64_t>, capacity> ids_{};
     std::array<std::atomic<std::int64_t>, capacity> leases_{};
-    std::array<std::array<char, max_name>, capacity> names_{};   // written once, before (2)
+    std::array<std::array<char, max_name>, capacity> names_{};  // written once, before (2)
     std::array<std::uint8_t, capacity> name_sizes_{};
     std::array<latency_histogram, capacity> hist_{};
     latency_histogram other_;

@@ -58,8 +58,8 @@ T* map_words(std::size_t count, bool prefault, backing how = backing::huge) {
         const std::size_t span = how == backing::huge ? bytes + huge_page : bytes;
         void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (raw == MAP_FAILED)
-            throw error(errc::invalid_argument, "cannot map " + std::to_string(bytes) +
-                                                    " bytes for the record table; lower options.capacity");
+            throw error(errc::invalid_argument,
+                        "cannot map " + std::to_string(bytes) + " bytes for the record table; lower options.capacity");
         auto* p = static_cast<char*>(raw);
         if (how == backing::huge) {
             const auto addr = reinterpret_cast<std::uintptr_t>(raw);
@@ -81,7 +81,7 @@ T* map_words(std::size_t count, bool prefault, backing how = backing::huge) {
     } else {
         T* p = static_cast<T*>(::operator new[](count * sizeof(T), std::align_val_t{alignof(T)}));
         for (std::size_t i = 0; i < count; ++i) new (&p[i]) T();
-        if constexpr (requires(T& t) { t.store(std::uint64_t{0}, std::memory_order_relaxed); })
+        if constexpr (requires(T & t) { t.store(std::uint64_t{0}, std::memory_order_relaxed); })
             for (std::size_t i = 0; i < count; ++i) p[i].store(0, std::memory_order_relaxed);  // relaxed: before publication
         return p;
     }

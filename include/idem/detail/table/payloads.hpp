@@ -54,11 +54,12 @@ auto record_table<Atomic, Clock>::replay(const snapshot& snap, std::uint64_t fin
 /// slot during one read, as for every seqlock read here). A torn payload reference is
 /// bounds-checked by the arena before it is followed.
 template <template <class> class Atomic, class Clock>
-inline bool record_table<Atomic, Clock>::copy_payload(const slot_type& s, const generation<Atomic>& g,
-                                                      const snapshot& snap, std::string& out) const {
-    if ((snap.key_ref & key_arena<Atomic>::has_payload) == 0) [[likely]] return true;
+inline bool record_table<Atomic, Clock>::copy_payload(const slot_type& s, const generation<Atomic>& g, const snapshot& snap,
+                                                      std::string& out) const {
+    if ((snap.key_ref & key_arena<Atomic>::has_payload) == 0) [[likely]]
+        return true;
     out = g.payloads().read(g.payload_ref_of(s));
-    seqlock::reader_fence();  // (8)
+    seqlock::reader_fence();                                     // (8)
     return s.word.load(std::memory_order_relaxed) == snap.word;  // relaxed: ordered by (8)
 }
 
@@ -66,8 +67,7 @@ inline bool record_table<Atomic, Clock>::copy_payload(const slot_type& s, const 
 /// (the caller holds completing; published by its (5)); `stored` gets a view of the bytes
 /// there, for the transition. False when the budget is spent (nothing written in s).
 template <template <class> class Atomic, class Clock>
-bool record_table<Atomic, Clock>::attach_payload(slot_type& s, std::string_view payload,
-                                                 std::string_view& stored) noexcept {
+bool record_table<Atomic, Clock>::attach_payload(slot_type& s, std::string_view payload, std::string_view& stored) noexcept {
     generation<Atomic>& g = gens_[0]->holds(&s) ? *gens_[0] : *gens_[1];
     const std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed);  // relaxed: we hold completing
     // The has_payload mark goes into key_ref beside the key's entry, which a processing record has:

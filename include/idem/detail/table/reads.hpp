@@ -71,8 +71,8 @@ inline void record_table<Atomic, Clock>::for_each(Fn&& fn) const {
             record_view v = view_of(snap);
             // copy_payload validates the word too (after both reads); without a payload, (8) below
             if (is_terminal(st) && !copy_payload(s, *g, snap, v.payload)) continue;  // changed meanwhile: skip
-            seqlock::reader_fence();  // (8)
-            if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // changed meanwhile: skip
+            seqlock::reader_fence();                                                 // (8)
+            if (s.word.load(std::memory_order_relaxed) != snap.word) continue;       // changed meanwhile: skip
             fn(std::move(text), std::move(v));
         }
     }
@@ -105,8 +105,8 @@ inline stats record_table<Atomic, Clock>::snapshot_stats() const noexcept {
         s.cold_bytes = u.bytes;
     }
     s.rotations_blocked = sum(c_rotation_blocked);
-    s.rotations = rotations_.load(std::memory_order_relaxed);   // relaxed: a statistic
-    s.max_probe = max_probe_.load(std::memory_order_relaxed);   // relaxed: a statistic
+    s.rotations = rotations_.load(std::memory_order_relaxed);  // relaxed: a statistic
+    s.max_probe = max_probe_.load(std::memory_order_relaxed);  // relaxed: a statistic
     return s;
 }
 

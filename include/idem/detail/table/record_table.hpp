@@ -265,7 +265,8 @@ public:
                 count(c_backpressure);
                 return begin_answer{begin_status::backpressure, {}, 0, 0};
             }
-            if (versions_[0] == nullptr) [[likely]] return std::nullopt;
+            if (versions_[0] == nullptr) [[likely]]
+                return std::nullopt;
             return version_step_after_recall(k, h, epoch, unknown, fingerprint, payload);
         };
         for (;;) {
@@ -290,9 +291,8 @@ public:
                     case slot_state::vacant: break;        // never claimed here: consult below
                     case slot_state::released:
                         if (auto no = refuse(epoch)) return *no;
-                        if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1,
-                                               record_state::released, k, fingerprint, epoch, transition_cause::claim,
-                                               room, payload))
+                        if (auto a = try_claim(*s, cur, snap.word, state_word::fence(snap.word) + 1, record_state::released,
+                                               k, fingerprint, epoch, transition_cause::claim, room, payload))
                             return *a;
                         continue;
                     case slot_state::processing:
@@ -372,7 +372,8 @@ public:
                              transition_cause cause, bool check_lease = false, bool await = true,
                              std::string_view payload = {}) noexcept {
         IDEM_DEBUG_ASSERT(holds_claim(c), "complete() takes an acquired claim's claim_ref: its slot and processing word");
-        IDEM_DEBUG_ASSERT(is_terminal(to) || to == slot_state::released, "a completion ends in succeeded, failed or released");
+        IDEM_DEBUG_ASSERT(is_terminal(to) || to == slot_state::released,
+                          "a completion ends in succeeded, failed or released");
         if (!payload.empty() && is_terminal(to)) [[unlikely]]
             return complete_with_payload(k, c, to, outcome, cause, check_lease, await, payload);
         return complete_as<false>(k, c, to, outcome, cause, check_lease, await, {});
@@ -435,8 +436,7 @@ private:
             return {begin_status::failed, {}, snap.outcome, fence};
         }
         count(c_in_progress);
-        if (st == slot_state::processing && state_word::in_doubt(snap.word))
-            return {begin_status::in_doubt, {}, 0, fence};
+        if (st == slot_state::processing && state_word::in_doubt(snap.word)) return {begin_status::in_doubt, {}, 0, fence};
         return {begin_status::in_progress, {}, 0, fence};
     }
 
@@ -454,9 +454,7 @@ private:
         return (mark & gave_up_flag) != 0 ? begin_status::in_doubt : begin_status::in_progress;
     }
 
-    [[nodiscard]] std::uint64_t first_fence(std::uint64_t epoch) const noexcept {
-        return ((fence_base_ + epoch) << 32) | 1;
-    }
+    [[nodiscard]] std::uint64_t first_fence(std::uint64_t epoch) const noexcept { return ((fence_base_ + epoch) << 32) | 1; }
 
     void note_probe(std::size_t probes) noexcept {
         std::uint64_t seen = max_probe_.load(std::memory_order_relaxed);  // relaxed: a statistic
@@ -488,7 +486,8 @@ private:
         if (!st.owned) return st;
         const void* const mine = stripe_owner::registry();
         const void* seen = registry_.load(std::memory_order_relaxed);  // relaxed: set once; the CAS decides
-        if (seen == mine) [[likely]] return st;
+        if (seen == mine) [[likely]]
+            return st;
         if (seen == nullptr && registry_.compare_exchange_strong(seen, mine, std::memory_order_relaxed)) return st;
         return stripe_owner::as_shared(st);
     }
@@ -515,9 +514,9 @@ private:
                                       record_state from, const key& k, std::uint64_t fingerprint, transition_cause cause,
                                       std::chrono::nanoseconds now, admission& room, std::string* payload) noexcept;
     // completion.hpp (hot)
-    [[gnu::noinline]] std::error_code complete_with_payload(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
-                                                            transition_cause cause, bool check_lease, bool await,
-                                                            std::string_view payload) noexcept;
+    [[gnu::noinline]] std::error_code complete_with_payload(const key& k, claim_ref<Atomic>& c, slot_state to,
+                                                            std::uint64_t outcome, transition_cause cause, bool check_lease,
+                                                            bool await, std::string_view payload) noexcept;
     template <bool WithPayload>
     std::error_code complete_as(const key& k, claim_ref<Atomic>& c, slot_state to, std::uint64_t outcome,
                                 transition_cause cause, bool check_lease, bool await, std::string_view payload) noexcept;
@@ -527,7 +526,8 @@ private:
     [[gnu::noinline]] std::optional<begin_answer> replay(const snapshot& snap, std::uint64_t fingerprint, const slot_type& s,
                                                          const generation<Atomic>& g, std::string& payload) noexcept;
     bool copy_payload(const slot_type& s, const generation<Atomic>& g, const snapshot& snap, std::string& out) const;
-    [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload, std::string_view& stored) noexcept;
+    [[gnu::noinline, gnu::cold]] bool attach_payload(slot_type& s, std::string_view payload,
+                                                     std::string_view& stored) noexcept;
     // construction.hpp
     static void check_options(const options& o);
     // reads.hpp
@@ -554,9 +554,10 @@ private:
     [[nodiscard]] std::optional<version_claim> version_claim_of(const key& k) const noexcept;
     [[gnu::noinline]] std::optional<begin_answer> version_step_of(const key& k, std::uint64_t epoch) noexcept;
     [[gnu::noinline]] std::optional<begin_answer> version_step_after_recall(const key& k, hash128 h, std::uint64_t epoch,
-                                                                             bool unknown, std::uint64_t fingerprint,
-                                                                             std::string* payload) noexcept;
-    [[gnu::noinline]] [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k, const generation<Atomic>& gen) const noexcept;
+                                                                            bool unknown, std::uint64_t fingerprint,
+                                                                            std::string* payload) noexcept;
+    [[gnu::noinline]] [[nodiscard]] std::optional<std::uint32_t> newer_version(const key& k,
+                                                                               const generation<Atomic>& gen) const noexcept;
 
     options opts_;
     Clock clock_;
@@ -576,11 +577,11 @@ private:
     alignas(64) Atomic<std::uint64_t> max_probe_{0};
     Atomic<std::uint64_t> rotations_{0};
     counter_stripe<Atomic> stripes_[stripe_count];
-    Atomic<std::uint64_t> fill_base_[2];  ///< sum of a generation's fill counters when it was last recycled
-    std::unique_ptr<window_filter> cold_;  ///< the cold window (durable guards with a window), else null
-    std::unique_ptr<operation_leases> leases_;  ///< options.adaptive: per-operation latencies and leases, else null
+    Atomic<std::uint64_t> fill_base_[2];                ///< sum of a generation's fill counters when it was last recycled
+    std::unique_ptr<window_filter> cold_;               ///< the cold window (durable guards with a window), else null
+    std::unique_ptr<operation_leases> leases_;          ///< options.adaptive: per-operation latencies and leases, else null
     std::unique_ptr<version_map<Atomic>> versions_[2];  ///< per generation, with ordered versions; else null
-    std::unique_ptr<arena_toucher> toucher_;  ///< declared last: stopped before the generations are unmapped
+    std::unique_ptr<arena_toucher> toucher_;            ///< declared last: stopped before the generations are unmapped
 };
 
 }  // namespace idem::detail::table

@@ -111,8 +111,9 @@ inline auto record_table<Atomic, Clock>::install(slot_type& s, generation<Atomic
     }
     std::uint64_t key_ref = s.key_ref.load(std::memory_order_relaxed) & ~key_arena<Atomic>::has_payload;  // relaxed: held
     if (image.carries_payload()) {
-        const std::uint64_t pref =
-            image.payload.size() <= opts_.max_payload ? gen.payloads().append(image.payload, my_stripe()) : 0;
+        const std::uint64_t pref = image.payload.size() <= opts_.max_payload
+                                       ? gen.payloads().append(image.payload, my_stripe())
+                                       : 0;
         if (pref == 0) return install_result::no_payload_room;
         gen.set_payload_ref(s, pref);
         key_ref |= key_arena<Atomic>::has_payload;
@@ -138,8 +139,7 @@ inline auto record_table<Atomic, Clock>::install(slot_type& s, generation<Atomic
 /// and the caller is told store_unavailable, nothing decided.
 template <template <class> class Atomic, class Clock>
 inline auto record_table<Atomic, Clock>::recall(slot_type& s, generation<Atomic>& gen, std::uint64_t seen, const key& k,
-                                                std::uint64_t fingerprint, record_state& from,
-                                                std::string* payload) noexcept
+                                                std::uint64_t fingerprint, record_state& from, std::string* payload) noexcept
     -> std::optional<begin_answer> {
     // The caller (grant) holds claiming on s, as it asserts in a debug build.
     count(c_recalls);
@@ -181,8 +181,7 @@ inline auto record_table<Atomic, Clock>::recall(slot_type& s, generation<Atomic>
 /// capacity_exhausted: a new key needs a slot).
 template <template <class> class Atomic, class Clock>
 inline auto record_table<Atomic, Clock>::recall_without_slot(const key& k, std::uint64_t fingerprint,
-                                                             std::string* payload) noexcept
-    -> std::optional<begin_answer> {
+                                                             std::string* payload) noexcept -> std::optional<begin_answer> {
     count(c_recalls);
     const recalled r = sink_->recall(k);
     if (r.found == recalled::kind::unavailable) {
@@ -195,11 +194,10 @@ inline auto record_table<Atomic, Clock>::recall_without_slot(const key& k, std::
 
 /// The answer a store's record (processing, succeeded or failed) gives, without installing it.
 template <template <class> class Atomic, class Clock>
-inline auto record_table<Atomic, Clock>::answer_recalled(const recalled& r, std::uint64_t fingerprint,
-                                                         std::string* payload) -> begin_answer {
+inline auto record_table<Atomic, Clock>::answer_recalled(const recalled& r, std::uint64_t fingerprint, std::string* payload)
+    -> begin_answer {
     count(c_recalled);
-    if (r.state != record_state::processing && fingerprint != 0 && r.fingerprint != 0 &&
-        fingerprint != r.fingerprint) {
+    if (r.state != record_state::processing && fingerprint != 0 && r.fingerprint != 0 && fingerprint != r.fingerprint) {
         count(c_mismatch);
         return begin_answer{begin_status::payload_mismatch, {}, 0, r.fence};
     }
@@ -209,8 +207,8 @@ inline auto record_table<Atomic, Clock>::answer_recalled(const recalled& r, std:
     }
     count(c_duplicates);
     if (payload != nullptr) *payload = r.payload;
-    return begin_answer{r.state == record_state::succeeded ? begin_status::succeeded : begin_status::failed, {},
-                        r.outcome, r.fence};
+    return begin_answer{
+        r.state == record_state::succeeded ? begin_status::succeeded : begin_status::failed, {}, r.outcome, r.fence};
 }
 
 }  // namespace idem::detail::table

@@ -38,8 +38,8 @@ inline std::size_t record_table<Atomic, Clock>::compensate() {
             if (!snap.valid || state_word::state(snap.word) != slot_state::processing) continue;
             if (snap.lease_until > clock_.now().count()) continue;
             const std::string text = g->keys().read(s.key_ref.load(seqlock::field_load));  // field_load: validated below
-            seqlock::reader_fence();  // (8)
-            if (s.word.load(std::memory_order_relaxed) != snap.word) continue;  // the key bytes may be newer
+            seqlock::reader_fence();                                                       // (8)
+            if (s.word.load(std::memory_order_relaxed) != snap.word) continue;             // the key bytes may be newer
             const auto k = key::parse(text);
             if (!k) continue;
             resolver_answer answer{};
@@ -61,8 +61,8 @@ inline bool record_table<Atomic, Clock>::resolve_claim(slot_type& s, std::uint64
         const slot_state to = answer.verdict == resolution::succeeded ? slot_state::succeeded
                               : answer.verdict == resolution::failed  ? slot_state::failed
                                                                       : slot_state::released;
-        const std::error_code ec =
-            complete(k, ref, to, answer.outcome, transition_cause::compensate, /*check_lease=*/true, true, answer.payload);
+        const std::error_code ec = complete(k, ref, to, answer.outcome, transition_cause::compensate, /*check_lease=*/true,
+                                            true, answer.payload);
         if (!ec) {
             count(c_compensated);
             return true;
@@ -77,7 +77,7 @@ inline bool record_table<Atomic, Clock>::resolve_claim(slot_type& s, std::uint64
     if (enter(ref, replaced, /*by_owner=*/false)) return false;
     IDEM_ASSERT(holds(s, ref.word, slot_state::completing), "compensation marks a doubt only while it holds completing");
     if (s.lease_until.load(std::memory_order_relaxed) > clock_.now().count()) {  // relaxed: we hold completing
-        s.word.store(replaced, std::memory_order_release);                         // (5) renewed meanwhile
+        s.word.store(replaced, std::memory_order_release);                       // (5) renewed meanwhile
         return false;
     }
     (void)room.offer(transition{k, record_state::processing, record_state::processing, transition_cause::doubt,
@@ -234,8 +234,8 @@ inline bool record_table<Atomic, Clock>::rotate_if_due(Marks&& marks) {
     fill_base_[recycled].store(sum(c_fill0 + recycled), std::memory_order_relaxed);  // relaxed: published by (7)
     count(c_evicted, evicted);
     std::uint64_t expected_epoch = epoch;
-    const bool moved =
-        epoch_.compare_exchange_strong(expected_epoch, epoch + 1, std::memory_order_seq_cst);  // (7) pairs with (6)
+    const bool moved = epoch_.compare_exchange_strong(expected_epoch, epoch + 1,
+                                                      std::memory_order_seq_cst);  // (7) pairs with (6)
     IDEM_ASSERT(moved, "only the holder of the rotation mutex moves the epoch");
     rotations_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
     return true;
@@ -252,7 +252,8 @@ inline bool record_table<Atomic, Clock>::under_pressure(std::uint64_t epoch) con
 
 template <template <class> class Atomic, class Clock>
 inline std::uint64_t record_table<Atomic, Clock>::fill(std::uint64_t g) const noexcept {
-    return sum(c_fill0 + static_cast<unsigned>(g)) - fill_base_[g & 1].load(std::memory_order_relaxed);  // relaxed: a statistic
+    return sum(c_fill0 + static_cast<unsigned>(g)) -
+           fill_base_[g & 1].load(std::memory_order_relaxed);  // relaxed: a statistic
 }
 
 }  // namespace idem::detail::table

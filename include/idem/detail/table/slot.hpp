@@ -123,8 +123,7 @@ template <template <class> class Atomic>
 static_assert(sizeof(slot<std::atomic>) == 64, "a slot is exactly one cache line: one miss per lookup");
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the state word must be a lock-free atomic, or the hot path is not lock-free");
-static_assert(sizeof(std::atomic<std::uint64_t>) == sizeof(std::uint64_t) &&
-                  std::is_standard_layout_v<slot<std::atomic>>,
+static_assert(sizeof(std::atomic<std::uint64_t>) == sizeof(std::uint64_t) && std::is_standard_layout_v<slot<std::atomic>>,
               "slots are mapped from zero pages: an atomic must be just its integer");
 
 }  // namespace idem::detail::table

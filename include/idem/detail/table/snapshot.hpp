@@ -39,15 +39,15 @@ struct snapshot {
 template <template <class> class Atomic>
 snapshot read_slot(const slot<Atomic>& s) noexcept {
     snapshot r;
-    r.word = s.word.load(std::memory_order_seq_cst);  // (3) pairs with (5); seq_cst: see (6)
-    r.lo = s.lo.load(seqlock::field_load);                    // field_load: validated below
-    r.hi = s.hi.load(seqlock::field_load);                    // field_load: validated below
-    r.outcome = s.outcome.load(seqlock::field_load);          // field_load: validated below
-    r.fingerprint = s.fingerprint.load(seqlock::field_load);  // field_load: validated below
-    r.lease_until = s.lease_until.load(seqlock::field_load);  // field_load: validated below
-    r.updated = s.updated.load(seqlock::field_load);          // field_load: validated below
-    r.key_ref = s.key_ref.load(seqlock::field_load);          // field_load: validated below (same line)
-    seqlock::reader_fence();                                  // (8)
+    r.word = s.word.load(std::memory_order_seq_cst);             // (3) pairs with (5); seq_cst: see (6)
+    r.lo = s.lo.load(seqlock::field_load);                       // field_load: validated below
+    r.hi = s.hi.load(seqlock::field_load);                       // field_load: validated below
+    r.outcome = s.outcome.load(seqlock::field_load);             // field_load: validated below
+    r.fingerprint = s.fingerprint.load(seqlock::field_load);     // field_load: validated below
+    r.lease_until = s.lease_until.load(seqlock::field_load);     // field_load: validated below
+    r.updated = s.updated.load(seqlock::field_load);             // field_load: validated below
+    r.key_ref = s.key_ref.load(seqlock::field_load);             // field_load: validated below (same line)
+    seqlock::reader_fence();                                     // (8)
     r.valid = s.word.load(std::memory_order_relaxed) == r.word;  // relaxed: ordered by (8)
     return r;
 }

@@ -24,9 +24,27 @@
 namespace idem::detail::table {
 
 enum counter : unsigned {
-    c_acquired, c_duplicates, c_in_progress, c_mismatch, c_succeeded, c_failed, c_released, c_stale,
-    c_in_doubt, c_compensated, c_reclaimed, c_capacity, c_backpressure, c_evicted, c_fill0, c_fill1,
-    c_rotation_blocked, c_restored_processing, c_recalls, c_recalled, c_recall_failed,
+    c_acquired,
+    c_duplicates,
+    c_in_progress,
+    c_mismatch,
+    c_succeeded,
+    c_failed,
+    c_released,
+    c_stale,
+    c_in_doubt,
+    c_compensated,
+    c_reclaimed,
+    c_capacity,
+    c_backpressure,
+    c_evicted,
+    c_fill0,
+    c_fill1,
+    c_rotation_blocked,
+    c_restored_processing,
+    c_recalls,
+    c_recalled,
+    c_recall_failed,
     c_superseded,  // ordered versions: claims refused for a newer version
     c_count
 };
@@ -120,7 +138,8 @@ inline stripe_ref this_thread_stripe() noexcept {
 /// the stripe (record_table::stripe() says when), else a relaxed RMW.
 template <class A>
 void stripe_add(A& a, std::uint64_t n, bool owned) noexcept {
-    if (owned) a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // relaxed: one writer; a statistic
-    else a.fetch_add(n, std::memory_order_relaxed);  // relaxed: a statistic
+    if (owned)
+        a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // relaxed: one writer; a statistic
+    else a.fetch_add(n, std::memory_order_relaxed);                                 // relaxed: a statistic
 }
 }  // namespace idem::detail::table

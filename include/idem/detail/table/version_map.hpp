@@ -165,7 +165,7 @@ public:
         for (std::size_t n = 0; n < limit; ++n) {
             const std::size_t i = (c.id + n) & mask_;
             Atomic<std::uint64_t>& idw = words_[2 * i];
-            std::uint64_t id = idw.load(std::memory_order_seq_cst);  // (V0)
+            std::uint64_t id = idw.load(std::memory_order_seq_cst);                                      // (V0)
             if (id == 0 && idw.compare_exchange_strong(id, c.id, std::memory_order_seq_cst)) id = c.id;  // (V1)
             if (id != c.id) continue;  // (after a lost CAS, id is the winner's)
             Atomic<std::uint64_t>& val = words_[2 * i + 1];
@@ -191,7 +191,8 @@ public:
             // Each word still reads and changes atomically (a racing store lands on a fresh page).
             (void)::madvise(words_, 2 * (mask_ + 1) * sizeof(std::uint64_t), MADV_DONTNEED);
         } else {
-            for (std::size_t i = 0; i < 2 * (mask_ + 1); ++i) words_[i].store(0, std::memory_order_relaxed);  // relaxed: published by the epoch increment (7)
+            for (std::size_t i = 0; i < 2 * (mask_ + 1); ++i)
+                words_[i].store(0, std::memory_order_relaxed);  // relaxed: published by the epoch increment (7)
         }
     }
 
@@ -205,7 +206,7 @@ private:
 /// CAS-max to c.version.
 template <template <class> class Atomic>
 typename version_map<Atomic>::raise_result version_step(version_map<Atomic>& current, const version_map<Atomic>* previous,
-                                                         const version_claim& c, std::size_t max_probe) noexcept {
+                                                        const version_claim& c, std::size_t max_probe) noexcept {
     using raised = typename version_map<Atomic>::raised;
     if (previous != nullptr) {
         const std::int64_t before = previous->newest(c, max_probe);

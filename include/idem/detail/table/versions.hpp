@@ -25,7 +25,8 @@ namespace idem::detail::table {
 /// (detail/table/lease_histogram.hpp). Off, one predictable branch.
 template <template <class> class Atomic, class Clock>
 inline std::chrono::nanoseconds record_table<Atomic, Clock>::lease_for(const key& k) const noexcept {
-    if (leases_ == nullptr) [[likely]] return opts_.lease;
+    if (leases_ == nullptr) [[likely]]
+        return opts_.lease;
     return adaptive_lease_for(k);
 }
 
@@ -63,8 +64,7 @@ template <template <class> class Atomic, class Clock>
 inline std::optional<version_claim> record_table<Atomic, Clock>::version_claim_of(const key& k) const noexcept {
     const auto parts = k.split();
     if (!parts) return std::nullopt;
-    const std::size_t prefix = static_cast<std::size_t>(parts->operation.data() - k.view().data()) +
-                               parts->operation.size();
+    const std::size_t prefix = static_cast<std::size_t>(parts->operation.data() - k.view().data()) + parts->operation.size();
     return version_claim::of(hash_text(k.view().substr(0, prefix)), parts->version);
 }
 

@@ -56,9 +56,9 @@ public:
     };
 
     struct usage {
-        std::uint64_t keys = 0;    ///< keys added to live slices
-        std::uint64_t bytes = 0;   ///< bytes of live slices (their blocks)
-        std::uint64_t slices = 0;  ///< live slices
+        std::uint64_t keys = 0;      ///< keys added to live slices
+        std::uint64_t bytes = 0;     ///< bytes of live slices (their blocks)
+        std::uint64_t slices = 0;    ///< live slices
         std::uint64_t overfull = 0;  ///< keys added beyond a slice's design capacity (no slice free)
     };
 
@@ -66,7 +66,8 @@ public:
     /// keys, and a lookup is a false positive when each of its 8 bits is set.
     /// The false-positive rate of a lookup now: one chance per live slice.
     [[nodiscard]] double effective_fpr() const {
-        return 1.0 - std::pow(1.0 - design_fpr(), static_cast<double>(slice_count_.load(std::memory_order_relaxed)));  // relaxed: a statistic
+        return 1.0 - std::pow(1.0 - design_fpr(),
+                              static_cast<double>(slice_count_.load(std::memory_order_relaxed)));  // relaxed: a statistic
     }
 
     [[nodiscard]] static double design_fpr(double bits = bits_per_key) {
@@ -144,7 +145,8 @@ public:
             meta& m = meta_[i];
             word* s = m.words();
             word* blk = s + 8 + 8 * block_of(e.hi, m.blocks);
-            for (unsigned j = 0; j < 8; ++j) blk[j].fetch_or(bit(e.lo, j), std::memory_order_relaxed);  // relaxed: see header
+            for (unsigned j = 0; j < 8; ++j)
+                blk[j].fetch_or(bit(e.lo, j), std::memory_order_relaxed);  // relaxed: see header
             m.newest = std::max(m.newest, e.updated);
             if (++m.keys > m.capacity) overfull_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
         }
@@ -208,8 +210,7 @@ private:
     std::optional<std::size_t> slice_for(std::int64_t b, std::uint64_t n) {
         const std::size_t newest = last_of_bucket(b);
         if (newest != max_slices && meta_[newest].keys + n <= meta_[newest].capacity) return newest;
-        const std::uint64_t cap = std::max<std::uint64_t>(
-            {n, newest != max_slices ? 2 * meta_[newest].capacity : 0, 1024});
+        const std::uint64_t cap = std::max<std::uint64_t>({n, newest != max_slices ? 2 * meta_[newest].capacity : 0, 1024});
         std::size_t freei = max_slices;
         for (std::size_t i = 0; i < max_slices && freei == max_slices; ++i)
             if (!meta_[i].live) freei = i;
@@ -229,8 +230,8 @@ private:
     }
 
     bool make(std::size_t i, std::int64_t b, std::uint64_t cap) {
-        const std::uint64_t blocks =
-            std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::ceil(static_cast<double>(cap) * bits_per_key / 512.0)));
+        const std::uint64_t blocks = std::max<std::uint64_t>(
+            1, static_cast<std::uint64_t>(std::ceil(static_cast<double>(cap) * bits_per_key / 512.0)));
         const std::size_t need = static_cast<std::size_t>((blocks + 1) * 64);
         meta& m = meta_[i];
         if (m.map != nullptr && m.map_bytes < need) {  // too small for this slice: keep it for a smaller one
@@ -290,9 +291,9 @@ private:
     std::chrono::nanoseconds window_;
     std::atomic<std::uint64_t> occupied_{0};
     std::atomic<const word*> slices_[max_slices];
-    meta meta_[max_slices];               // writer only
+    meta meta_[max_slices];                     // writer only
     std::map<std::int64_t, std::size_t> last_;  // writer only: each bucket's newest slice
-    std::vector<spare> free_;             // writer only: mappings of dropped slices, zeroed
+    std::vector<spare> free_;                   // writer only: mappings of dropped slices, zeroed
     std::atomic<std::uint64_t> keys_{0}, bytes_{0}, slice_count_{0}, overfull_{0};
 };
 
