@@ -207,10 +207,13 @@ TEST(KeySplit, RefusesWhatComposeCannotMake) {
     for (const char* text : {"plain", "a_b", "a_b_c_v1", "_b_v1", "a__v1", "a_b_v", "a_b_1", "a_b_V1", "a_b_v01", "a_b_v-1",
                              "a_b_v+1", "a_b_v1x", "a_b_v4294967296", "a_b_v 1"})
         EXPECT_FALSE(idem::key(text).split().has_value()) << text;
-    const auto zero = idem::key("a_b_v0").split();
+    // The parts are views into the key: the key must outlive them (a temporary key would not).
+    const idem::key zero_key("a_b_v0");
+    const auto zero = zero_key.split();
     ASSERT_TRUE(zero.has_value());
     EXPECT_EQ(zero->version, 0u);
-    const auto max = idem::key("TX9_PAY_v4294967295").split();
+    const idem::key max_key("TX9_PAY_v4294967295");
+    const auto max = max_key.split();
     ASSERT_TRUE(max.has_value());
     EXPECT_EQ(max->txid, "TX9");
     EXPECT_EQ(max->operation, "PAY");
