@@ -32,7 +32,7 @@ struct store_options {
     /// Rows per store transaction. The default takes everything queued: with keys in random order
     /// each batch dirties about one page per key in the stores' key-ordered tables, and a batch of
     /// 65,536 rows shares those pages among ~16 times more rows than one of 4,096 (SQLite, 1M
-    /// random keys: 2.5-3x the rate; docs/durable-benchmarks.md, "Batch size").
+    /// random keys: 2.5-3x the rate; docs/internals/durable-benchmarks.md, "Batch size").
     std::size_t max_batch = 1u << 16;
     std::chrono::nanoseconds offer_wait{0};                            ///< bounded wait on a full queue; 0: fail at once
     std::chrono::nanoseconds sync_timeout = std::chrono::seconds(10);  ///< longest wait for a commit in sync mode
