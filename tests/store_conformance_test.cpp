@@ -19,7 +19,8 @@
 // store_makers below: one line. rocksdb_store joins when the build defines IDEM_TEST_ROCKSDB (the
 // idem::rocksdb target exists). postgres_store joins when the build defines IDEM_TEST_POSTGRES
 // (tests/CMakeLists.txt does when the idem::postgres target exists); it reads the server from
-// IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database.
+// IDEM_TEST_PG_URI and FAILS when that is unset. Each test gets its own database. mysql_store
+// likewise with IDEM_TEST_MYSQL and IDEM_TEST_MY_URI (a MariaDB server).
 #include <idem/stores/sqlite_store.hpp>
 #include <idem/store.hpp>
 #include <idem/verify.hpp>
@@ -44,6 +45,11 @@
 #endif
 #ifdef IDEM_TEST_ROCKSDB
 #include <idem/stores/rocksdb_store.hpp>
+#endif
+#ifdef IDEM_TEST_MYSQL
+#include <idem/stores/mysql_store.hpp>
+
+#include "support/my_database.hpp"
 #endif
 
 namespace {
@@ -257,7 +263,47 @@ struct rocksdb_maker {
 #define IDEM_TEST_ROCKSDB_MAKER
 #endif
 
-using store_makers = ::testing::Types<memory_maker, sqlite_maker IDEM_TEST_PG_MAKER IDEM_TEST_ROCKSDB_MAKER>;
+#ifdef IDEM_TEST_MYSQL
+/// A fresh database on the IDEM_TEST_MY_URI server (MariaDB) per test, dropped afterwards.
+struct mysql_maker {
+    static constexpr bool raw_rows = true;
+    static constexpr bool any_bytes = true;  // keys are VARBINARY: any bytes
+    idem_test::my_database db;
+    std::unique_ptr<idem::mysql_store> store;
+    idem::store& open() {
+        if (db.uri().empty()) {
+            std::string why;
+            if (!db.create(&why)) throw std::runtime_error(why);
+        }
+        store = std::make_unique<idem::mysql_store>(db.uri());
+        return *store;
+    }
+    idem::store& reopen() {
+        store.reset();
+        return open();
+    }
+    /// Writes a record row directly, as a hand edit would: the columns are widened first (the ENUM
+    /// status and the unsigned fence would refuse what the test writes).
+    std::string insert_raw(const std::string& key, const std::string& status, std::int64_t fence) {
+        namespace my = idem::detail::my;
+        return db.exec(
+            "ALTER TABLE idempotent_record MODIFY status VARCHAR(16) NOT NULL, MODIFY fencing_token BIGINT NOT NULL;"
+            "REPLACE INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+            "request_fingerprint, created_time, updated_time, payload) VALUES (" +
+            my::literal(key) + ", 'default', " + my::literal(status) + ", " + std::to_string(fence) +
+            ", 0, 0, 0, 1, 1, '')");
+    }
+    std::string delete_raw(const std::string& key) {
+        return db.exec("DELETE FROM idempotent_record WHERE idempotent_key = " + idem::detail::my::literal(key));
+    }
+};
+#define IDEM_TEST_MYSQL_MAKER , mysql_maker
+#else
+#define IDEM_TEST_MYSQL_MAKER
+#endif
+
+using store_makers =
+    ::testing::Types<memory_maker, sqlite_maker IDEM_TEST_PG_MAKER IDEM_TEST_ROCKSDB_MAKER IDEM_TEST_MYSQL_MAKER>;
 
 struct maker_names {
     template <class T>
@@ -266,6 +312,9 @@ struct maker_names {
         else if constexpr (std::is_same_v<T, sqlite_maker>) return "sqlite";
 #ifdef IDEM_TEST_ROCKSDB
         else if constexpr (std::is_same_v<T, rocksdb_maker>) return "rocksdb";
+#endif
+#ifdef IDEM_TEST_MYSQL
+        else if constexpr (std::is_same_v<T, mysql_maker>) return "mysql";
 #endif
         else return "postgres";
     }

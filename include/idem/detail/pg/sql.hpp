@@ -23,6 +23,7 @@
 #include <system_error>
 
 #include "idem/detail/assert.hpp"
+#include "idem/detail/rows/hex.hpp"
 
 namespace idem::detail::pg {
 
@@ -179,35 +180,9 @@ inline constexpr std::string_view max_fence =
     return text;
 }
 
-/// Hex digits of `bytes` (lower case, two per byte, no prefix): what decode(.., 'hex') reads.
-inline void append_hex(std::string& out, std::string_view bytes) {
-    static constexpr char digits[] = "0123456789abcdef";
-    for (const char c : bytes) {
-        const auto b = static_cast<unsigned char>(c);
-        out += digits[b >> 4];
-        out += digits[b & 0xf];
-    }
-}
-
-/// The bytes of hex text (what encode(.., 'hex') writes); false on an odd length or a character
-/// that is not a hex digit.
-[[nodiscard]] inline bool from_hex(std::string_view hex, std::string& out) {
-    out.clear();
-    if (hex.size() % 2 != 0) return false;
-    out.reserve(hex.size() / 2);
-    const auto digit = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-        return -1;
-    };
-    for (std::size_t i = 0; i < hex.size(); i += 2) {
-        const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
-        if (hi < 0 || lo < 0) return false;
-        out += static_cast<char>(hi * 16 + lo);
-    }
-    return true;
-}
+// Hex text of bytes, both ways: detail/rows/hex.hpp (shared with the MySQL store).
+using rows::append_hex;
+using rows::from_hex;
 
 /// Builds one array-literal parameter: '{"a","b"}' for text, '{1,2}' for integers.
 class array_literal {

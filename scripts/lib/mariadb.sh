@@ -1,0 +1,74 @@
+# A throwaway MariaDB 10.11 on a free loopback port, run as the mysql user in a temporary
+# directory, like scripts/lib/postgres.sh. Source this file, then my_start / my_stop.
+# Sets MY_URI (mysql://idem@127.0.0.1:PORT/idem), MY_DIR, MY_PORT, MY_SOCK. A failure to start is
+# fatal: tests never skip. my_crash / my_resume: SIGKILL the server, start it again on the same data.
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
+
+my_as_mysql() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u mysql -- "$@"; else "$@"; fi
+}
+
+my_start() {
+  MY_PORT=$(free_port 23306) || { echo "mariadb: no free port" >&2; return 1; }
+  MY_DIR=$(mktemp -d /tmp/idem-my.XXXXXX)
+  chmod 755 "$MY_DIR"
+  [ "$(id -u)" -eq 0 ] && chown mysql:mysql "$MY_DIR"
+  MY_SOCK="$MY_DIR/sock"
+  # Durability as idem's sync mode requires it (checked at open by mysql_store):
+  # innodb_flush_log_at_trx_commit=1; no binary log here, so sync_binlog does not apply.
+  cat >"$MY_DIR/my.cnf" <<CONF
+[mariadbd]
+datadir = $MY_DIR/data
+socket = $MY_SOCK
+port = $MY_PORT
+bind-address = 127.0.0.1
+pid-file = $MY_DIR/pid
+log-error = $MY_DIR/log
+skip-name-resolve
+innodb_flush_log_at_trx_commit = 1
+innodb_buffer_pool_size = 128M
+innodb_log_file_size = 64M
+max_connections = 300
+character-set-server = utf8mb4
+collation-server = utf8mb4_bin
+CONF
+  [ "$(id -u)" -eq 0 ] && chown mysql:mysql "$MY_DIR/my.cnf"
+  my_as_mysql mariadb-install-db --defaults-file="$MY_DIR/my.cnf" --auth-root-authentication-method=normal \
+    --skip-test-db >"$MY_DIR/install.log" 2>&1 || { cat "$MY_DIR/install.log" >&2; return 1; }
+  my_resume || return 1
+  # A user of its own over TCP, every privilege (tests make databases of their own).
+  mariadb --no-defaults -S "$MY_SOCK" -u root <<SQL || return 1
+CREATE USER 'idem'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON *.* TO 'idem'@'127.0.0.1' WITH GRANT OPTION;
+CREATE DATABASE idem;
+SQL
+  MY_URI="mysql://idem@127.0.0.1:$MY_PORT/idem"
+  export MY_URI MY_DIR MY_PORT MY_SOCK
+  echo "mariadb: running on $MY_URI (data in $MY_DIR)"
+}
+
+# my_resume: starts the server on MY_DIR's configuration and waits until it answers (60 s at most).
+my_resume() {
+  my_as_mysql sh -c "exec mariadbd --defaults-file='$MY_DIR/my.cnf'" </dev/null >>"$MY_DIR/stdout" 2>&1 &
+  local i
+  for i in $(seq 600); do
+    mariadb-admin --no-defaults -S "$MY_SOCK" -u root ping >/dev/null 2>&1 && return 0
+    kill -0 $! 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "mariadb: did not start" >&2; cat "$MY_DIR/log" >&2; return 1
+}
+
+# my_crash: SIGKILL, as a machine crash looks to the clients (InnoDB recovers at my_resume).
+my_crash() {
+  local pid; pid=$(cat "$MY_DIR/pid" 2>/dev/null) || return 0
+  kill -9 "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+}
+
+my_stop() {
+  [ -n "${MY_DIR:-}" ] || return 0
+  my_crash
+  rm -rf "$MY_DIR"
+  MY_DIR=
+}
