@@ -22,7 +22,8 @@ using idem::transition_cause;
 const std::vector<transition_cause> causes = {transition_cause::claim,   transition_cause::reclaim,
                                               transition_cause::succeed, transition_cause::fail,
                                               transition_cause::release, transition_cause::compensate,
-                                              transition_cause::doubt,   transition_cause::not_durable};
+                                              transition_cause::doubt,   transition_cause::not_durable,
+                                              transition_cause::imported};
 
 std::string binary_payload(std::size_t n) {
     std::string s(n, '\0');

@@ -60,6 +60,7 @@ const char* expected(transition_cause v) {
         case transition_cause::compensate: return "compensate";
         case transition_cause::doubt: return "doubt";
         case transition_cause::not_durable: return "not_durable";
+        case transition_cause::imported: return "imported";
     }
     return nullptr;
 }
@@ -116,7 +117,7 @@ TEST(EnumPrint, RecordStatePrintsEnumeratorNamesNotStoreText) {
 }
 
 TEST(EnumPrint, TransitionCausePrintsEveryEnumeratorByName) {
-    EXPECT_EQ(check_every_value<transition_cause>("transition_cause"), 8);
+    EXPECT_EQ(check_every_value<transition_cause>("transition_cause"), 9);
 }
 
 TEST(EnumPrint, DurabilityWaitPrintsEveryEnumeratorByName) {

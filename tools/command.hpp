@@ -41,6 +41,7 @@ command add_audit(CLI::App& root);         // audit.cpp
 command add_verify(CLI::App& root);        // verify.cpp
 command add_stats(CLI::App& root);         // stats.cpp
 command add_prune(CLI::App& root);         // prune.cpp
+command add_import(CLI::App& root);        // import.cpp
 
 /// Formats a number for messages: whole numbers without a fraction or exponent, others in %g.
 template <class T>

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     commands.push_back(add_verify(app));
     commands.push_back(add_stats(app));
     commands.push_back(add_prune(app));
+    commands.push_back(add_import(app));
     commands.push_back(add_drill_worker(app));
 
     try {

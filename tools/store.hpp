@@ -16,6 +16,9 @@
 //   postgresql://...    idem::postgres_store (also postgres://...), when this build has it
 //                       (IDEM_HAVE_POSTGRES, set by tools/CMakeLists.txt when the idem::postgres
 //                       target exists)
+//   mysql://...         idem::mysql_store (also mariadb://...), when this build has it (IDEM_HAVE_MYSQL,
+//                       set by tools/CMakeLists.txt when the idem::mysql target exists). Global scope
+//                       (drill --workers, demo --processes) is PostgreSQL's only
 //
 // Subcommands only see parse_store(), store_check(), open_store(), count_records(), make_guard()
 // and guarded_store. PostgreSQL plugs in at the two places marked "PLUG-IN: postgres" below.
@@ -33,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "idem/detail/my/uri.hpp"  // my::redact, no connector needed
 #include "idem/detail/pg/sql.hpp"  // pg::redact, no libpqxx needed
 #include "idem/durable.hpp"
 #include "idem/guard.hpp"
@@ -49,6 +53,12 @@
 #else
 #define IDEM_TOOL_ROCKSDB_URI ""
 #endif
+#ifdef IDEM_HAVE_MYSQL
+#include "idem/stores/mysql_store.hpp"
+#define IDEM_TOOL_MYSQL_URI ", mysql://USER@HOST:PORT/DB"
+#else
+#define IDEM_TOOL_MYSQL_URI ""
+#endif
 
 namespace idem::tool {
 
@@ -56,12 +66,19 @@ namespace idem::tool {
 #ifdef IDEM_HAVE_POSTGRES
 inline constexpr bool have_postgres = true;
 inline constexpr const char* accepted_stores = "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI
-                                               ", postgresql://USER@HOST:PORT/DB";
-inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI ", postgresql://USER@HOST:PORT/DB";
+                                               ", postgresql://USER@HOST:PORT/DB" IDEM_TOOL_MYSQL_URI;
+inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI
+                                              ", postgresql://USER@HOST:PORT/DB" IDEM_TOOL_MYSQL_URI;
 #else
 inline constexpr bool have_postgres = false;
-inline constexpr const char* accepted_stores = "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI;
-inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI;
+inline constexpr const char* accepted_stores = "memory, sqlite:PATH" IDEM_TOOL_ROCKSDB_URI IDEM_TOOL_MYSQL_URI;
+inline constexpr const char* durable_stores = "sqlite:PATH" IDEM_TOOL_ROCKSDB_URI IDEM_TOOL_MYSQL_URI;
+#endif
+/// Whether this build can open mysql:// URIs.
+#ifdef IDEM_HAVE_MYSQL
+inline constexpr bool have_mysql = true;
+#else
+inline constexpr bool have_mysql = false;
 #endif
 /// Whether this build can open rocksdb: URIs.
 #ifdef IDEM_HAVE_ROCKSDB
@@ -70,11 +87,12 @@ inline constexpr bool have_rocksdb = true;
 inline constexpr bool have_rocksdb = false;
 #endif
 
-/// Deadline of every PostgreSQL call (connect, batch, read); a paused server would block forever.
+/// Deadline of every PostgreSQL and MySQL call (connect, batch, read); a paused server would block
+/// forever.
 inline constexpr std::chrono::milliseconds postgres_call_deadline{5000};
 
 struct store_spec {
-    enum class kind { memory, sqlite, postgres, rocksdb };
+    enum class kind { memory, sqlite, postgres, rocksdb, mysql };
     kind type = kind::memory;
     std::string uri;   ///< as given, for reports
     std::string path;  ///< sqlite: the database file; rocksdb: the database directory
@@ -124,6 +142,13 @@ inline std::optional<store_spec> parse_store(std::string_view uri, std::string* 
                 "the idem::postgres CMake target exists when the tool is configured)");
         return store_spec{store_spec::kind::postgres, std::string(uri), {}};
     }
+    if (idem::detail::my::is_mysql_uri(uri)) {
+        if (!have_mysql)
+            return refuse(
+                "is a MySQL/MariaDB store, which this build does not include (it needs libmariadb-dev, so "
+                "that the idem::mysql CMake target exists when the tool is configured)");
+        return store_spec{store_spec::kind::mysql, std::string(uri), {}};
+    }
     return refuse("is not a store URI this build accepts");
 }
 
@@ -143,8 +168,9 @@ inline CLI::Validator store_check(bool durable_only = false) {
         "STORE");
 }
 
-/// A user-facing name of the store (a PostgreSQL URI without its password).
+/// A user-facing name of the store (a PostgreSQL or MySQL URI without its password).
 inline std::string display_name(const store_spec& spec) {
+    if (spec.type == store_spec::kind::mysql) return idem::detail::my::redact(spec.uri);
     if (spec.type != store_spec::kind::postgres) return spec.uri;
     return idem::detail::pg::redact(spec.uri);  // the store's own: user:secret@, ?password=, key=value
 }
@@ -189,6 +215,12 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
             // PLUG-IN: postgres (2 of 2): the one place a PostgreSQL store is opened.
 #ifdef IDEM_HAVE_POSTGRES
             return std::make_unique<idem::postgres_store>(spec.uri, postgres_call_deadline);
+#else
+            break;
+#endif
+        case store_spec::kind::mysql:
+#ifdef IDEM_HAVE_MYSQL
+            return std::make_unique<idem::mysql_store>(spec.uri, postgres_call_deadline);
 #else
             break;
 #endif

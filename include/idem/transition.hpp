@@ -62,6 +62,8 @@ enum class transition_cause : std::uint8_t {
     compensate,   ///< the resolver decided an expired claim
     doubt,        ///< the resolver could not decide: the claim stays PROCESSING in doubt
     not_durable,  ///< sync mode: the claim could not be made durable and was withdrawn
+    imported,     ///< `idem import` wrote it from another system's table (tools/import.hpp): the
+                  ///< old system's decision, or its claim in doubt
 };
 
 namespace detail {
@@ -76,6 +78,7 @@ namespace detail {
         case transition_cause::compensate: return "compensate";
         case transition_cause::doubt: return "doubt";
         case transition_cause::not_durable: return "not_durable";
+        case transition_cause::imported: return "imported";
     }
     return nullptr;
 }

@@ -1,5 +1,7 @@
 # A throwaway MariaDB 10.11 on a free loopback port, run as the mysql user in a temporary
-# directory, like scripts/lib/postgres.sh. Source this file, then my_start / my_stop.
+# directory, like scripts/lib/postgres.sh. Source this file, then my_start [ENV_FILE] / my_stop.
+# ENV_FILE, when given, receives the variables as shell assignments (for a my_start run in the
+# background, side by side with another server's start: source the file afterwards).
 # Sets MY_URI (mysql://idem@127.0.0.1:PORT/idem), MY_DIR, MY_PORT, MY_SOCK. A failure to start is
 # fatal: tests never skip. my_crash / my_resume: SIGKILL the server, start it again on the same data.
 source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
@@ -23,7 +25,7 @@ socket = $MY_SOCK
 port = $MY_PORT
 bind-address = 127.0.0.1
 pid-file = $MY_DIR/pid
-log-error = $MY_DIR/log
+log-error = $MY_DIR/error.log
 skip-name-resolve
 innodb_flush_log_at_trx_commit = 1
 innodb_buffer_pool_size = 128M
@@ -44,26 +46,35 @@ CREATE DATABASE idem;
 SQL
   MY_URI="mysql://idem@127.0.0.1:$MY_PORT/idem"
   export MY_URI MY_DIR MY_PORT MY_SOCK
+  [ -z "${1:-}" ] || printf 'MY_URI=%q\nMY_DIR=%q\nMY_PORT=%q\nMY_SOCK=%q\n' "$MY_URI" "$MY_DIR" "$MY_PORT" "$MY_SOCK" >"$1"
   echo "mariadb: running on $MY_URI (data in $MY_DIR)"
 }
 
 # my_resume: starts the server on MY_DIR's configuration and waits until it answers (60 s at most).
 my_resume() {
-  my_as_mysql sh -c "exec mariadbd --defaults-file='$MY_DIR/my.cnf'" </dev/null >>"$MY_DIR/stdout" 2>&1 &
+  MY_SOCK="$MY_DIR/sock"
+  local as=()
+  # setpriv execs mariadbd as mysql (runuser would stay its parent, and stop with it on SIGSTOP).
+  [ "$(id -u)" -eq 0 ] && as=(setpriv --reuid=mysql --regid=mysql --init-groups)
+  # exec: no shell stays behind holding a copy of the caller's descriptors (a caller reading our
+  # output through a pipe would never see its end).
+  (exec "${as[@]}" mariadbd --defaults-file="$MY_DIR/my.cnf") </dev/null >>"$MY_DIR/stdout" 2>&1 &
   local i
   for i in $(seq 600); do
     mariadb-admin --no-defaults -S "$MY_SOCK" -u root ping >/dev/null 2>&1 && return 0
     kill -0 $! 2>/dev/null || break
     sleep 0.1
   done
-  echo "mariadb: did not start" >&2; cat "$MY_DIR/log" >&2; return 1
+  echo "mariadb: did not start" >&2; cat "$MY_DIR/error.log" >&2; return 1
 }
 
 # my_crash: SIGKILL, as a machine crash looks to the clients (InnoDB recovers at my_resume).
 my_crash() {
   local pid; pid=$(cat "$MY_DIR/pid" 2>/dev/null) || return 0
+  kill -CONT "$pid" 2>/dev/null || true
   kill -9 "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # Gone, or a zombie nobody has reaped yet (its files are closed either way).
+  while kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
 }
 
 my_stop() {

@@ -21,8 +21,8 @@
 // old session if the server is still running it (bounded by innodb_lock_wait_timeout, set from the
 // deadline: a server that cannot decide yet gives store_unavailable).
 //
-// Deadlines: every wait on the server is bounded by call_deadline (connection.hpp), rounded up to
-// whole seconds. load() and scan_audit() stream rows as they come: for them the deadline bounds each
+// Deadlines: every wait on the server is bounded by call_deadline rounded up to whole seconds, and
+// every wait for the server by one second more (connection.hpp says why). load() and scan_audit() stream rows as they come: for them the deadline bounds each
 // wait for the next row, not the scan.
 //
 // Errors: store_unavailable when the server cannot be reached or answered too late (refused, lost,
@@ -489,7 +489,7 @@ private:
         need_reconnect_ = true;  // until every step below passed
         sess_.open(ep_, deadline_);
         step_ = "set session";
-        const unsigned secs = static_cast<unsigned>(std::max<std::int64_t>(1, (deadline_.count() + 999) / 1000));
+        const unsigned secs = detail::my::whole_seconds(deadline_);
         detail::my::durability d;
         std::uint64_t packet = 0;
         sess_.run(detail::my::session_setup(secs), [&](int statement, detail::my::row_view r) {

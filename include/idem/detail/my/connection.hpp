@@ -1,19 +1,20 @@
 // idem/detail/my/connection.hpp: one session with a MySQL or MariaDB server through MariaDB
 // Connector/C (Debian libmariadb-dev): the URI it is opened with, the deadline every call keeps,
-// how a multi-statement round trip runs and streams its rows, and how a failure is classified.
+// how a multi-statement round trip runs and streams its rows, and how a failure is classified
+// (the URI itself: uri.hpp).
 //
 // Invariants
-//   * Every wait on the server is bounded: the connector's connect, read and write timeouts are set
-//     from the store's call deadline (whole seconds, rounded up: the connector counts seconds), and
-//     the server's own bounds (innodb_lock_wait_timeout, max_statement_time) are set from it in the
-//     session's setup (detail/my/sql.hpp). A stopped server or a network dropping packets gives
-//     CR_SERVER_LOST within the deadline, never a hang.
+//   * Every wait on the server is bounded: the server's own bounds (innodb_lock_wait_timeout,
+//     max_statement_time) are the store's call deadline in whole seconds, rounded up (the unit of
+//     both), set in the session's setup (detail/my/sql.hpp); the connector's connect, read and write
+//     timeouts are one second more, so a wait the server bounds is answered (and undone) by the
+//     server, and a stopped server or a network dropping packets gives CR_SERVER_LOST, never a hang.
 //   * A round trip is one text query of several statements (CLIENT_MULTI_STATEMENTS). Every result
 //     is drained, so the session is ready for the next query whatever happened; the server stops at
 //     the first statement that fails, and `failure::statement` says which one it was.
 //   * A session is never reconnected behind its owner's back (MYSQL_OPT_RECONNECT stays off): a
 //     broken session stays broken, the store opens a new one and knows every transaction is gone.
-//   * The password never leaves this file: name() is the URI without it.
+//   * The password never reaches a message: stores name the URI without it (uri.hpp, redact()).
 #pragma once
 
 #include <algorithm>
@@ -33,84 +34,15 @@
 #include <mysql.h>
 #include <mysqld_error.h>
 
+#include "idem/detail/my/uri.hpp"
 #include "idem/error.hpp"
 
 namespace idem::detail::my {
 
-/// Where a mysql:// (or mariadb://) URI points: mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE.
-/// USER and PASSWORD may hold %XX escapes.
-struct endpoint {
-    std::string user;
-    std::string password;
-    std::string host;
-    unsigned port = 3306;
-    std::string database;
-};
-
-[[nodiscard]] inline bool is_mysql_uri(std::string_view uri) noexcept {
-    return uri.starts_with("mysql://") || uri.starts_with("mariadb://");
-}
-
-/// The URI without its password ("mysql://idem@db:3306/payments"), for messages.
-[[nodiscard]] inline std::string redact(std::string_view uri) {
-    const auto scheme = uri.find("://");
-    if (scheme == std::string_view::npos) return std::string(uri);
-    const auto at = uri.find('@', scheme + 3);
-    if (at == std::string_view::npos) return std::string(uri);
-    const auto colon = uri.substr(0, at).find(':', scheme + 3);
-    if (colon == std::string_view::npos) return std::string(uri);
-    return std::string(uri.substr(0, colon)) + std::string(uri.substr(at));
-}
-
-/// Parses `uri`; throws idem::error(invalid_argument) naming the URI (without password) and the rule.
-[[nodiscard]] inline endpoint parse_uri(std::string_view uri) {
-    const auto fail = [&](const std::string& rule) -> endpoint {
-        throw error(errc::invalid_argument, "mysql store URI '" + redact(uri) + "': " + rule +
-                                                " (expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE)");
-    };
-    const auto decode = [&](std::string_view s) {
-        std::string out;
-        for (std::size_t i = 0; i < s.size(); ++i) {
-            if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-                std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-                out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
-                i += 2;
-            } else {
-                out += s[i];
-            }
-        }
-        return out;
-    };
-    if (!is_mysql_uri(uri)) return fail("the scheme must be mysql:// or mariadb://");
-    std::string_view rest = uri.substr(uri.find("://") + 3);
-    endpoint e;
-    const auto slash = rest.find('/');
-    if (slash == std::string_view::npos || slash + 1 == rest.size()) return fail("no database named after the host");
-    e.database = std::string(rest.substr(slash + 1));
-    if (e.database.find_first_of("/?#`'\"") != std::string::npos)
-        return fail("the database name holds a character out of [/?#`'\"]; options are not taken in the URI");
-    rest = rest.substr(0, slash);
-    const auto at = rest.rfind('@');
-    if (at == std::string_view::npos) return fail("no USER@ before the host");
-    const std::string_view who = rest.substr(0, at);
-    const auto colon = who.find(':');
-    e.user = decode(who.substr(0, colon));
-    if (colon != std::string_view::npos) e.password = decode(who.substr(colon + 1));
-    if (e.user.empty()) return fail("the user is empty");
-    std::string_view hostport = rest.substr(at + 1);
-    const auto pcolon = hostport.rfind(':');
-    if (pcolon != std::string_view::npos) {
-        const std::string_view p = hostport.substr(pcolon + 1);
-        unsigned v = 0;
-        if (p.empty() || p.size() > 5 || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-            (v = static_cast<unsigned>(std::stoul(std::string(p)))) == 0 || v > 65535)
-            return fail("port '" + std::string(p) + "' is not 1..65535");
-        e.port = v;
-        hostport = hostport.substr(0, pcolon);
-    }
-    if (hostport.empty()) return fail("the host is empty");
-    e.host = std::string(hostport);
-    return e;
+/// A deadline in whole seconds, rounded up, at least 1: the unit of the connector's timeouts and of
+/// innodb_lock_wait_timeout.
+[[nodiscard]] inline unsigned whole_seconds(std::chrono::milliseconds deadline) noexcept {
+    return static_cast<unsigned>(std::max<std::int64_t>(1, (deadline.count() + 999) / 1000));
 }
 
 /// What went wrong on a session, as the server or the connector said it.
@@ -126,7 +58,7 @@ struct failure : std::exception {
 /// becomes).
 enum class failure_kind {
     lost,        ///< the session is gone or cannot be had: refused, lost, killed, timed out, shut down
-    contention,  ///< a deadlock or a lock wait past innodb_lock_wait_timeout: the transaction was undone
+    contention,  ///< a deadlock, a lock wait or a statement past the server's bounds: the session stays, the work is undone
     read_only,   ///< the server refuses writes (read_only, a replica): an outage, not a bad row
     data,        ///< what a row holds: a value its column cannot take
     durability,  ///< the batch's own check refused to commit (SIGNAL 45000 from detail/my/sql.hpp)
@@ -144,8 +76,6 @@ enum class failure_kind {
         case CR_COMMANDS_OUT_OF_SYNC:
         case ER_SERVER_SHUTDOWN:
         case ER_CONNECTION_KILLED:
-        case ER_QUERY_INTERRUPTED:
-        case ER_STATEMENT_TIMEOUT:
         case ER_CON_COUNT_ERROR:
         case ER_TOO_MANY_USER_CONNECTIONS:
         case ER_NET_READ_ERROR:
@@ -153,7 +83,9 @@ enum class failure_kind {
         case ER_NET_ERROR_ON_WRITE:
         case ER_NET_WRITE_INTERRUPTED: return failure_kind::lost;
         case ER_LOCK_DEADLOCK:
-        case ER_LOCK_WAIT_TIMEOUT: return failure_kind::contention;
+        case ER_LOCK_WAIT_TIMEOUT:
+        case ER_STATEMENT_TIMEOUT:  // max_statement_time: the server stopped the statement, the session stays
+        case ER_QUERY_INTERRUPTED: return failure_kind::contention;
         case ER_OPTION_PREVENTS_STATEMENT:
         case ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: return failure_kind::read_only;
         case ER_DATA_TOO_LONG:
@@ -189,7 +121,10 @@ public:
         MYSQL* m = mysql_init(nullptr);
         if (m == nullptr) throw failure_of(nullptr, "mysql_init: out of memory");
         my_.reset(m);
-        const unsigned secs = static_cast<unsigned>(std::max<std::int64_t>(1, (deadline.count() + 999) / 1000));
+        // One second more than the server's own bounds (whole_seconds(deadline), set in the session's
+        // setup): a lock wait or a statement past them is answered by the server, which undoes it,
+        // rather than cut by the client, which could not tell what happened.
+        const unsigned secs = whole_seconds(deadline) + 1;
         mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &secs);
         mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &secs);
         mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &secs);

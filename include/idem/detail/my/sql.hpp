@@ -59,7 +59,8 @@ namespace idem::detail::my {
 
 /// The session's setup, one round trip: strict types (a value a column cannot hold is an error,
 /// never truncated), no backslash escapes, REPEATABLE READ, the server's own waits bounded by the
-/// call deadline (`secs`), the stage table, and a row with the durability settings and
+/// call deadline (`secs`: lock waits; statements half a second more, so a lock wait is what the
+/// server reports when both would fire), the stage table, and a row with the durability settings and
 /// max_allowed_packet.
 [[nodiscard]] inline std::string session_setup(unsigned secs) {
     const std::string s = std::to_string(secs);
@@ -70,7 +71,7 @@ namespace idem::detail::my {
            ";"
            "SET SESSION max_statement_time = " +
            s +
-           ";"
+           ".5;"
            "CREATE TEMPORARY TABLE IF NOT EXISTS idem_stage ("
            " s_key VARBINARY(128) NOT NULL PRIMARY KEY, s_biz VARBINARY(32) NOT NULL, s_status VARCHAR(16) NOT NULL,"
            " s_fence BIGINT UNSIGNED NOT NULL, s_lease BIGINT NOT NULL, s_outcome BIGINT UNSIGNED NOT NULL,"

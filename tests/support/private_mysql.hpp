@@ -1,0 +1,66 @@
+// tests/support/private_mysql.hpp: a MariaDB server of a test's own, for tests that kill, stop or
+// reconfigure it (global settings), so the tests sharing IDEM_TEST_MY_URI never see it. Everything
+// goes through scripts/lib/mariadb.sh (my_start, my_crash, my_resume, my_stop); the test target
+// defines IDEM_SOURCE_DIR.
+#pragma once
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <sys/types.h>
+
+namespace idem_test {
+
+class private_mysql {
+public:
+    private_mysql() {
+        const std::string out = shell("my_start >&2 && printf '%s\\n%s\\n' \"$MY_URI\" \"$MY_DIR\"");
+        const auto nl = out.find('\n');
+        if (nl == std::string::npos) return;
+        uri_ = out.substr(0, nl);
+        dir_ = out.substr(nl + 1);
+        while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
+    }
+    ~private_mysql() {
+        if (!dir_.empty()) {
+            (void)signal_server(SIGCONT);
+            (void)shell("MY_DIR='" + dir_ + "' my_stop");
+        }
+    }
+    private_mysql(const private_mysql&) = delete;
+    private_mysql& operator=(const private_mysql&) = delete;
+
+    /// mysql://idem@127.0.0.1:PORT/idem, or empty when the server did not start.
+    [[nodiscard]] const std::string& uri() const { return uri_; }
+    /// SIGKILL: the server dies at once, as in a machine crash (InnoDB recovers at resume()).
+    bool crash() { return shell("MY_DIR='" + dir_ + "' my_crash && echo crashed") == "crashed\n"; }
+    /// Started again on the same port and data after crash(). True when it answers.
+    bool resume() { return shell("MY_DIR='" + dir_ + "' my_resume && echo resumed") == "resumed\n"; }
+    /// Sends `sig` (SIGSTOP, SIGCONT) to the server process.
+    bool signal_server(int sig) {
+        std::ifstream f(dir_ + "/pid");
+        long pid = 0;
+        if (!(f >> pid) || pid <= 0) return false;
+        return ::kill(static_cast<pid_t>(pid), sig) == 0;
+    }
+
+private:
+    static std::string shell(const std::string& cmd) {
+        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/mariadb.sh'; " + cmd;
+        std::string quoted = "'";
+        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+        quoted += "'";
+        std::string out;
+        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
+            char b[512];
+            while (std::fgets(b, sizeof b, f)) out += b;
+            ::pclose(f);
+        }
+        return out;
+    }
+    std::string uri_, dir_;
+};
+
+}  // namespace idem_test
