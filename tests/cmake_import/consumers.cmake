@@ -61,17 +61,26 @@ idem_consumer_test(cmake_import_add_subdirectory SOURCE add_subdirectory VIEW no
 # One component each, on a machine that has only that component's library.
 idem_consumer_test(cmake_import_sqlite SOURCE find_package COMPONENTS sqlite VIEW sqlite)
 idem_consumer_test(cmake_import_postgres SOURCE find_package COMPONENTS postgres VIEW postgres LABELS slow)
+set(_idem_all sqlite postgres)
 if(TARGET idem::rocksdb)
   idem_consumer_test(cmake_import_rocksdb SOURCE find_package COMPONENTS rocksdb VIEW rocksdb)
-  set(_idem_all sqlite postgres rocksdb)
-else()
-  set(_idem_all sqlite postgres)
+  list(APPEND _idem_all rocksdb)
+endif()
+if(TARGET idem::mysql)
+  idem_consumer_test(cmake_import_mysql SOURCE find_package COMPONENTS mysql VIEW mysql)
+  list(APPEND _idem_all mysql)
 endif()
 # Every component at once, on this machine as it is.
 idem_consumer_test(cmake_import_all_components SOURCE find_package COMPONENTS ${_idem_all} LABELS slow)
 # Components whose libraries are missing: find_package fails, naming each and its Debian package.
-idem_consumer_test(cmake_import_missing_component SOURCE find_package COMPONENTS sqlite postgres VIEW none
-  EXPECT_CONFIGURE_ERROR "component sqlite" "libsqlite3-dev" "component postgres" "libpqxx-dev")
+if(TARGET idem::mysql)
+  idem_consumer_test(cmake_import_missing_component SOURCE find_package COMPONENTS sqlite postgres mysql VIEW none
+    EXPECT_CONFIGURE_ERROR "component sqlite" "libsqlite3-dev" "component postgres" "libpqxx-dev"
+                           "component mysql" "libmariadb-dev")
+else()
+  idem_consumer_test(cmake_import_missing_component SOURCE find_package COMPONENTS sqlite postgres VIEW none
+    EXPECT_CONFIGURE_ERROR "component sqlite" "libsqlite3-dev" "component postgres" "libpqxx-dev")
+endif()
 
 # A ThreadSanitizer user: -fsanitize=thread -Wall -Wextra -Werror and nothing from idem (no
 # -Wno-tsan, no suppressions: TSAN_OPTIONS is set here, replacing any the caller has), 100 threads

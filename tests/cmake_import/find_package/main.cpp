@@ -1,9 +1,10 @@
 // A consumer of idem: guards one operation and checks the duplicate is replayed, not executed; then,
 // for each component it was built with, uses that store (PostgreSQL only when IDEM_TEST_PG_URI names
-// a server: otherwise the store is linked, not opened). The add_subdirectory consumer runs the first
+// a server, MySQL when IDEM_TEST_MY_URI does: otherwise the store is linked, not opened). The add_subdirectory consumer runs the first
 // part alone.
 #include <idem/idem.hpp>
-#if defined(IDEM_CONSUMER_SQLITE) || defined(IDEM_CONSUMER_POSTGRES) || defined(IDEM_CONSUMER_ROCKSDB)
+#if defined(IDEM_CONSUMER_SQLITE) || defined(IDEM_CONSUMER_POSTGRES) || defined(IDEM_CONSUMER_ROCKSDB) || \
+    defined(IDEM_CONSUMER_MYSQL)
 #include <idem/durable.hpp>
 #endif
 #ifdef IDEM_CONSUMER_SQLITE
@@ -14,6 +15,9 @@
 #endif
 #ifdef IDEM_CONSUMER_ROCKSDB
 #include <idem/stores/rocksdb_store.hpp>
+#endif
+#ifdef IDEM_CONSUMER_MYSQL
+#include <idem/stores/mysql_store.hpp>
 #endif
 
 #include <cstdio>
@@ -46,7 +50,8 @@ bool exactly_once(const char* what, Guard& g, const idem::key& k = idem::key::co
     return true;
 }
 
-#if defined(IDEM_CONSUMER_SQLITE) || defined(IDEM_CONSUMER_POSTGRES) || defined(IDEM_CONSUMER_ROCKSDB)
+#if defined(IDEM_CONSUMER_SQLITE) || defined(IDEM_CONSUMER_POSTGRES) || defined(IDEM_CONSUMER_ROCKSDB) || \
+    defined(IDEM_CONSUMER_MYSQL)
 bool durable(const char* what, std::unique_ptr<idem::store> st, const idem::key& k) {
     idem::options opts;
     opts.capacity = 64;
@@ -88,6 +93,14 @@ int main() {
         ok = durable("postgres", std::make_unique<idem::postgres_store>(uri), k) && ok;
     } else {
         std::puts("consumer (postgres): linked; IDEM_TEST_PG_URI unset, not opened");
+    }
+#endif
+#ifdef IDEM_CONSUMER_MYSQL
+    if (const char* uri = std::getenv("IDEM_TEST_MY_URI"); uri != nullptr && *uri != '\0') {
+        const auto k = idem::key::compose("CONSUMER" + std::to_string(std::random_device{}()), "PAY", 1);
+        ok = durable("mysql", std::make_unique<idem::mysql_store>(uri), k) && ok;
+    } else {
+        std::puts("consumer (mysql): linked; IDEM_TEST_MY_URI unset, not opened");
     }
 #endif
     return ok ? 0 : 1;
