@@ -1,7 +1,7 @@
 // tests/support/store_kinds.hpp: one store of each kind, for tests parameterised by store.
 //
 // * store_kind: set up ("memory", "sqlite", "rocksdb", "postgres") once per test; open() then
-//   gives a new connection to the same data each time (a restart, a second reader). A kind this
+//   ("mysql" too) gives a new connection to the same data each time (a restart, a second reader). A kind this
 //   build lacks fails the test (never a silent skip).
 // * evict(): fills and rotates a durable guard on a manual clock until a key left memory.
 // * held_reads: forwards to a store and holds every get() at a gate the test opens (a read that
@@ -9,7 +9,7 @@
 //   SQLite and PostgreSQL) is held the same way, so a recall is tested on the path the store
 //   really takes: the reader thread, or the flusher between batches.
 //
-// The test target defines IDEM_TEST_WITH_ROCKSDB / IDEM_TEST_WITH_POSTGRES where it links those
+// The test target defines IDEM_TEST_WITH_ROCKSDB / IDEM_TEST_WITH_POSTGRES / IDEM_TEST_WITH_MYSQL where it links those
 // stores (tests/CMakeLists.txt, idem_store_kinds_test).
 #pragma once
 
@@ -22,6 +22,11 @@
 #include <idem/stores/postgres_store.hpp>
 
 #include "pg_database.hpp"
+#endif
+#ifdef IDEM_TEST_WITH_MYSQL
+#include <idem/stores/mysql_store.hpp>
+
+#include "my_database.hpp"
 #endif
 
 #include <gtest/gtest.h>
@@ -66,8 +71,16 @@ public:
 #else
             FAIL() << "built without PostgreSQL";
 #endif
+        } else if (kind == "mysql") {
+#ifdef IDEM_TEST_WITH_MYSQL
+            std::string why;
+            ASSERT_TRUE(my_.create(&why)) << why;
+            open_ = [uri = my_.uri()] { return std::make_unique<idem::mysql_store>(uri); };
+#else
+            FAIL() << "built without MySQL";
+#endif
         } else {
-            FAIL() << "no store kind '" << kind << "' (memory, sqlite, rocksdb, postgres)";
+            FAIL() << "no store kind '" << kind << "' (memory, sqlite, rocksdb, postgres, mysql)";
         }
     }
 
@@ -80,6 +93,9 @@ private:
 #ifdef IDEM_TEST_WITH_POSTGRES
     pg_database db_;
 #endif
+#ifdef IDEM_TEST_WITH_MYSQL
+    my_database my_;
+#endif
     std::function<std::unique_ptr<idem::store>()> open_;
 };
 
@@ -91,6 +107,9 @@ inline std::vector<std::string> store_kinds() {
 #endif
 #ifdef IDEM_TEST_WITH_POSTGRES
     k.push_back("postgres");
+#endif
+#ifdef IDEM_TEST_WITH_MYSQL
+    k.push_back("mysql");
 #endif
     return k;
 }
