@@ -1,6 +1,6 @@
 // flush_bench: what the durable pipeline sustains, per store (docs/benchmarks.md, "Durability").
 //
-//   flush_bench --store sqlite:/tmp/f.db|postgresql://...|rocksdb:DIR --mode async|sync --threads T --ops N
+//   flush_bench --store sqlite:/tmp/f.db|postgresql://...|rocksdb:DIR|mysql://... --mode async|sync --threads T --ops N
 //   flush_bench --store ... --recovery N      # write N records, reopen, time the recovery
 //   flush_bench --store sqlite:... --latency N  # begin() latency with and without a busy flusher
 //   flush_bench --store ... --mode storm --threads T --ops N [--first plain|storm]
@@ -49,6 +49,9 @@
 #if IDEM_BENCH_HAVE_ROCKSDB
 #include <idem/stores/rocksdb_store.hpp>
 #endif
+#if IDEM_BENCH_HAVE_MYSQL
+#include <idem/stores/mysql_store.hpp>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -92,6 +95,7 @@ struct args {
 std::string store_kind(const std::string& uri) { return uri.substr(0, uri.find(':')); }
 bool is_sqlite(const std::string& uri) { return uri.rfind("sqlite:", 0) == 0; }
 bool is_postgres(const std::string& uri) { return uri.rfind("postgresql:", 0) == 0 || uri.rfind("postgres:", 0) == 0; }
+bool is_mysql(const std::string& uri) { return uri.rfind("mysql:", 0) == 0 || uri.rfind("mariadb:", 0) == 0; }
 
 // ---- keys -----------------------------------------------------------------------------------------
 
@@ -141,8 +145,27 @@ std::unique_ptr<idem::store> open_store(const std::string& uri, bool sync, bool 
     if (uri.rfind("rocksdb:", 0) == 0)
         throw std::runtime_error("built without idem::rocksdb (include/idem/rocksdb_store.hpp); no rocksdb: store");
 #endif
+#if IDEM_BENCH_HAVE_MYSQL
+    if (is_mysql(uri)) {
+        (void)sync;  // InnoDB's durability is the server's (innodb_flush_log_at_trx_commit); sync mode checks it
+        return std::make_unique<idem::mysql_store>(uri);
+    }
+#else
+    if (is_mysql(uri)) throw std::runtime_error("built without idem::mysql; no mysql: store");
+#endif
     return std::make_unique<idem::postgres_store>(uri);
 }
+
+#if IDEM_BENCH_HAVE_MYSQL
+void reset_mysql(const std::string& uri) {
+    namespace my = idem::detail::my;
+    my::session s;
+    s.open(my::parse_uri(uri), std::chrono::seconds(30));
+    s.run("DROP TABLE IF EXISTS idempotent_record, idempotent_audit, idempotent_batch, idem_schema");
+}
+#else
+void reset_mysql(const std::string&) {}
+#endif
 
 void reset_postgres(const std::string& uri) {
     pqxx::connection c(uri);
@@ -197,6 +220,7 @@ struct preload_figures {
 /// A fresh store for one run, holding a.preload records when asked.
 std::unique_ptr<idem::store> prepare_store(const args& a, bool sync, preload_figures& pf) {
     if (is_postgres(a.store)) reset_postgres(a.store);
+    if (is_mysql(a.store)) reset_mysql(a.store);
     if (a.preload <= 0) return open_store(a.store, sync, true);
     const auto t0 = clk::now();
     if (is_sqlite(a.store)) {
@@ -406,6 +430,7 @@ int run_storm(const args& a) {
 
 int run_recovery(const args& a) {
     if (is_postgres(a.store)) reset_postgres(a.store);
+    if (is_mysql(a.store)) reset_mysql(a.store);
     idem::options o;
     o.capacity = static_cast<std::size_t>(a.recovery) + 16;
     o.maintenance_interval = {};

@@ -54,9 +54,15 @@ int run_import(const import_config& c) {
     const auto window = *parse_duration(c.window, true);
     // idem's PostgreSQL store keeps its records in a table named idempotent_record too: in the old
     // table's own database (and schema) it would find the old table and refuse it, or worse.
-    if (spec.type == store_spec::kind::postgres && source.type == imports::source_spec::kind::postgres &&
-        imports::same_database(c.from, c.store) &&
-        (table_parts.back() == "idempotent_record" && (table_parts.size() == 1 || table_parts[0] == "public"))) {
+    const bool same_pg = spec.type == store_spec::kind::postgres && source.type == imports::source_spec::kind::postgres &&
+                         imports::same_database(c.from, c.store) && table_parts.back() == "idempotent_record" &&
+                         (table_parts.size() == 1 || table_parts[0] == "public");
+    // On MySQL a database is the schema: the store's CREATE TABLE IF NOT EXISTS would pass over the
+    // old table, add idem's other tables beside it, and fail at the first read of a column.
+    const bool same_my = spec.type == store_spec::kind::mysql && source.type == imports::source_spec::kind::mysql &&
+                         table_parts.back() == "idempotent_record" &&
+                         imports::same_mysql_database(c.from, table_parts, c.store);
+    if (same_pg || same_my) {
         std::cerr << "idem import: --store " << display_name(spec)
                   << " is the same database as --from, whose table idempotent_record has the name of idem's own "
                      "record table; put the idem store in another database (docs/operations.md, \"Migrating from a "

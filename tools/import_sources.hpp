@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/detail/my/uri.hpp"  // my::parse_uri, is_mysql_uri: no connector needed
 #include "idem/detail/pg/sql.hpp"  // pg::redact, is_uri, add_option: no libpqxx needed
 #include "idem/error.hpp"
 #include "import.hpp"
@@ -70,6 +71,25 @@ inline constexpr const char* accepted_sources = "none (this build has neither li
         return r;
     };
     return base(a) == base(b);
+}
+
+/// Whether a MySQL/MariaDB table named `table` (parse_table_name's parts; without a database part
+/// it is in the database of `from`) is in the database that the mysql:// store URI `store` names
+/// on the server `from` names: the same host (localhost and 127.0.0.1 alike: the session connects
+/// over TCP either way) and port. A heuristic for a refusal (import.cpp): host aliases are not
+/// resolved. False when either URI does not parse (the open reports it).
+[[nodiscard]] inline bool same_mysql_database(std::string_view from, const std::vector<std::string>& table,
+                                              std::string_view store) {
+    namespace my = idem::detail::my;
+    if (!my::is_mysql_uri(from) || !my::is_mysql_uri(store)) return false;
+    try {
+        const my::endpoint a = my::parse_uri(from), b = my::parse_uri(store);
+        const auto host = [](const std::string& h) { return h == "localhost" ? std::string("127.0.0.1") : h; };
+        const std::string& db = table.size() == 2 ? table[0] : a.database;
+        return host(a.host) == host(b.host) && a.port == b.port && db == b.database;
+    } catch (const error&) {
+        return false;
+    }
 }
 
 struct source_spec {
