@@ -12,6 +12,8 @@
 //     commits nothing while it is 2 afterwards;
 //   * a row larger than max_allowed_packet: rejected_row naming the key; a batch larger than the
 //     packet (rows that fit) commits whole over several round trips;
+//   * a full disk (the data directory on a small tmpfs, filled): batches fail, none that committed
+//     is lost, the failed one is decided by committed(), writing resumes once there is room;
 //   * a malformed URI: invalid_argument naming the rule.
 #include <idem/stores/mysql_store.hpp>
 
@@ -244,6 +246,67 @@ TEST(MysqlStore, ARowLargerThanThePacketIsRejectedAndALargeBatchCommitsWhole) {
         EXPECT_NE(std::string(e.what()).find("max_allowed_packet"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(s.committed(2));
+}
+
+TEST(MysqlStore, AFullDiskRefusesBatchesAndLosesNoneThatCommitted) {
+    // MariaDB's data directory on a 160 MiB tmpfs, filled with a ballast file. InnoDB cannot
+    // extend its files: the batch fails (a full table, or the server aborts in its rollback, as
+    // MariaDB 10.11 does); once the ballast is gone and the server runs again, every batch that
+    // was acknowledged is there, and the failed one is decided by committed().
+    idem_test::private_mysql srv(160);
+    ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own MariaDB on a tmpfs (root needed)";
+    const std::string fill(100 * 1024, 'f');
+    const auto batch = [&](int id) {
+        std::vector<idem::store_row> rows;
+        for (int i = 0; i < 10; ++i) {
+            idem::store_row r = row({.key = "D" + std::to_string(id) + "X" + std::to_string(i) + "_PAY_v1",
+                                     .to = record_state::succeeded,
+                                     .cause = idem::transition_cause::succeed,
+                                     .fence = 3,
+                                     .outcome = static_cast<std::uint64_t>(id),
+                                     .at_ms = T0},
+                                    0);
+            r.t.payload = fill;
+            rows.push_back(r);
+        }
+        idem_test::sort_like_flusher(rows);
+        return rows;
+    };
+    std::vector<int> acked;
+    int failed = 0;
+    {
+        idem::mysql_store s(srv.uri(), 2s);
+        s.apply(batch(1), 1);
+        acked.push_back(1);
+        ASSERT_TRUE(srv.fill_disk());
+        for (int id = 2; id <= 300 && failed == 0; ++id) {
+            try {
+                s.apply(batch(id), static_cast<std::uint64_t>(id));
+                acked.push_back(id);
+            } catch (const idem::error& e) {
+                failed = id;
+                EXPECT_TRUE(e.code() == errc::store_unavailable || e.code() == errc::store_error) << e.what();
+                std::printf("[ idem    ] batch %d on a full disk: %s\n", id, e.what());
+            }
+        }
+    }
+    ASSERT_NE(failed, 0) << "300 batches of 1 MB committed on a full 160 MiB disk";
+    ASSERT_TRUE(srv.free_disk());
+    if (!srv.alive()) ASSERT_TRUE(srv.resume()) << "MariaDB did not start again once the disk had room";
+    idem::mysql_store check(srv.uri(), 10s);
+    for (const int id : acked) {
+        EXPECT_TRUE(check.committed(static_cast<std::uint64_t>(id))) << "acknowledged batch " << id << " lost";
+        const auto rec = check.get("D" + std::to_string(id) + "X9_PAY_v1");
+        ASSERT_TRUE(rec.has_value()) << "acknowledged batch " << id << " lost its records";
+        EXPECT_EQ(rec->payload, fill) << id;
+    }
+    EXPECT_EQ(check.committed(static_cast<std::uint64_t>(failed)),
+              check.get("D" + std::to_string(failed) + "X0_PAY_v1").has_value())
+        << "the failed batch is half there";
+    // Writing resumes.
+    check.apply(batch(1000), 1000);
+    EXPECT_TRUE(check.committed(1000));
+    std::printf("[ idem    ] %zu batches acknowledged before the disk was full\n", acked.size());
 }
 
 TEST(MysqlStore, AMalformedUriIsRefusedNamingTheRule) {

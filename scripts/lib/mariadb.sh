@@ -4,6 +4,8 @@
 # background, side by side with another server's start: source the file afterwards).
 # Sets MY_URI (mysql://idem@127.0.0.1:PORT/idem), MY_DIR, MY_PORT, MY_SOCK. A failure to start is
 # fatal: tests never skip. my_crash / my_resume: SIGKILL the server, start it again on the same data.
+# MY_TMPFS_MB (root only): the data directory is a tmpfs of that many MiB, which a test can fill
+# (a full disk); my_stop unmounts it.
 source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 my_as_mysql() {
@@ -16,6 +18,13 @@ my_start() {
   chmod 755 "$MY_DIR"
   [ "$(id -u)" -eq 0 ] && chown mysql:mysql "$MY_DIR"
   MY_SOCK="$MY_DIR/sock"
+  local log_mb=64
+  if [ -n "${MY_TMPFS_MB:-}" ]; then
+    mkdir "$MY_DIR/data"
+    mount -t tmpfs -o "size=${MY_TMPFS_MB}m,mode=755" tmpfs "$MY_DIR/data" || return 1
+    chown mysql:mysql "$MY_DIR/data"
+    log_mb=8
+  fi
   # Durability as idem's sync mode requires it (checked at open by mysql_store):
   # innodb_flush_log_at_trx_commit=1; no binary log here, so sync_binlog does not apply.
   cat >"$MY_DIR/my.cnf" <<CONF
@@ -29,7 +38,7 @@ log-error = $MY_DIR/error.log
 skip-name-resolve
 innodb_flush_log_at_trx_commit = 1
 innodb_buffer_pool_size = 128M
-innodb_log_file_size = 64M
+innodb_log_file_size = ${log_mb}M
 max_connections = 300
 character-set-server = utf8mb4
 collation-server = utf8mb4_bin
@@ -80,6 +89,7 @@ my_crash() {
 my_stop() {
   [ -n "${MY_DIR:-}" ] || return 0
   my_crash
+  umount "$MY_DIR/data" 2>/dev/null || true
   rm -rf "$MY_DIR"
   MY_DIR=
 }

@@ -15,8 +15,10 @@ namespace idem_test {
 
 class private_mysql {
 public:
-    private_mysql() {
-        const std::string out = shell("my_start >&2 && printf '%s\\n%s\\n' \"$MY_URI\" \"$MY_DIR\"");
+    /// tmpfs_mb > 0: the data directory is a tmpfs of that size (root only), for fill_disk().
+    explicit private_mysql(int tmpfs_mb = 0) {
+        const std::string env = tmpfs_mb > 0 ? "MY_TMPFS_MB=" + std::to_string(tmpfs_mb) + " " : "";
+        const std::string out = shell(env + "my_start >&2 && printf '%s\\n%s\\n' \"$MY_URI\" \"$MY_DIR\"");
         const auto nl = out.find('\n');
         if (nl == std::string::npos) return;
         uri_ = out.substr(0, nl);
@@ -38,6 +40,16 @@ public:
     bool crash() { return shell("MY_DIR='" + dir_ + "' my_crash && echo crashed") == "crashed\n"; }
     /// Started again on the same port and data after crash(). True when it answers.
     bool resume() { return shell("MY_DIR='" + dir_ + "' my_resume && echo resumed") == "resumed\n"; }
+    /// Fills the data directory's file system (a tmpfs_mb server) with a ballast file.
+    bool fill_disk() {
+        return shell("dd if=/dev/zero of='" + dir_ + "/data/ballast' bs=1M 2>/dev/null || true; echo filled") == "filled\n";
+    }
+    /// Removes the ballast.
+    bool free_disk() { return shell("rm -f '" + dir_ + "/data/ballast' && echo freed") == "freed\n"; }
+    /// Whether the server answers.
+    bool alive() {
+        return shell("mariadb-admin --no-defaults -S '" + dir_ + "/sock' -u root ping >/dev/null 2>&1 && echo up") == "up\n";
+    }
     /// Sends `sig` (SIGSTOP, SIGCONT) to the server process.
     bool signal_server(int sig) {
         std::ifstream f(dir_ + "/pid");
