@@ -223,8 +223,11 @@ public:
             "CAST(ROUND(UNIX_TIMESTAMP(created_time) * 1000) AS SIGNED), "
             "CAST(ROUND(UNIX_TIMESTAMP(updated_time) * 1000) AS SIGNED) FROM " +
             quoted_table(table_, '`');
-        if (since_ms)
-            q += " WHERE updated_time IS NULL OR updated_time >= FROM_UNIXTIME(" + std::to_string(*since_ms) + " / 1000)";
+        if (since_ms) {
+            // Whole seconds plus the milliseconds as an interval: exact whatever div_precision_increment is.
+            q += " WHERE updated_time IS NULL OR updated_time >= FROM_UNIXTIME(" + std::to_string(*since_ms / 1000) +
+                 ") + INTERVAL " + std::to_string(*since_ms % 1000) + "000 MICROSECOND";
+        }
         return q;
     }
 
