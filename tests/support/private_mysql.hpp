@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "lib_shell.hpp"
+
 #include <sys/types.h>
 
 namespace idem_test {
@@ -59,19 +61,7 @@ public:
     }
 
 private:
-    static std::string shell(const std::string& cmd) {
-        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/mariadb.sh'; " + cmd;
-        std::string quoted = "'";
-        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-        quoted += "'";
-        std::string out;
-        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
-            char b[512];
-            while (std::fgets(b, sizeof b, f)) out += b;
-            ::pclose(f);
-        }
-        return out;
-    }
+    static std::string shell(const std::string& cmd) { return lib_shell("mariadb.sh", cmd); }
     std::string uri_, dir_;
 };
 

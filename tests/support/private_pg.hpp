@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "lib_shell.hpp"
+
 namespace idem_test {
 
 /// scripts/lib/postgres.sh's pg_start (PG_BIN, a fresh data directory, a free loopback port, as the
@@ -42,20 +44,7 @@ public:
     bool resume() { return shell("PG_DIR='" + dir_ + "' pg_resume && echo resumed") == "resumed\n"; }
 
 private:
-    /// Runs `cmd` in bash with scripts/lib/postgres.sh sourced; returns its standard output.
-    static std::string shell(const std::string& cmd) {
-        const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/postgres.sh'; " + cmd;
-        std::string quoted = "'";
-        for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-        quoted += "'";
-        std::string out;
-        if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
-            char b[512];
-            while (std::fgets(b, sizeof b, f)) out += b;
-            ::pclose(f);
-        }
-        return out;
-    }
+    static std::string shell(const std::string& cmd) { return lib_shell("postgres.sh", cmd); }
     std::string uri_, dir_;
 };
 
