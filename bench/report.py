@@ -241,6 +241,15 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     target("flusher async, PostgreSQL (random keys)", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
     target("sync acknowledgements, PostgreSQL", flush_rate("postgresql", "sync", "acks_per_sec"), 20000, "acks/s")
     target("sync begin p99 wait, PostgreSQL", flush_rate("postgresql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
+    # MySQL / MariaDB beside PostgreSQL in the same run (issue targets: async >= 80% of PostgreSQL's
+    # rate, sync acknowledgements >= PostgreSQL's; recovery of 1M below, with every store's).
+    def vs_postgres(mode, field):
+        m, p = flush_rate("mysql", mode, field), flush_rate("postgresql", mode, field)
+        return m / p if m is not None and p else None
+
+    target("flusher async, MySQL / PostgreSQL (random keys)", vs_postgres("async", "transitions_per_sec"), 0.8, "x")
+    target("sync acknowledgements, 64 threads, MySQL / PostgreSQL", vs_postgres("sync", "acks_per_sec"), 1.0, "x")
+    target("sync begin p99 wait, MySQL", flush_rate("mysql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
     storm = summarize_storm(storm_rows)
     for store, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")):
         rs = [r for r in storm if r["store"] == store]
