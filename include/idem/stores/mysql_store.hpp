@@ -17,9 +17,10 @@
 // apply(rows, batch_id) is one transaction in one round trip for a typical batch (sql.hpp says how,
 // and why the records end exactly as memory_store leaves them). A batch id can commit once:
 // applying a committed id again fails with store_error and writes nothing. committed(batch_id)
-// resolves a commit_unknown with a locking read of the batch id, which waits for the COMMIT of the
-// old session if the server is still running it (bounded by innodb_lock_wait_timeout, set from the
-// deadline: a server that cannot decide yet gives store_unavailable).
+// resolves a commit_unknown: it ends the session that lost its answer on the server (found by the
+// user lock each session holds, killed, and waited for), so that session can no longer commit, then
+// reads the batch id with a locking read (bounded by the deadline: a server that cannot decide yet gives
+// store_unavailable, and the flusher asks again).
 //
 // Deadlines: every wait on the server is bounded by call_deadline rounded up to whole seconds, and
 // every wait for the server by one second more (connection.hpp says why). load() and scan_audit() stream rows as they come: for them the deadline bounds each
@@ -56,13 +57,16 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "idem/detail/assert.hpp"
@@ -123,11 +127,40 @@ public:
         });
     }
 
-    /// Resolves an in-doubt batch: a locking read of the batch id waits for a COMMIT still running
-    /// in the old session, then sees the row (committed) or not.
+    /// Resolves an in-doubt batch. First the session that lost its answer is ended on the server: a
+    /// server that was stopped may not even have read that session's query yet, and would run it,
+    /// COMMIT included, after a probe that found nothing. Every session of this store holds a user
+    /// lock of a random name from its connect to its end (connect()), so IS_USED_LOCK names the old
+    /// session's id exactly, never a reused id of another client's session after a server restart
+    /// (a restart frees the lock). While it is held the session is killed (KILL CONNECTION) and the
+    /// lock read again; once it is free the old transaction is final (committed, or rolled back by
+    /// its end), and a locking read of the batch id answers exactly. Bounded by the call deadline: a
+    /// session that has not ended by then gives store_unavailable (the flusher asks again).
     bool committed(std::uint64_t batch_id) override {
         bool done = false;
         run("committed(" + std::to_string(batch_id) + ")", [&] {
+            if (!doubt_lock_.empty()) {
+                step_ = "end the session that lost its answer (user lock " + doubt_lock_ + ")";
+                const auto until = std::chrono::steady_clock::now() + deadline_;
+                for (;;) {
+                    std::string holder;
+                    sess_.run("SELECT IS_USED_LOCK('" + doubt_lock_ + "')", [&](int, detail::my::row_view r) {
+                        if (r[0].data() != nullptr) holder.assign(r[0]);
+                    });
+                    if (holder.empty()) break;  // the session is gone: its transaction is final
+                    try {
+                        sess_.run("KILL CONNECTION " + holder);
+                    } catch (const detail::my::failure& f) {
+                        if (f.code != ER_NO_SUCH_THREAD) throw;  // ended meanwhile
+                    }
+                    if (std::chrono::steady_clock::now() >= until)
+                        throw error(errc::store_unavailable, "mysql store " + name_ + ": committed(" +
+                                                                 std::to_string(batch_id) + "): the session " + holder +
+                                                                 " that lost its answer is still running; ask again");
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                }
+                doubt_lock_.clear();
+            }
             step_ = "locking read of idempotent_batch";
             in_txn_ = true;
             sess_.run("START TRANSACTION;SELECT COUNT(*) FROM idempotent_batch WHERE batch_id = " +
@@ -439,6 +472,7 @@ private:
             using detail::my::failure_kind;
             const failure_kind kind = detail::my::classify(f);
             if (kind == failure_kind::lost) {
+                if (in_commit) doubt_lock_ = lock_name_;  // committed() ends that session before it probes
                 sess_.close();
                 need_reconnect_ = true;
                 if (in_commit)
@@ -499,6 +533,16 @@ private:
             d.sync_binlog = std::string(r[2]);
             (void)detail::rows::parse_uint64_bits(r[3], packet);
         });
+        // A user lock of a random name, held by this session until it ends: committed() finds the
+        // session by it after its answer was lost.
+        step_ = "take the session's user lock";
+        {
+            std::random_device rd;
+            char name[40];
+            std::snprintf(name, sizeof name, "idem_session_%08x%08x", rd(), rd());
+            lock_name_ = name;  // hex digits only: safe inside the SQL text
+        }
+        sess_.run("DO GET_LOCK('" + lock_name_ + "', 0)");
         // Leave room for the packet's header and the statement separators.
         budget_ = static_cast<std::size_t>(std::max<std::uint64_t>(packet, 64 * 1024) - 1024);
         if (durable_required_)
@@ -517,6 +561,8 @@ private:
     std::size_t budget_ = 1 << 20;
     bool need_reconnect_ = true;
     bool committing_ = false;    // the round trip holding COMMIT is in flight
+    std::string lock_name_;      // the user lock the current session holds for its life (connect())
+    std::string doubt_lock_;     // the lock of a session lost with COMMIT in flight ("" when none)
     int commit_statement_ = -1;  // COMMIT's index among that round trip's statements
     bool first_query_ = false;   // the round trip in flight is the batch's first (its statement 1: the batch id)
     bool in_txn_ = false;        // a write transaction is open on the session
