@@ -6,7 +6,8 @@
 //     or commit_unknown, and committed() decides the batch once the server runs again;
 //   * the session killed (KILL CONNECTION) right before COMMIT: commit_unknown, resolved exactly;
 //   * a lock wait past the deadline (another session holds the record): the batch is undone and
-//     answered store_unavailable; the same batch id commits afterwards;
+//     answered store_unavailable; the same batch id commits afterwards; likewise a deadlock whose
+//     victim is the batch;
 //   * a read-only server: store_unavailable naming it, nothing written; writes resume after;
 //   * durability: sync mode refuses innodb_flush_log_at_trx_commit=2 at open, and a batch
 //     commits nothing while it is 2 afterwards;
@@ -154,6 +155,67 @@ TEST(MysqlStore, ALockWaitPastTheDeadlineUndoesTheBatchWhichCommitsLater) {
     holder.run("ROLLBACK");
     s.apply(rows, 2);
     EXPECT_EQ(s.get("A0_PAY_v1")->fence, 8u);
+}
+
+TEST(MysqlStore, ADeadlockUndoesTheBatchWhichCommitsWhenRetried) {
+    IDEM_PRIVATE_MYSQL(srv);
+    idem::mysql_store s(srv.uri(), 5s);
+    s.apply(claim_batch("A", 2), 1);  // A0 and A1 exist
+    // Another session holds A1 and has written many rows (InnoDB undoes the transaction that wrote
+    // fewer, so the batch is the victim); the batch locks A0, then waits for A1; the other session
+    // then asks for A0: a deadlock.
+    namespace my = idem::detail::my;
+    my::session other;
+    other.open(my::parse_uri(srv.uri()), 30s);
+    other.run(
+        "CREATE TABLE ballast (n INT PRIMARY KEY) ENGINE=InnoDB; START TRANSACTION; INSERT INTO ballast "
+        "SELECT seq FROM seq_1_to_5000; SELECT * FROM idempotent_record WHERE idempotent_key = 'A1_PAY_v1' FOR UPDATE");
+    auto rows = claim_batch("A", 2);
+    for (auto& r : rows) r.t.fence = 8;
+    std::string failure;
+    std::thread batch([&] {
+        try {
+            s.apply(rows, 2);
+        } catch (const idem::error& e) {
+            failure = e.what();
+            EXPECT_EQ(e.code(), errc::store_unavailable) << e.what();
+        }
+    });
+    // Wait (bounded) until the batch waits for A1's lock: a condition on the server, not a sleep.
+    std::string poll_error;
+    const bool waiting = idem_test::wait_for(
+        [&] {
+            bool w = false;
+            poll_error = admin(srv.uri(),
+                               "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = "
+                               "'INNODB_ROW_LOCK_CURRENT_WAITS'",
+                               [&](int, my::row_view r) { w = r[0] != "0"; });
+            return w;
+        },
+        20s);
+    std::string other_error;
+    if (waiting) {
+        try {
+            other.run("SELECT * FROM idempotent_record WHERE idempotent_key = 'A0_PAY_v1' FOR UPDATE");
+        } catch (const my::failure& f) {
+            other_error = f.text;
+        }
+    }
+    try {
+        other.run("ROLLBACK");
+    } catch (...) {
+    }
+    batch.join();
+    ASSERT_TRUE(waiting) << "the batch never waited for the other session's lock (the batch: " << failure
+                         << "; the poll: " << poll_error << ")";
+    ASSERT_FALSE(failure.empty()) << "the batch was not the deadlock's victim (the other session got: " << other_error
+                                  << ")";
+    EXPECT_NE(failure.find("Deadlock"), std::string::npos) << failure;
+    EXPECT_FALSE(s.committed(2));
+    EXPECT_EQ(s.get("A0_PAY_v1")->fence, 7u) << "a part of the undone batch stayed";
+    s.apply(rows, 2);  // the flusher's retry
+    EXPECT_EQ(s.get("A0_PAY_v1")->fence, 8u);
+    EXPECT_EQ(s.get("A1_PAY_v1")->fence, 8u);
 }
 
 TEST(MysqlStore, AReadOnlyServerRefusesWritesNamingItAndWritesResumeAfter) {
