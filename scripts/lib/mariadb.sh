@@ -89,7 +89,13 @@ my_crash() {
 my_stop() {
   [ -n "${MY_DIR:-}" ] || return 0
   my_crash
-  umount "$MY_DIR/data" 2>/dev/null || true
+  if mountpoint -q "$MY_DIR/data"; then
+    # The server's last threads may still hold files a moment after its main thread is reaped:
+    # retry (5 s at most), then detach lazily (freed once the last file closes).
+    local i
+    for i in $(seq 50); do umount "$MY_DIR/data" 2>/dev/null && break; sleep 0.1; done
+    ! mountpoint -q "$MY_DIR/data" || umount -l "$MY_DIR/data"
+  fi
   rm -rf "$MY_DIR"
   MY_DIR=
 }
