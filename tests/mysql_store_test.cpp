@@ -52,18 +52,11 @@ std::vector<idem::store_row> claim_batch(const std::string& prefix, int n, std::
     return rows;
 }
 
-/// Runs SQL on the private server as its root-like test user.
-std::string admin(const std::string& uri, const std::string& sql, const idem::detail::my::row_fn& on_row = {}) {
-    namespace my = idem::detail::my;
-    try {
-        my::session s;
-        s.open(my::parse_uri(uri), 10s);
-        s.run(sql, on_row);
-        return {};
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-}
+/// Runs SQL on the private server as its test user ("" or the server's message).
+using idem_test::my_exec;
+const auto admin = [](const std::string& uri, const std::string& sql, const idem::detail::my::row_fn& on_row = {}) {
+    return my_exec(uri, sql, on_row);
+};
 
 #define IDEM_PRIVATE_MYSQL(srv)   \
     idem_test::private_mysql srv; \
@@ -369,6 +362,24 @@ TEST(MysqlStore, AFullDiskRefusesBatchesAndLosesNoneThatCommitted) {
     check.apply(batch(1000), 1000);
     EXPECT_TRUE(check.committed(1000));
     std::printf("[ idem    ] %zu batches acknowledged before the disk was full\n", acked.size());
+}
+
+TEST(MysqlStore, ADatabaseOfANewerSchemaVersionIsRefusedNotWrittenOver) {
+    idem_test::my_database db;
+    std::string why;
+    ASSERT_TRUE(db.create(&why)) << why;
+    { idem::mysql_store first(db.uri()); }
+    ASSERT_EQ(db.exec("UPDATE idem_schema SET version = 2"), "");
+    try {
+        idem::mysql_store s(db.uri());
+        ADD_FAILURE() << "a database of schema version 2 was opened by a library that reads version 1";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), errc::store_error) << e.what();
+        EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+    }
+    std::string version;
+    ASSERT_EQ(db.exec("SELECT version FROM idem_schema", [&](int, idem::detail::my::row_view r) { version = r[0]; }), "");
+    EXPECT_EQ(version, "2") << "the refused open wrote over the schema";
 }
 
 TEST(MysqlStore, AMalformedUriIsRefusedNamingTheRule) {

@@ -14,6 +14,20 @@
 
 namespace idem_test {
 
+/// Runs `sql` on a session of its own to `uri`; "" or the server's message (tests' hand edits,
+/// KILL CONNECTION, global settings).
+inline std::string my_exec(const std::string& uri, const std::string& sql, const idem::detail::my::row_fn& on_row = {}) {
+    namespace my = idem::detail::my;
+    try {
+        my::session s;
+        s.open(my::parse_uri(uri), std::chrono::seconds(10));
+        s.run(sql, on_row);
+        return {};
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+}
+
 class my_database {
 public:
     /// Creates the database. False (with the reason in *why) when IDEM_TEST_MY_URI is unset or the
@@ -47,15 +61,7 @@ public:
 
     /// Runs `sql` on the test's database; "" or the server's message.
     std::string exec(const std::string& sql, const idem::detail::my::row_fn& on_row = {}) const {
-        namespace my = idem::detail::my;
-        try {
-            my::session s;
-            s.open(my::parse_uri(uri_), std::chrono::seconds(10));
-            s.run(sql, on_row);
-            return {};
-        } catch (const std::exception& e) {
-            return e.what();
-        }
+        return my_exec(uri_, sql, on_row);
     }
 
     /// Drops the database (also done by the destructor).
