@@ -23,5 +23,7 @@ if(IDEM_WITH_MYSQL)
   add_library(idem::mysql ALIAS idem_mysql)
   set_target_properties(idem_mysql PROPERTIES EXPORT_NAME mysql)
   target_link_libraries(idem_mysql INTERFACE idem::idem PkgConfig::IDEM_MARIADB)
+  # global_guard.hpp compiles the arbiters whose targets are linked (detail/global/open_session.hpp).
+  target_compile_definitions(idem_mysql INTERFACE IDEM_HAVE_MYSQL=1)
   list(APPEND _idem_exported_components mysql)
 endif()

@@ -23,5 +23,7 @@ if(IDEM_WITH_POSTGRES)
   add_library(idem::postgres ALIAS idem_postgres)
   set_target_properties(idem_postgres PROPERTIES EXPORT_NAME postgres)
   target_link_libraries(idem_postgres INTERFACE idem::idem PkgConfig::IDEM_PQXX)
+  # global_guard.hpp compiles the arbiters whose targets are linked (detail/global/open_session.hpp).
+  target_compile_definitions(idem_postgres INTERFACE IDEM_HAVE_POSTGRES=1)
   list(APPEND _idem_exported_components postgres)
 endif()

@@ -2,7 +2,7 @@
 // (detail/rows/audit_detail.hpp). What every writer produces parses back to what it wrote: the
 // stores' text (idem::audit_detail), the global scope's completions and claims, and the claim text
 // the global scope's SQL builds on the server from the same pieces.
-#include <idem/detail/global/sql.hpp>
+#include <idem/detail/global/pg_sql.hpp>
 #include <idem/detail/rows/audit_detail.hpp>
 #include <idem/store_rows.hpp>
 

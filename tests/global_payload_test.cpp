@@ -1,5 +1,5 @@
 // Response payloads in scope::global: two guards on one database stand for two nodes. A success's
-// payload is written by the same fenced UPDATE as SUCCESS (detail/global/sql.hpp, complete) and
+// payload is written by the same fenced UPDATE as SUCCESS (detail/global/pg_sql.hpp, complete) and
 // every duplicate on every node gets the bytes back exactly (NUL, 0xFF, invalid UTF-8), through
 // begin(), begin_wait() and typed run(), also after a restart; a claim resets the payload.
 //

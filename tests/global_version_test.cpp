@@ -1,5 +1,5 @@
 // Ordered versions (options.ordered_versions) in scope::global: two guards on one database stand for
-// two nodes. The store's version table (detail/global/sql.hpp, claim_ordered) decides; these tests
+// two nodes. The store's version table (detail/global/pg_sql.hpp, claim_ordered) decides; these tests
 // check the rule from outside: once version N of a (txid, operation) was claimed, a claim of a lower
 // version is refused with superseded(N) and not run, a claim of N or higher proceeds, a duplicate of
 // an existing record keeps its usual answer, and keys that do not split are not affected.

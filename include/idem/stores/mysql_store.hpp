@@ -221,17 +221,38 @@ public:
     /// Refuses innodb_flush_log_at_trx_commit != 1 (and sync_binlog != 1 with a binary log), then
     /// keeps checking them at every connect and in every batch.
     void check_sync_durability() override {
+        require_durability(
+            "; or open the durable_guard with store_options::mode = durability::async (acknowledged before the "
+            "commit)");
+    }
+
+    /// check_sync_durability() with the caller's alternative to fixing the server (appended to the
+    /// message; empty: none). Throws idem::error(invalid_argument) naming the setting and the fix.
+    void require_durability(const std::string& alternative) {
         detail::my::durability d;
         run("check sync durability", [&] {
             step_ = "read innodb_flush_log_at_trx_commit and sync_binlog";
             d = detail::my::read_durability(sess_);
         });
         if (const std::string fault = detail::my::durability_fault(d); !fault.empty())
-            throw error(errc::invalid_argument,
-                        "mysql store " + name_ + ": sync mode acknowledges a decision once it is durable, but " + fault +
-                            "; or open the durable_guard with store_options::mode = durability::async "
-                            "(acknowledged before the commit)");
+            throw error(errc::invalid_argument, "mysql store " + name_ +
+                                                    ": sync mode acknowledges a decision once it is durable, but " + fault +
+                                                    alternative);
         durable_required_ = true;
+    }
+
+    /// The server's clock, Unix milliseconds (what global scope stamps its rows with:
+    /// detail/global/my_sql.hpp), so a prune's bounds are judged on the clock the rows carry.
+    std::int64_t server_now_ms() {
+        std::int64_t now = 0;
+        run("server_now_ms", [&] {
+            step_ = "select the server's clock";
+            sess_.run(detail::my::server_now_ms, [&](int, detail::my::row_view r) {
+                if (!detail::rows::parse_int(r[0], now))
+                    decoder().surprise("the server's clock came back as '" + std::string(r[0]) + "'");
+            });
+        });
+        return now;
     }
 
     /// Runs fn inside one consistent-snapshot, read-only transaction: every load(), scan_audit(),

@@ -383,7 +383,7 @@ public:
         return m;
     }
 
-    /// The server's clock (Unix ms): what global scope stamps its rows with (detail/global/sql.hpp,
+    /// The server's clock (Unix ms): what global scope stamps its rows with (detail/global/pg_sql.hpp,
     /// "Time"), so a bound on them must be taken from it, not from this machine's clock.
     std::int64_t server_now_ms() {
         std::int64_t now = 0;

@@ -37,8 +37,9 @@
 
 #include "idem/detail/assert.hpp"
 #include "idem/detail/global/request_queue.hpp"
-#include "idem/detail/global/session.hpp"
-#include "idem/detail/global/sql.hpp"
+#include "idem/detail/global/arbiter.hpp"
+#include "idem/detail/my/uri.hpp"
+#include "idem/detail/pg/sql.hpp"
 #include "idem/detail/node_identity.hpp"
 #include "idem/error.hpp"
 #include "idem/global_options.hpp"
@@ -59,7 +60,10 @@ public:
     /// Checks the options (throws idem::error, invalid_argument) before anything else of the guard
     /// exists: no connection is attempted for options that can never work.
     batch_context(const std::string& uri, options o, global_options g)
-        : opts(std::move(o)), go(checked(opts, std::move(g))), node(node_of(go)), name(pg::redact(uri)) {
+        : opts(std::move(o)),
+          go(checked(opts, std::move(g))),
+          node(node_of(go)),
+          name(is_mysql_uri(uri) ? my::redact(uri) : pg::redact(uri)) {
         rng_.seed(std::random_device{}() ^ static_cast<std::uint64_t>(::getpid()) << 32);
     }
     batch_context(const batch_context&) = delete;
@@ -131,12 +135,7 @@ public:
         std::chrono::milliseconds pause{1};
         for (;;) {
             bool committed = false;
-            auto r = db.run("resolve unknown commit", [&](pqxx::connection& c) {
-                pqxx::work w(c);
-                const auto res = w.exec_prepared(std::string(sql::batch_committed_name), batch_id);
-                committed = res.empty();
-                w.abort();  // the speculative insert must not stay
-            });
+            const auto r = db.batch_committed(batch_id, committed);
             if (r == global_session::result::ok) return committed;
             note_error(db.last_error());
             if (r == global_session::result::fatal) return std::nullopt;
@@ -153,7 +152,7 @@ public:
     const options opts;
     const global_options go;
     const std::string node;  ///< this process in the audit trail (go.node, or the default), at most 64 characters
-    const std::string name;  ///< the store in messages: its URI without the password (pg::redact)
+    const std::string name;  ///< the store in messages: its URI without the password (pg::redact, my::redact)
     traffic_counters n;
 
 private:

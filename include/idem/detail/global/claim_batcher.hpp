@@ -47,9 +47,8 @@
 #include "idem/detail/global/batch_context.hpp"
 #include "idem/detail/global/completion_batcher.hpp"
 #include "idem/detail/global/request_queue.hpp"
-#include "idem/detail/global/session.hpp"
-#include "idem/detail/global/sql.hpp"
-#include "idem/detail/pg/row_decoder.hpp"
+#include "idem/detail/global/arbiter.hpp"
+#include "idem/detail/global/open_session.hpp"
 #include "idem/guard.hpp"
 #include "idem/store_rows.hpp"
 
@@ -90,8 +89,8 @@ public:
     claim_batcher(batch_context& ctx, completion_batcher& completions, const std::string& uri)
         : ctx_(ctx), completions_(completions) {
         for (std::size_t i = 0; i < ctx_.go.claim_connections; ++i)
-            dbs_.push_back(std::make_unique<global_session>(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-claims",
-                                                            ctx_.opts.ordered_versions));
+            dbs_.push_back(
+                open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-claims", ctx_.opts.ordered_versions));
         for (auto& db : dbs_) threads_.emplace_back([this, d = db.get()] { claim_loop(*d); });
     }
     /// Claims still queued are answered store_unavailable (verdict error); the batch in flight ends.
@@ -166,14 +165,8 @@ public:
     }
 
 private:
-    using won_map = std::unordered_map<std::string, std::pair<std::uint64_t, record_state>>;  // key -> fence, from
-
-    struct row_read {
-        record_state state;
-        std::uint64_t fence, outcome, fp;
-        bool expired;
-        std::string payload;
-    };
+    using won_map = global_session::won_map;  // key -> fence, from
+    using row_read = global_session::row_read;
 
     void claim_loop(global_session& db) {
         std::vector<std::shared_ptr<claim_request>> batch;
@@ -223,46 +216,38 @@ private:
             if (batch.empty()) return;
             IDEM_ASSERT(strictly_increasing(batch, [](const auto& c) { return c->k.view(); }),
                         "a claim batch holds its keys sorted, each once (request_queue::take)");
-            pg::array_literal keys, biz, fps, pairs, versions;
             // Ordered: one key per pair goes to the store, the batch's highest version (claim_ordered
             // says why); the lower ones are losers, answered after it by the read of step 2.
             std::unordered_map<std::string, std::pair<std::uint32_t, const claim_request*>> top;
-            if (ordered)
+            std::vector<std::string> pair_text;  // the items' pairs (reserved: items view them)
+            std::vector<global_session::claim_item> items;
+            items.reserve(batch.size());
+            if (ordered) {
+                pair_text.reserve(batch.size());
                 for (const auto& c : batch)
                     if (auto pv = pair_of(c->k)) {
                         auto [it, fresh] = top.try_emplace(std::move(pv->first), pv->second, c.get());
                         if (!fresh && pv->second > it->second.first) it->second = {pv->second, c.get()};
                     }
+            }
             for (const auto& c : batch) {
+                global_session::claim_item item{c->k.view(), biz_type_of(c->k.view()), c->fp};
                 if (ordered) {
                     auto pv = pair_of(c->k);
                     if (pv && top.at(pv->first).second != c.get()) continue;
-                    pairs.add_text(pv ? std::string_view(pv->first) : std::string_view());
-                    versions.add_uint(pv ? pv->second : 0);
+                    if (pv) {
+                        IDEM_ASSERT(pair_text.size() < pair_text.capacity(), "the items' pairs never reallocate");
+                        item.pair = pair_text.emplace_back(std::move(pv->first));
+                        item.version = pv->second;
+                    }
                 }
-                keys.add_text(c->k.view());
-                biz.add_text(pg::utf8_prefix(biz_type_of(c->k.view())));
-                fps.add_uint(c->fp);
+                items.push_back(item);
             }
             const std::int64_t batch_id = ctx_.next_batch_id();
             const std::int64_t lease_ms = std::max<std::int64_t>(
                 1, std::chrono::duration_cast<std::chrono::milliseconds>(ctx_.opts.lease).count());
             batch_context::count(ctx_.n.claims_sent, batch.size());
-            auto r = db.run("claim batch", [&](pqxx::connection& conn) {
-                won.clear();
-                pqxx::nontransaction n(conn);
-                db.committing(true);  // autocommit: the statement is its own COMMIT
-                const auto res = ordered
-                                     ? n.exec_prepared(std::string(sql::claim_ordered_name), batch_id, keys.str(), biz.str(),
-                                                       fps.str(), lease_ms, ctx_.node, pairs.str(), versions.str())
-                                     : n.exec_prepared(std::string(sql::claim_name), batch_id, keys.str(), biz.str(),
-                                                       fps.str(), lease_ms, ctx_.node);
-                db.committing(false);
-                for (const auto& row : res)
-                    won[row[0].c_str()] = {static_cast<std::uint64_t>(row[1].as<std::int64_t>()),
-                                           std::string_view(row[2].c_str()) == "RELEASED" ? record_state::released
-                                                                                          : record_state::absent};
-            });
+            auto r = db.claim(batch_id, items, lease_ms, ctx_.node, ordered, won);
             if (r == global_session::result::in_doubt) {
                 batch_context::count(ctx_.n.commits_in_doubt);
                 ctx_.note_error(db.last_error());
@@ -304,18 +289,13 @@ private:
     /// Which keys of the batch this node holds now (the claim batch committed, its answer was lost).
     bool claimed_by_us(const std::vector<std::shared_ptr<claim_request>>& batch, std::int64_t batch_id, won_map& won,
                        global_session& db) {
-        pg::array_literal keys;
-        for (const auto& c : batch) keys.add_text(c->k.view());
+        std::vector<std::string_view> keys;
+        keys.reserve(batch.size());
+        for (const auto& c : batch) keys.push_back(c->k.view());
         const std::string detail = rows::claim_batch_detail(batch_id);  // as the claim's SQL wrote it
         std::chrono::milliseconds pause{1};
         for (;;) {
-            auto r = db.run("read own claims", [&](pqxx::connection& conn) {
-                won.clear();
-                pqxx::nontransaction n(conn);
-                const auto res = n.exec_prepared(std::string(sql::claimed_by_us_name), keys.str(), detail, ctx_.node);
-                for (const auto& row : res)
-                    won[row[0].c_str()] = {static_cast<std::uint64_t>(row[1].as<std::int64_t>()), record_state::absent};
-            });
+            const auto r = db.claimed_by_us(keys, detail, ctx_.node, won);
             if (r == global_session::result::ok) return true;
             ctx_.note_error(db.last_error());
             if (r == global_session::result::fatal || !claims_.backoff(pause, ctx_.go.max_backoff)) return false;
@@ -327,43 +307,23 @@ private:
     /// `newest` (ordered versions): also the newest version of each loser's pair, 0 for none (one
     /// statement, one snapshot with the rows).
     bool read_rows(const std::vector<std::shared_ptr<claim_request>>& batch, const won_map& skip,
-                   std::unordered_map<std::string, row_read>& rows, std::unordered_map<std::string, std::uint64_t>* newest,
+                   global_session::row_map& rows, std::unordered_map<std::string, std::uint64_t>* newest,
                    global_session& db) {
-        pg::array_literal losers, pairs;
+        std::vector<std::string_view> losers, pairs;
+        std::vector<std::string> pair_text;  // reserved: `pairs` views them
+        pair_text.reserve(batch.size());
         for (const auto& c : batch)
             if (!skip.contains(std::string(c->k.view()))) {
-                losers.add_text(c->k.view());
+                losers.push_back(c->k.view());
                 if (newest) {
-                    const auto pv = pair_of(c->k);
-                    pairs.add_text(pv ? std::string_view(pv->first) : std::string_view());
+                    auto pv = pair_of(c->k);
+                    pairs.push_back(pv ? std::string_view(pair_text.emplace_back(std::move(pv->first)))
+                                       : std::string_view());
                 }
             }
         std::chrono::milliseconds pause{1};
         for (;;) {
-            auto r = db.run("read claimed rows", [&](pqxx::connection& conn) {
-                rows.clear();
-                pqxx::nontransaction n(conn);
-                const auto lr = newest ? n.exec_prepared(std::string(sql::read_rows_ordered_name), losers.str(), pairs.str())
-                                       : n.exec_prepared(std::string(sql::read_rows_name), losers.str());
-                if (newest) newest->clear();
-                for (const auto& row : lr) {
-                    if (newest) {
-                        (*newest)[row[0].c_str()] = static_cast<std::uint64_t>(row[6].as<std::int64_t>());
-                        if (row[1].is_null()) continue;  // no record
-                    }
-                    // postgres_store's decoder and rules: a corrupt row is corrupt_record, never a default.
-                    const pg::row_decoder dec("global guard", ctx_.name, "read claimed rows");
-                    const std::string_view k = pg::text(row[0]);
-                    row_read rr{dec.state(k, pg::text(row[1]), /*of_record=*/true),
-                                dec.fence(k, pg::text(row[2])),
-                                dec.uint64(k, pg::text(row[3]), "outcome"),
-                                dec.uint64(k, pg::text(row[4]), "request_fingerprint"),
-                                row[5].as<bool>(),
-                                {}};
-                    dec.payload(k, pg::text(row[newest ? 7 : 6]), rr.payload);  // encode(payload, 'hex')
-                    rows[std::string(k)] = std::move(rr);
-                }
-            });
+            const auto r = db.read_rows(losers, pairs, rows, newest);
             if (r == global_session::result::ok) return true;
             ctx_.note_error(db.last_error());
             if (r == global_session::result::fatal || !claims_.backoff(pause, ctx_.go.max_backoff)) return false;

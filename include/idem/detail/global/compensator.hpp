@@ -27,8 +27,7 @@
 
 #include "idem/detail/global/batch_context.hpp"
 #include "idem/detail/global/completion_batcher.hpp"
-#include "idem/detail/global/session.hpp"
-#include "idem/detail/global/sql.hpp"
+#include "idem/detail/global/arbiter.hpp"
 #include "idem/guard.hpp"
 
 namespace idem::detail::global {
@@ -49,22 +48,8 @@ public:
         const options& opts = ctx_.opts;
         if (!opts.resolve) return 0;
         std::lock_guard lk(run_m_);
-        struct expired_row {
-            std::string k;
-            std::uint64_t fence;
-            std::uint64_t fp;
-        };
-        std::vector<expired_row> rows;
-        auto r = db_.run("compensation scan", [&](pqxx::connection& c) {
-            rows.clear();
-            pqxx::nontransaction n(c);
-            const auto res = n.exec_prepared(std::string(sql::expired_name),
-                                             static_cast<std::int64_t>(ctx_.go.compensation_limit));
-            for (const auto& row : res)
-                rows.push_back({row[0].c_str(), static_cast<std::uint64_t>(row[1].as<std::int64_t>()),
-                                static_cast<std::uint64_t>(row[2].as<std::int64_t>())});
-        });
-        if (r != global_session::result::ok) {
+        std::vector<global_session::expired_row> rows;
+        if (db_.expired(ctx_.go.compensation_limit, rows) != global_session::result::ok) {
             ctx_.note_error(db_.last_error());
             return 0;
         }
@@ -72,7 +57,7 @@ public:
         std::vector<resolver_answer> answers;  // their payloads, viewed by items until written
         answers.reserve(rows.size());          // never reallocated: the views stay valid
         std::set<std::pair<std::string, std::uint64_t>> still_expired;
-        for (const expired_row& e : rows) {
+        for (const global_session::expired_row& e : rows) {
             const auto k = key::parse(e.k);
             if (!k) continue;
             // A live local claim: a thread of this process is executing it (or asking about it).

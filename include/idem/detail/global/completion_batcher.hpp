@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -44,8 +45,8 @@
 #include "idem/detail/assert.hpp"
 #include "idem/detail/global/batch_context.hpp"
 #include "idem/detail/global/request_queue.hpp"
-#include "idem/detail/global/session.hpp"
-#include "idem/detail/global/sql.hpp"
+#include "idem/detail/global/arbiter.hpp"
+#include "idem/detail/global/open_session.hpp"
 #include "idem/guard.hpp"
 #include "idem/store_rows.hpp"
 
@@ -92,8 +93,7 @@ public:
     /// session.
     completion_batcher(batch_context& ctx, const std::string& uri) : ctx_(ctx) {
         for (std::size_t i = 0; i < ctx_.go.completion_connections; ++i)
-            dbs_.push_back(
-                std::make_unique<global_session>(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-completions"));
+            dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-completions"));
         for (auto& db : dbs_) threads_.emplace_back([this, d = db.get()] { completion_loop(*d); });
     }
     /// Completions drain (a success whose caller gave up still belongs in the store) for up to
@@ -161,10 +161,9 @@ public:
     /// (compensation tries again next pass).
     bool write(global_session& db, const std::vector<completion_row>& rows, bool compensation,
                std::unordered_set<std::string>& won, bool give_up) {
-        pg::array_literal none1, none2, none3;
         std::chrono::milliseconds pause{1};
         for (;;) {
-            const auto r = write_batch(db, rows, compensation, won, none1, none2, none3, 0);
+            const auto r = write_batch(db, rows, compensation, won, {});
             if (r == global_session::result::ok) return true;
             if (r == global_session::result::fatal || give_up) return false;
             std::this_thread::sleep_for(pause);
@@ -234,14 +233,10 @@ private:
 
     void run_completions(std::vector<std::shared_ptr<completion_request>>& batch, global_session& db) {
         std::vector<completion_row> rows;
-        pg::array_literal ext_keys, ext_fences, ext_ms;
-        std::size_t extends = 0;
+        std::vector<global_session::extend_item> extends;
         for (const auto& r : batch) {
             if (r->extend_by.count() > 0) {
-                ext_keys.add_text(r->k.view());
-                ext_fences.add_uint(r->fence);
-                ext_ms.add_int(r->extend_by.count());
-                ++extends;
+                extends.push_back({r->k.view(), r->fence, r->extend_by.count()});
             } else {
                 rows.push_back({r->k, r->fence, r->to, r->outcome, r->cause, r->payload});
             }
@@ -250,7 +245,7 @@ private:
         std::chrono::milliseconds pause{1};
         bool ok = false;
         for (;;) {
-            const global_session::result res = write_batch(db, rows, false, won, ext_keys, ext_fences, ext_ms, extends);
+            const global_session::result res = write_batch(db, rows, false, won, extends);
             if (res == global_session::result::ok) {
                 ok = true;
                 break;
@@ -295,33 +290,19 @@ private:
     /// renewals. ok means `won` is the truth. Repeating a whole attempt is safe: a completion that
     /// committed before is found by the check, a renewal renews again.
     global_session::result write_batch(global_session& db, const std::vector<completion_row>& rows, bool compensation,
-                                       std::unordered_set<std::string>& won, pg::array_literal& ext_keys,
-                                       pg::array_literal& ext_fences, pg::array_literal& ext_ms, std::size_t extends) {
-        IDEM_ASSERT(!compensation || extends == 0, "a compensation batch renews no lease");
+                                       std::unordered_set<std::string>& won,
+                                       std::span<const global_session::extend_item> extends) {
+        IDEM_ASSERT(!compensation || extends.empty(), "a compensation batch renews no lease");
         IDEM_ASSERT(strictly_increasing(rows, [](const completion_row& r) { return r.k.view(); }),
-                    "a completion batch holds its keys sorted, each once (sql::complete locks them in key order)");
+                    "a completion batch holds its keys sorted, each once (the arbiter locks them in key order)");
         won.clear();
         if (!rows.empty()) {
-            pg::array_literal keys, fences, states, outcomes, details, payloads;
-            for (const completion_row& it : rows) {
-                keys.add_text(it.k.view());
-                fences.add_uint(it.fence);
-                states.add_text(status_text(it.to));
-                outcomes.add_uint(it.outcome);
-                details.add_text(detail_of(it));
-                payloads.add_hex(it.payload);
-            }
+            std::vector<global_session::write_item> items;
+            items.reserve(rows.size());
+            for (const completion_row& it : rows)
+                items.push_back({it.k.view(), it.fence, status_text(it.to), it.outcome, detail_of(it), it.payload});
             const std::int64_t batch_id = ctx_.next_batch_id();
-            auto r = db.run(compensation ? "compensation batch" : "completion batch", [&](pqxx::connection& conn) {
-                won.clear();
-                pqxx::nontransaction n(conn);
-                db.committing(true);  // autocommit: the statement is its own COMMIT
-                const auto res = n.exec_prepared(std::string(sql::complete_name), batch_id, keys.str(), fences.str(),
-                                                 states.str(), outcomes.str(), details.str(), ctx_.node, compensation,
-                                                 payloads.str());
-                db.committing(false);
-                for (const auto& row : res) won.insert(row[0].c_str());
-            });
+            auto r = db.complete(batch_id, items, ctx_.node, compensation, won);
             bool results_lost = false;
             if (r == global_session::result::in_doubt) {
                 batch_context::count(ctx_.n.commits_in_doubt);
@@ -339,21 +320,11 @@ private:
             if (won.size() < rows.size() && (!compensation || results_lost)) {
                 // Rows not won now may have been won by this node before (an earlier attempt whose
                 // answer was lost): its audit row says so.
-                pg::array_literal lk, lf, ls, ld;
-                for (const completion_row& it : rows) {
-                    if (won.contains(std::string(it.k.view()))) continue;
-                    lk.add_text(it.k.view());
-                    lf.add_uint(it.fence);
-                    ls.add_text(status_text(it.to));
-                    ld.add_text(detail_of(it));
-                }
+                std::vector<global_session::write_item> lost;
+                for (global_session::write_item& it : items)
+                    if (!won.contains(std::string(it.k))) lost.push_back(std::move(it));
                 std::unordered_set<std::string> before;
-                const auto rb = db.run("completion check", [&](pqxx::connection& conn) {
-                    pqxx::nontransaction n(conn);
-                    const auto res = n.exec_prepared(std::string(sql::completed_before_name), lk.str(), lf.str(), ls.str(),
-                                                     ld.str(), ctx_.node);
-                    for (const auto& row : res) before.insert(row[0].c_str());
-                });
+                const auto rb = db.completed_before(lost, ctx_.node, before);
                 if (rb != global_session::result::ok) {
                     ctx_.note_error(db.last_error());
                     return rb == global_session::result::fatal ? rb : global_session::result::transient;
@@ -361,14 +332,9 @@ private:
                 won.insert(before.begin(), before.end());
             }
         }
-        if (extends > 0) {
+        if (!extends.empty()) {
             std::unordered_set<std::string> renewed;
-            const auto re = db.run("lease renewal", [&](pqxx::connection& conn) {
-                pqxx::nontransaction n(conn);
-                const auto res = n.exec_prepared(std::string(sql::extend_name), ext_keys.str(), ext_fences.str(),
-                                                 ext_ms.str());
-                for (const auto& row : res) renewed.insert(row[0].c_str());
-            });
+            const auto re = db.extend(extends, renewed);
             if (re != global_session::result::ok) {
                 ctx_.note_error(db.last_error());
                 return re == global_session::result::fatal ? re : global_session::result::transient;

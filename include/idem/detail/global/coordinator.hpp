@@ -51,11 +51,10 @@
 #include "idem/detail/global/claim_batcher.hpp"
 #include "idem/detail/global/compensator.hpp"
 #include "idem/detail/global/completion_batcher.hpp"
-#include "idem/detail/global/session.hpp"
-#include "idem/detail/global/sql.hpp"
+#include "idem/detail/global/open_session.hpp"
+#include "idem/detail/pg/sql.hpp"
 #include "idem/global_options.hpp"
 #include "idem/guard.hpp"
-#include "idem/stores/postgres_store.hpp"
 
 namespace idem::detail::global {
 
@@ -67,17 +66,23 @@ public:
     coordinator(std::string uri, options opts, global_options go)
         : ctx_(uri, std::move(opts), std::move(go)),
           local_(local_options(ctx_.opts)),
-          store_(uri, ctx_.go.call_deadline),  // creates or checks the schema
-          compensation_db_(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-compensation") {
+          store_(open_store(uri, ctx_.name, ctx_.go.call_deadline)),  // creates or checks the schema
+          compensation_db_(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-compensation")) {
         // Every answer of scope::global rests on a commit: refuse a server that may lose one
-        // (fsync=off, synchronous_commit=off). Sessions pin synchronous_commit and re-check fsync on
-        // every reconnect (session.hpp).
-        store_.require_durability("");
-        store_.set_node(ctx_.node);
+        // (PostgreSQL: fsync=off, synchronous_commit=off; MySQL: innodb_flush_log_at_trx_commit or
+        // sync_binlog other than 1). Sessions re-check on every reconnect (pg_session.hpp,
+        // my_session.hpp).
+        if (ctx_.opts.ordered_versions && is_mysql_uri(uri))
+            throw error(errc::invalid_argument,
+                        "global guard " + ctx_.name +
+                            ": options.ordered_versions needs a PostgreSQL arbiter; on MySQL / MariaDB a claim "
+                            "batch cannot check and raise a pair's version in its own statement (docs/scaling.md)");
+        store_.require_durability();
+        store_.st->set_node(ctx_.node);
         create_index();
         completions_.emplace(ctx_, uri);
         claims_.emplace(ctx_, *completions_, uri);
-        compensator_.emplace(ctx_, *completions_, compensation_db_, local_);
+        compensator_.emplace(ctx_, *completions_, *compensation_db_, local_);
         if (ctx_.opts.maintenance_interval > std::chrono::nanoseconds::zero())
             maintenance_thread_ = std::thread([this] { maintenance_loop(); });
     }
@@ -100,11 +105,12 @@ public:
     /// answers any other key invalid_key before it touches the local table, a batch or the store: the
     /// key can never be claimed, so an answer a caller would retry (store_unavailable) would be a lie,
     /// and a key the statement cannot bind would fail every other claim of its batch. Wait-free.
-    [[nodiscard]] static bool accepts(const key& k) noexcept { return !k.empty() && postgres_store::accepts_key(k.view()); }
+    [[nodiscard]] static bool accepts(const key& k) noexcept { return !k.empty() && pg::valid_utf8(k.view()); }
     /// Why accepts(k) is false: the rule the key breaks (for messages).
     [[nodiscard]] static std::string refusal(const key& k) {
         return k.empty() ? "is the empty placeholder key{} (a key has 1 to 128 bytes)"
-                         : "is not valid UTF-8; scope::global keeps keys in PostgreSQL text, which cannot hold it";
+                         : "is not valid UTF-8; scope::global keeps keys as text (PostgreSQL text cannot hold it, and every "
+                           "arbiter keeps the same rule, so a key space can move between them)";
     }
 
     /// The store's half of global_guard::begin(), which refused keys accepts() refuses and asked the
@@ -136,11 +142,11 @@ public:
     /// The key's row in the store (a round trip; serialised with other reads of this guard).
     std::optional<stored_record> lookup(std::string_view k) {
         std::lock_guard lk(store_m_);
-        return store_.get(k);
+        return store_.st->get(k);
     }
     std::vector<audit_entry> audit(std::string_view k) {
         std::lock_guard lk(store_m_);
-        return store_.audit(k);
+        return store_.st->audit(k);
     }
 
     /// Removes records past go.window and audit rows past go.audit_window, in calls of at most
@@ -165,7 +171,7 @@ public:
             prune_result r;
             {
                 std::lock_guard lk(store_m_);
-                r = store_.prune(limits);
+                r = store_.st->prune(limits);
             }
             total.records += r.records;
             total.audit_rows += r.audit_rows;
@@ -237,13 +243,9 @@ private:
 
     void create_index() {
         for (int attempt = 0;; ++attempt) {
-            auto r = compensation_db_.run("create index", [&](pqxx::connection& c) {
-                pqxx::nontransaction n(c);
-                n.exec(std::string(sql::processing_index));
-                if (ctx_.opts.ordered_versions) n.exec(std::string(sql::version_table));
-            });
+            const auto r = compensation_db_->prepare(ctx_.opts.ordered_versions);
             if (r == global_session::result::ok) return;
-            if (attempt == 3) throw error(errc::store_unavailable, "global guard: " + compensation_db_.last_error());
+            if (attempt == 3) throw error(errc::store_unavailable, "global guard: " + compensation_db_->last_error());
             std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));  // a racing opener
         }
     }
@@ -273,9 +275,9 @@ private:
 
     batch_context ctx_;  // first: the options are checked before any member below connects
     guard local_;
-    postgres_store store_;  // schema, and reads (lookup, audit, prune) under store_m_
+    arbiter_store store_;  // schema, and reads (lookup, audit, prune) under store_m_
     std::mutex store_m_;
-    global_session compensation_db_;  // the index at open, then the compensator's connection
+    std::unique_ptr<global_session> compensation_db_;  // the index at open, then the compensator's connection
     // Built in the constructor's body, after the store passed its checks; destroyed in reverse:
     // the compensator, then the claim batcher, then the completion batcher.
     std::optional<completion_batcher> completions_;

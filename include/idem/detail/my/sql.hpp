@@ -66,6 +66,7 @@ namespace idem::detail::my {
     const std::string s = std::to_string(secs);
     return "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_BACKSLASH_ESCAPES';"
            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ;"
+           "SET SESSION time_zone = '+00:00';"
            "SET SESSION innodb_lock_wait_timeout = " +
            s +
            ";"
@@ -82,7 +83,7 @@ namespace idem::detail::my {
            "@@max_allowed_packet";
 }
 /// The statement of session_setup() whose row holds the settings.
-inline constexpr int session_setup_settings_statement = 5;
+inline constexpr int session_setup_settings_statement = 6;
 
 /// Refuses to commit while the server would lose the commit in a crash (schema.hpp, "Invariants").
 inline constexpr std::string_view durability_guard =
@@ -128,6 +129,11 @@ inline constexpr std::string_view max_fence =
     "SELECT GREATEST(COALESCE((SELECT MAX(fencing_token) FROM idempotent_record), 0), "
     "COALESCE((SELECT MAX(pruned_fence) FROM idem_schema), 0))";
 inline constexpr std::string_view horizon = "SELECT records_horizon, audit_horizon FROM idem_schema LIMIT 1";
+
+/// The server's clock in Unix milliseconds, at the start of the statement. UNIX_TIMESTAMP(NOW(3))
+/// converts from the session's time zone, which session_setup() pins to UTC (no ambiguous hour).
+#define IDEM_MY_NOW_MS "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+inline constexpr std::string_view server_now_ms = "SELECT " IDEM_MY_NOW_MS;
 
 /// X'..': the hex literal of `bytes` appended to `out`.
 inline void append_literal(std::string& out, std::string_view bytes) {

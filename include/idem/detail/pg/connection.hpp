@@ -1,5 +1,5 @@
 // idem/detail/pg/connection.hpp: what every PostgreSQL connection of idem shares: postgres_store's
-// (and its lanes') and a global guard's sessions (global/session.hpp). Deadlines, the connection
+// (and its lanes') and a global guard's sessions (global/pg_session.hpp). Deadlines, the connection
 // options, the session set-up, how a failure is classified, and the node identity.
 //
 // Invariants

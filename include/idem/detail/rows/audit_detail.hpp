@@ -172,10 +172,10 @@ inline constexpr fixed_text<32> claim_batch_prefix_text = [] {
 }();
 
 /// "claim outcome=0 batch=": the detail of a global claim is this followed by the batch id in
-/// decimal (claim_batch_detail here; `'<prefix>' || $1::text` in detail/global/sql.hpp).
+/// decimal (claim_batch_detail here; `'<prefix>' || $1::text` in detail/global/pg_sql.hpp).
 inline constexpr std::string_view claim_batch_prefix = claim_batch_prefix_text.view();
 
-/// The same text as a string literal, for SQL written as literals (detail/global/sql.hpp splices it
+/// The same text as a string literal, for SQL written as literals (detail/global/pg_sql.hpp splices it
 /// into a SQL string literal, so it holds no quote); checked here against the pieces above.
 #define IDEM_AUDIT_CLAIM_BATCH_PREFIX "claim outcome=0 batch="
 static_assert(claim_batch_prefix == IDEM_AUDIT_CLAIM_BATCH_PREFIX,

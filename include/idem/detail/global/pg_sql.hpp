@@ -1,4 +1,4 @@
-// idem/detail/global/sql.hpp: the SQL of scope::global (global_guard.hpp), on the schema of
+// idem/detail/global/pg_sql.hpp: the SQL of scope::global (global_guard.hpp), on the schema of
 // detail/pg/sql.hpp.
 //
 // What a statement may use. The claim path must run unchanged on PostgreSQL-compatible distributed
