@@ -27,8 +27,8 @@ Runs, in a fresh temporary directory:
   5. the negative control: idem demo --naive must find double executions and exit 1;
   6. usage and runtime errors give exit codes 2 and 3; an unknown subcommand is named, with the
      valid ones.
-With IDEM_SMOKE_MY_URI=mysql://... set (a build with the MySQL store), also runs demo, drill and
-verify on MySQL/MariaDB. With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
+With IDEM_SMOKE_MY_URI=mysql://... set (a build with the MySQL store), also runs demo, drill,
+verify, a 2-process demo and a 3-worker drill (global scope, MariaDB as the arbiter) on it. With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
 demo, a 3-cycle drill, a 2-process demo and a 3-worker drill (global scope), and verify against
 that database.
 Exits 0 when every check holds, 1 otherwise (each failed check is printed).
@@ -414,8 +414,15 @@ def main():
                   f"mysql drill: {p and p.get('failures')}")
             _, p, _, _ = run(idem, "verify", "--store", my, "--json")
             check(p is not None and p["violations"] == 0 and p["keys"] > 0, f"mysql verify: {p and p.get('violation_list')}")
-            # Global scope is PostgreSQL's only: refused with a clear exit code, never run on MySQL.
-            run(idem, "drill", "--workers", "2", "--cycles", "1", "--store", my, expect=2)
+            # Global scope with MariaDB as the arbiter: processes race on one key space.
+            _, p, _, _ = run(idem, "demo", "--processes", "2", "--requests", "3000", "--threads", "4",
+                             "--dup-rate", "0.1", "--json", "--store", my, timeout=300)
+            check(p is not None and p["ok"] and p["processes"] == 2 and p["double_executions"] == 0,
+                  f"mysql demo --processes 2: {p and p.get('failures')}")
+            _, p, _, _ = run(idem, "drill", "--workers", "3", "--cycles", "3", "--keys", "100", "--json",
+                             "--store", my, timeout=300)
+            check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
+                  and p["lost_acknowledged"] == 0, f"mysql drill --workers 3: {p and p.get('failures')}")
 
         print("6. exit codes", flush=True)
         _, _, _, err = run(idem, "nosuch", expect=2)
@@ -425,7 +432,7 @@ def main():
         run(idem, "verify", "--store", "memory", expect=2)
         run(idem, "demo", "--store", "redis://x", expect=2)
         run(idem, "demo", "--durability", "eventually", expect=2)
-        run(idem, "demo", "--processes", "2", "--store", "memory", expect=2)  # global scope needs PostgreSQL
+        run(idem, "demo", "--processes", "2", "--store", "memory", expect=2)  # global scope needs PostgreSQL or MariaDB
         run(idem, "drill", "--workers", "2", "--cycles", "1", expect=2)
         run(idem, "drill", "--second-writer", "twice", "--cycles", "1", expect=2)
         run(idem, "drill", "--second-writer", "same", "--cycles", "1", "--store", "memory", expect=2)

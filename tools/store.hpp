@@ -175,6 +175,19 @@ inline std::string display_name(const store_spec& spec) {
     return idem::detail::pg::redact(spec.uri);  // the store's own: user:secret@, ?password=, key=value
 }
 
+/// Whether global scope (several processes sharing one key space: `demo --processes`,
+/// `drill --workers`) can run on the store: PostgreSQL or MySQL/MariaDB, when this build has it.
+inline bool arbitrates(const store_spec& spec) {
+#ifdef IDEM_HAVE_POSTGRES
+    if (spec.type == store_spec::kind::postgres) return true;
+#endif
+#ifdef IDEM_HAVE_MYSQL
+    if (spec.type == store_spec::kind::mysql) return true;
+#endif
+    (void)spec;
+    return false;
+}
+
 enum class open_mode {
     create,    ///< create the database and schema when missing (demo, drill)
     existing,  ///< refuse a missing sqlite file instead of creating an empty one (audit, verify, stats)

@@ -97,9 +97,9 @@ struct demo_config {
 
 /// One process: the whole run, or one of --processes N (run.cpp).
 int run_demo(const demo_config& given);
-/// --processes N: starts N demo processes on one PostgreSQL store and adds up what they saw (processes.cpp).
+/// --processes N: starts N demo processes on one PostgreSQL or MariaDB store and adds up what they saw (processes.cpp).
 int run_demo_processes(const demo_config& given, const store_spec& spec);
-#ifdef IDEM_HAVE_POSTGRES
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 /// One of those N processes: --process-index i (processes.cpp).
 int run_demo_process(const demo_config& c, const store_spec& spec);
 #endif

@@ -28,7 +28,7 @@
 #include "ledger.hpp"
 #include "report.hpp"
 #include "store.hpp"
-#ifdef IDEM_HAVE_POSTGRES
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 #include "idem/global_guard.hpp"
 #endif
 
@@ -36,7 +36,7 @@ extern char** environ;
 
 namespace idem::tool::demo {
 
-// ---- --processes N: the workload from N processes sharing one PostgreSQL (global scope) ----------
+// ---- --processes N: the workload from N processes sharing one PostgreSQL or MariaDB (global scope) ----------
 //
 // The parent generates nothing itself but the run id; it starts N copies of `idem demo` with the same
 // seed (so the same workload) and --process-index i. Process i sends stream positions i, i + N,
@@ -57,7 +57,7 @@ struct process_result {
     std::vector<std::uint64_t> outcome, replayed;
 };
 
-#ifdef IDEM_HAVE_POSTGRES
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 int run_demo_process(const demo_config& c, const store_spec& spec) {
     std::uint64_t duplicates = static_cast<std::uint64_t>(std::llround(static_cast<double>(c.requests) * c.dup_rate));
     if (duplicates >= c.requests) duplicates = c.requests - 1;
@@ -113,9 +113,9 @@ int run_demo_process(const demo_config& c, const store_spec& spec) {
 
 int run_demo_processes(const demo_config& given, const store_spec& spec) {
     demo_config c = given;
-    if (spec.type != store_spec::kind::postgres || c.naive) {
+    if (!arbitrates(spec) || c.naive) {
         std::cerr << "--processes: " << c.processes << " processes share one key space through global scope, which "
-                  << "needs a postgresql:// store (--store)" << (c.naive ? " and no --naive" : "") << '\n';
+                  << "needs a postgresql:// or mysql:// store (--store)" << (c.naive ? " and no --naive" : "") << '\n';
         return exit_usage;
     }
     if (c.durability == "sync")

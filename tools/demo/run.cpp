@@ -41,8 +41,8 @@ int run_demo(const demo_config& given) {
     demo_config c = given;
     const store_spec spec = *parse_store(c.store);  // validated by the flag's check
     if (c.process_index >= 0) {
-#ifdef IDEM_HAVE_POSTGRES
-        if (spec.type == store_spec::kind::postgres && !c.run_id.empty() && !c.results.empty() &&
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
+        if (arbitrates(spec) && !c.run_id.empty() && !c.results.empty() &&
             static_cast<unsigned>(c.process_index) < c.processes)
             return run_demo_process(c, spec);
 #endif

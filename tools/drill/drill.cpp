@@ -153,11 +153,11 @@ int run_drill(const drill_config& c) {
     const std::string dir = tmpl;
     const std::string store_uri = c.store.empty() ? "sqlite:" + dir + "/idem-drill.db" : c.store;
     const store_spec spec = *parse_store(store_uri);
-    if (c.workers > 1 && spec.type != store_spec::kind::postgres) {
+    if (c.workers > 1 && !arbitrates(spec)) {
         std::error_code ec;
         std::filesystem::remove_all(dir, ec);
         std::cerr << "--workers: " << c.workers << " worker processes share one store through global scope, which "
-                  << "needs a postgresql:// store (--store); the store is " << display_name(spec) << '\n';
+                  << "needs a postgresql:// or mysql:// store (--store); the store is " << display_name(spec) << '\n';
         return exit_usage;
     }
     if ((!c.second_writer.empty() || c.delete_file) && (spec.type != store_spec::kind::sqlite || c.workers != 1)) {

@@ -33,7 +33,7 @@
 // store could not commit (store_unavailable, or a succeed() that failed), the threads take no new
 // request; the worker reports "done ...", then "error <the store's last error>".
 //
-// With --scope global (`idem drill --workers N`, PostgreSQL only) the worker is one of N processes
+// With --scope global (`idem drill --workers N`, PostgreSQL or MariaDB) the worker is one of N processes
 // that share the store through an idem::global_guard and race on the same requests (each in its own
 // order, from --worker-index). Differences: there is no recovery to wait for (the store is the
 // arbiter; a claim of a killed worker is resolved by whichever worker's compensation thread finds its
@@ -61,7 +61,7 @@
 #include "drill/files.hpp"
 #include "idem/idem.hpp"
 #include "store.hpp"
-#ifdef IDEM_HAVE_POSTGRES
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 #include "idem/global_guard.hpp"
 #endif
 
@@ -76,7 +76,7 @@ struct worker_config {
     std::string prefix;  ///< keys of this drill start with it; the resolver answers only for them
     unsigned threads = 4;
     double lease_ms = 200;
-    std::string scope = "process";     ///< process: durable_guard; global: global_guard (PostgreSQL)
+    std::string scope = "process";     ///< process: durable_guard; global: global_guard (PostgreSQL or MariaDB)
     unsigned worker_index = 0;         ///< global: orders this worker's requests
     bool stop_on_unavailable = false;  ///< report each OK claim and ack; stop at the first failed commit
     double sync_timeout_ms = 10'000;   ///< store_options::sync_timeout
@@ -348,7 +348,7 @@ int run_worker(const worker_config& c) {
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
 
-#ifdef IDEM_HAVE_POSTGRES
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 /// A claim's lease in global scope is at least this long: the worker renews it right before writing
 /// the effect, and the effect (a write and an fdatasync, on a loaded machine) must land well within
 /// the renewed lease, or another worker's compensation could find the claim expired and not executed.
@@ -498,12 +498,13 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--sync-timeout-ms", c->sync_timeout_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
     return {app, [c]() -> int {
                 if (c->scope == "global") {
-#ifdef IDEM_HAVE_POSTGRES
-                    if (parse_store(c->store)->type != store_spec::kind::postgres)
-                        throw idem::error(idem::errc::invalid_argument, "--scope global needs a postgresql:// store");
+#if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
+                    if (!arbitrates(*parse_store(c->store)))
+                        throw idem::error(idem::errc::invalid_argument,
+                                          "--scope global needs a postgresql:// or mysql:// store");
                     return run_worker_global(*c);
 #else
-                    throw idem::error(idem::errc::invalid_argument, "--scope global needs the PostgreSQL store");
+                    throw idem::error(idem::errc::invalid_argument, "--scope global needs the PostgreSQL or MySQL store");
 #endif
                 }
                 return run_worker(*c);

@@ -315,8 +315,11 @@ public:
             const std::string n1 = std::to_string(limits.max_rows + 1);
             out = {};
             in_txn_ = true;
-            step_ = "begin";
-            sess_.run("START TRANSACTION");
+            step_ = "begin, lock idem_schema";
+            // idem_schema first: a global guard's claim batch reads the pruned fence under a shared
+            // lock of it, so a prune and a claim of the same key never overlap
+            // (detail/global/my_sql.hpp, claim_first).
+            sess_.run("START TRANSACTION;SELECT version FROM idem_schema FOR UPDATE");
             std::uint64_t fence = 0;
             std::string sets;
             if (limits.records_before_ms != prune_limits::keep_all) {

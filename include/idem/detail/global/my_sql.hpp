@@ -11,9 +11,9 @@
 //
 // Claim batch: two round trips, one transaction.
 //   1. START TRANSACTION; the batch id; @idem_now (the server's clock) and @idem_pf (the largest
-//      fence a prune removed); INSERT IGNORE ... RETURNING of every key of the batch as a new
-//      PROCESSING row (fence @idem_pf + 1); SELECT ... FOR UPDATE of the batch's keys whose row is
-//      RELEASED, in key order.
+//      fence a prune removed, under a shared lock of idem_schema); SELECT ... FOR UPDATE of the
+//      batch's keys whose row is RELEASED, in key order; INSERT IGNORE ... RETURNING of every key
+//      of the batch as a new PROCESSING row (fence @idem_pf + 1).
 //   2. The UPDATE of exactly the RELEASED rows the locking read returned (fence + 1, PROCESSING, a
 //      new lease, payload ''), re-checked with status = 'RELEASED'; the winners' audit rows in key
 //      order; the durability check; COMMIT.
@@ -85,14 +85,29 @@ inline std::string batch_head(std::int64_t batch_id) {
            ", " IDEM_MY_NOW_MS ");SET @idem_now = " IDEM_MY_NOW_MS ";";
 }
 
-/// Claim batch, round trip 1 (the header). Statement 4 returns the inserted rows (key, fence),
-/// statement 5 the locked RELEASED rows (key, fence).
-inline constexpr int claim_inserted_statement = 4;
-inline constexpr int claim_released_statement = 5;
+/// Claim batch, round trip 1 (the header). Statement 4 returns the locked RELEASED rows (key,
+/// fence), statement 5 the inserted rows (key, fence).
+inline constexpr int claim_released_statement = 4;
+inline constexpr int claim_inserted_statement = 5;
 inline std::string claim_first(std::int64_t batch_id, std::span<const global_session::claim_item> items,
                                std::int64_t lease_ms) {
+    std::string keys;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        keys += i == 0 ? '(' : ',';
+        append_literal(keys, items[i].k);
+    }
+    keys += ')';
     std::string q = batch_head(batch_id);
-    q += "SET @idem_pf = (SELECT COALESCE(MAX(pruned_fence), 0) FROM idem_schema);";
+    // The pruned fence under a shared lock: a prune locks idem_schema first (mysql_store::prune), so
+    // it either committed before this read (its fence is seen) or waits for this batch to commit
+    // (it removes no row this batch could insert again meanwhile): a key claimed again after its
+    // record was pruned never gets a fence at or below one its old record had.
+    q += "SELECT COALESCE(MAX(pruned_fence), 0) INTO @idem_pf FROM idem_schema LOCK IN SHARE MODE;";
+    // The RELEASED rows first, locked in key order, before any insert takes a lock: a batch then
+    // never holds a row's lock while it waits for a completion batch locking the same rows.
+    q += "SELECT idempotent_key, fencing_token FROM idempotent_record WHERE status = 'RELEASED' AND idempotent_key IN ";
+    q += keys;
+    q += " ORDER BY idempotent_key FOR UPDATE;";
     q += "INSERT IGNORE INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
          "request_fingerprint, created_time, updated_time, payload) VALUES ";
     const std::string lease = std::to_string(lease_ms);
@@ -105,16 +120,7 @@ inline std::string claim_first(std::int64_t batch_id, std::span<const global_ses
         q += ",'PROCESSING',@idem_pf + 1,@idem_now + " + lease + ",0," + std::to_string(items[i].fp) +
              ",@idem_now,@idem_now,'')";
     }
-    q += " RETURNING idempotent_key, fencing_token;";
-    q += "SELECT idempotent_key, fencing_token FROM idempotent_record WHERE status = 'RELEASED' AND idempotent_key IN ";
-    std::string keys;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-        keys += i == 0 ? '(' : ',';
-        append_literal(keys, items[i].k);
-    }
-    keys += ')';
-    q += keys;
-    q += " ORDER BY idempotent_key FOR UPDATE";
+    q += " RETURNING idempotent_key, fencing_token";
     return q;
 }
 
@@ -218,9 +224,13 @@ inline std::string stage_row(std::string_view k, std::uint64_t fence, std::strin
 inline constexpr std::string_view stage_insert =
     "INSERT INTO idem_gstage (g_key, g_fence, g_status, g_outcome, g_detail, g_payload, g_ms) VALUES ";
 
-/// The rows an item of the stage wins: PROCESSING with its fence (compensation: and expired).
-inline std::string stage_condition(bool compensation) {
-    std::string c = "r.fencing_token = g.g_fence AND r.status = 'PROCESSING'";
+/// The rows an item of the stage wins: PROCESSING with its fence (compensation: and expired). The
+/// record side is bounded by the batch's keys (`keys`, all locked by the batch), so no plan reads,
+/// and waits for, a row of another key.
+inline std::string stage_condition(std::span<const std::string_view> keys, bool compensation) {
+    std::string c = "r.idempotent_key IN ";
+    append_key_list(c, keys);
+    c += " AND r.fencing_token = g.g_fence AND r.status = 'PROCESSING'";
     if (compensation) c += " AND r.lease_until < @idem_now";
     return c;
 }
@@ -239,7 +249,7 @@ inline constexpr int complete_winners_in_tail = 1;
 inline constexpr int complete_commit_in_tail = 5;  // lock, winners, audit, update, durability check, COMMIT
 inline constexpr int extend_commit_in_tail = 3;    // lock, renewed, update, COMMIT
 inline std::string complete_tail(std::span<const std::string_view> keys, std::string_view node, bool compensation) {
-    const std::string cond = stage_condition(compensation);
+    const std::string cond = stage_condition(keys, compensation);
     std::string n;
     append_literal(n, node);
     std::string q = lock_keys(keys) + ";";
@@ -259,7 +269,7 @@ inline std::string complete_tail(std::span<const std::string_view> keys, std::st
 
 /// The lease renewal after its stage rows: lock, the renewed keys (statement 1), update, COMMIT.
 inline std::string extend_tail(std::span<const std::string_view> keys) {
-    const std::string cond = stage_condition(false);
+    const std::string cond = stage_condition(keys, false);
     std::string q = lock_keys(keys) + ";";
     q += "SELECT g.g_key FROM idem_gstage g JOIN idempotent_record r ON r.idempotent_key = g.g_key WHERE " + cond +
          " ORDER BY g.g_key;";

@@ -72,6 +72,7 @@ struct arbiter_store {
 [[nodiscard]] inline arbiter_store open_store(const std::string& uri, const std::string& name,
                                               std::chrono::milliseconds deadline) {
     arbiter_store a;
+    (void)name;  // in the messages of a build without the arbiter
     if (is_mysql_uri(uri)) {
 #ifdef IDEM_HAVE_MYSQL
         auto st = std::make_unique<mysql_store>(uri, deadline);
