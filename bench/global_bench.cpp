@@ -9,6 +9,9 @@
 //                              `threads` threads each (16), each sharing one database in global
 //                              scope, for `seconds` (5) after a common start. items_per_second =
 //                              claims completed by all processes / seconds: the store's throughput.
+//   global_claim_mysql/processes:P
+//                              the same with MariaDB as the arbiter, when IDEM_BENCH_MY_URI names a
+//                              server (a database idem_bench_<random> is created on it and dropped).
 //   global_duplicate           begin on keys this process already completed: answered by the local
 //                              table, no round trip (2^16 keys, random order).
 //   process_duplicate          the same on an idem::guard (process scope, memory).
@@ -51,6 +54,9 @@
 #include "idem/durable.hpp"
 #include "idem/global_guard.hpp"
 #include "idem/stores/postgres_store.hpp"
+#ifdef IDEM_HAVE_MYSQL  // defined by the idem::mysql target
+#include "idem/stores/mysql_store.hpp"
+#endif
 
 #if __has_include("idem_bench_build.hpp")
 #include "idem_bench_build.hpp"
@@ -113,6 +119,45 @@ private:
     }
     std::string server_, db_, uri_;
 };
+
+#ifdef IDEM_HAVE_MYSQL
+/// The MariaDB benchmark database (IDEM_BENCH_MY_URI): created on first use, dropped at exit.
+class my_bench_database {
+public:
+    static my_bench_database& get() {
+        static my_bench_database d;
+        return d;
+    }
+    const std::string& uri() const { return uri_; }
+    void drop() {
+        if (db_.empty()) return;
+        try {
+            idem::detail::my::session s;
+            s.open(idem::detail::my::parse_uri(server_), 10s);
+            s.run("DROP DATABASE IF EXISTS " + db_);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "global_bench: cannot drop %s: %s\n", db_.c_str(), e.what());
+        }
+        db_.clear();
+    }
+
+private:
+    my_bench_database() {
+        const char* u = std::getenv("IDEM_BENCH_MY_URI");
+        server_ = u ? u : "";
+        std::random_device rd;
+        char name[40];
+        std::snprintf(name, sizeof name, "idem_bench_%08x", rd());
+        db_ = name;  // hex digits only
+        idem::detail::my::session s;
+        s.open(idem::detail::my::parse_uri(server_), 10s);
+        s.run("CREATE DATABASE " + db_);
+        uri_ = server_.substr(0, server_.rfind('/') + 1) + db_;
+        idem::mysql_store schema(uri_);  // creates the schema once
+    }
+    std::string server_, db_, uri_;
+};
+#endif
 
 /// Fresh key text: "<prefix>-<n>_PAY_v1", unique per (prefix, n).
 std::string key_text(const std::string& prefix, std::size_t n) { return prefix + "-" + std::to_string(n) + "_PAY_v1"; }
@@ -233,9 +278,8 @@ int child_main(int argc, char** argv) {
     return 0;
 }
 
-void global_claim(benchmark::State& state) {
+void global_claim_on(benchmark::State& state, const std::string& uri) {
     const int procs = static_cast<int>(state.range(0));
-    const std::string uri = bench_database::get().uri();
     for (auto _ : state) {
         const std::string prefix = run_prefix("G");
         std::vector<std::unique_ptr<child>> cs;
@@ -269,6 +313,11 @@ void global_claim(benchmark::State& state) {
         state.counters["unexpected"] = static_cast<double>(bad);
     }
 }
+void global_claim(benchmark::State& state) { global_claim_on(state, bench_database::get().uri()); }
+#ifdef IDEM_HAVE_MYSQL
+void global_claim_mysql(benchmark::State& state) { global_claim_on(state, my_bench_database::get().uri()); }
+#endif
+
 BENCHMARK(global_claim)
     ->ArgName("processes")
     ->Arg(1)
@@ -440,9 +489,26 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("cxx_flags", IDEM_BENCH_CXX_FLAGS);
 #endif
     benchmark::AddCustomContext("postgres", pg::redact(server_uri()));
+#ifdef IDEM_HAVE_MYSQL
+    const char* my = std::getenv("IDEM_BENCH_MY_URI");
+    if (my != nullptr && *my != '\0') {
+        benchmark::AddCustomContext("mysql", idem::detail::my::redact(my));
+        benchmark::RegisterBenchmark("global_claim_mysql", global_claim_mysql)
+            ->ArgName("processes")
+            ->Arg(1)
+            ->Arg(2)
+            ->Arg(4)
+            ->Iterations(1)
+            ->UseManualTime()
+            ->Unit(benchmark::kSecond);
+    }
+#endif
     benchmark::RunSpecifiedBenchmarks();
     g_dup_guard.reset();
     bench_database::get().drop();
+#ifdef IDEM_HAVE_MYSQL
+    if (my != nullptr && *my != '\0') my_bench_database::get().drop();
+#endif
     benchmark::Shutdown();
     return 0;
 }

@@ -1,5 +1,5 @@
 // idem/global_guard.hpp: scope::global, exactly-once claims shared by processes and machines through
-// one PostgreSQL (target idem::postgres).
+// one PostgreSQL (target idem::postgres) or one MariaDB 10.5+ (target idem::mysql; mysql:// URIs).
 //
 //   idem::options o;                       // o.lease: the claim's lease in the store; o.resolve: compensation
 //   idem::global_guard g("postgresql://idem@db.internal/payments", o);
@@ -13,12 +13,14 @@
 // The result shape, begin_wait(), run() and the ticket's completion are those of guard.hpp
 // (guard_contract.hpp): code written against one scope runs against the other.
 //
-// The store's primary key decides every claim (detail/global/coordinator.hpp has the design); this
+// The store's primary key decides every claim (detail/global/coordinator.hpp has the design; the
+// arbiter's statements are detail/global/pg_sql.hpp or my_sql.hpp, behind arbiter.hpp); this
 // process's in-memory table answers the keys it already knows (completed outcomes, its own live
 // claims) without a round trip. Every other begin() waits for one batched transaction, shared with
 // the claims of other threads (group commit). Completion and compensation are fenced UPDATEs whose
 // row count decides; every transition is one audit row carrying this process's node identity.
 // docs/scaling.md says what each scope guarantees and costs, and how to outgrow one PostgreSQL.
+// On MariaDB options.ordered_versions is refused (invalid_argument): only PostgreSQL orders versions.
 // options.ordered_versions orders the versions of composed keys across every process sharing the
 // store (superseded; docs/api.md, "Ordered versions in global scope"): the store's version table
 // decides, so it holds across restarts; every process sharing a store must use the same setting.
@@ -29,7 +31,8 @@
 // global_options::wait_timeout (a store that does not answer gives store_unavailable, never a hang).
 //
 // Not guaranteed: what the local table caches outlives nothing: a restarted process asks the store
-// again (a round trip per key it meets). Keys must be valid UTF-8 (PostgreSQL text): any other key,
+// again (a round trip per key it meets). Keys must be valid UTF-8 (PostgreSQL text; the same rule on
+// MariaDB, so a key space can move between arbiters): any other key,
 // and the placeholder key{}, is answered invalid_key at once (nothing is touched; retrying cannot
 // help). Fences of answers from the local table are 0 (the store's fence is
 // reported only when the store answered). A claim's lease is measured on the SERVER's clock.
