@@ -347,7 +347,9 @@ TEST(MysqlStore, AFullDiskRefusesBatchesAndLosesNoneThatCommitted) {
     }
     ASSERT_NE(failed, 0) << "300 batches of 1 MB committed on a full 160 MiB disk";
     ASSERT_TRUE(srv.free_disk());
-    if (!srv.alive()) ASSERT_TRUE(srv.resume()) << "MariaDB did not start again once the disk had room";
+    if (!srv.alive()) {
+        ASSERT_TRUE(srv.resume()) << "MariaDB did not start again once the disk had room";
+    }
     idem::mysql_store check(srv.uri(), 10s);
     for (const int id : acked) {
         EXPECT_TRUE(check.committed(static_cast<std::uint64_t>(id))) << "acknowledged batch " << id << " lost";

@@ -566,7 +566,11 @@ private:
             std::snprintf(name, sizeof name, "idem_session_%08x%08x", rd(), rd());
             lock_name_ = name;  // hex digits only: safe inside the SQL text
         }
-        sess_.run("DO GET_LOCK('" + lock_name_ + "', 0)");
+        bool locked = false;
+        sess_.run("SELECT GET_LOCK('" + lock_name_ + "', 0)", [&](int, detail::my::row_view r) { locked = r[0] == "1"; });
+        if (!locked)  // without it, committed() could not find this session after a lost answer
+            throw error(errc::store_unavailable,
+                        "mysql store " + name_ + ": " + op + ": the server did not grant the user lock " + lock_name_);
         // Leave room for the packet's header and the statement separators.
         budget_ = static_cast<std::size_t>(std::max<std::uint64_t>(packet, 64 * 1024) - 1024);
         if (durable_required_)

@@ -44,6 +44,7 @@
 #include "idem/detail/my/schema.hpp"
 #include "idem/detail/my/sql.hpp"
 #include "idem/detail/my/uri.hpp"
+#include "idem/detail/pg/sql.hpp"  // utf8_prefix (text only, no libpq)
 #include "idem/detail/rows/text_decoder.hpp"
 #include "idem/error.hpp"
 #include "idem/store_rows.hpp"
@@ -78,9 +79,15 @@ public:
         return call("claim batch", [&] {
             won.clear();
             std::vector<my_sql::won_claim> winners;
-            step_ = "insert new claims, lock released rows";
+            step_ = "lock released rows, insert new claims";
+            const std::string first = my_sql::claim_first(batch_id, items, lease_ms);
+            if (first.size() > budget_)
+                throw error(errc::store_error,
+                            "a claim batch of " + std::to_string(items.size()) + " keys needs " +
+                                std::to_string(first.size()) + " bytes, over the server's max_allowed_packet (" +
+                                std::to_string(budget_ + 1024) + "); lower global_options::max_batch or raise it");
             in_txn_ = true;
-            sess_.run(my_sql::claim_first(batch_id, items, lease_ms), [&](int st, my::row_view r) {
+            sess_.run(first, [&](int st, my::row_view r) {
                 if (st != my_sql::claim_inserted_statement && st != my_sql::claim_released_statement) return;
                 const std::uint64_t f = decoder().fence(r[0], r[1]);
                 const bool released = st == my_sql::claim_released_statement;
@@ -245,6 +252,11 @@ private:
         std::string q = head + "DELETE FROM idem_gstage";
         bool open_insert = false;
         for (const std::string& row : stage) {
+            if (my_sql::stage_insert.size() + row.size() + 1 > budget_)
+                throw error(errc::store_error, "a row of " + std::to_string(row.size()) +
+                                                   " bytes does not fit the server's max_allowed_packet (" +
+                                                   std::to_string(budget_ + 1024) +
+                                                   "); raise it above twice options.max_payload");
             if (q.size() + row.size() + 2 > budget_ && open_insert) {
                 queries.push_back(std::move(q));
                 q.clear();
@@ -365,7 +377,17 @@ private:
             d.sync_binlog = std::string(r[2]);
             (void)rows::parse_uint64_bits(r[3], packet);
         });
-        sess_.run(my_sql::session_extra);
+        std::string binlog_format;
+        bool log_bin = false;
+        sess_.run(my_sql::session_extra(my::whole_seconds(deadline_) + 1), [&](int statement, my::row_view r) {
+            if (statement != my_sql::session_extra_binlog_statement) return;
+            log_bin = r[0] == "1" || r[0] == "ON";
+            binlog_format.assign(r[1]);
+        });
+        if (log_bin && binlog_format == "STATEMENT")
+            throw error(errc::store_error,
+                        "binlog_format is STATEMENT, which cannot log the READ COMMITTED writes of a global guard "
+                        "(every batch would fail); set binlog_format to ROW or MIXED");
         step_ = "take the session's user lock";
         {
             std::random_device rd;
@@ -373,7 +395,10 @@ private:
             std::snprintf(lock, sizeof lock, "idem_session_%08x%08x", rd(), rd());
             lock_name_ = lock;  // hex digits only: safe inside the SQL text
         }
-        sess_.run("DO GET_LOCK('" + lock_name_ + "', 0)");
+        bool locked = false;
+        sess_.run("SELECT GET_LOCK('" + lock_name_ + "', 0)", [&](int, my::row_view r) { locked = r[0] == "1"; });
+        if (!locked)  // without it, an unanswered commit of this session could not be resolved exactly
+            throw error(errc::store_unavailable, "the server did not grant the session's user lock " + lock_name_);
         budget_ = static_cast<std::size_t>(std::max<std::uint64_t>(packet, 64 * 1024) - 1024);
         if (const std::string fault = my::durability_fault(d); !fault.empty())
             throw error(errc::store_unavailable, "the server may lose a commit: " + fault +

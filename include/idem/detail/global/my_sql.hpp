@@ -55,14 +55,25 @@ namespace idem::detail::global::my_sql {
 
 using my::append_literal;
 
-/// What a global session adds to the store's session setup (detail/my/sql.hpp, session_setup):
-/// READ COMMITTED, and the stage table of completion batches.
-inline constexpr std::string_view session_extra =
-    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;"
+/// The stage table of completion batches and lease renewals (per session, rolled back with the
+/// transaction).
+inline constexpr std::string_view session_stage =
     "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gstage ("
     " g_key VARBINARY(128) NOT NULL PRIMARY KEY, g_fence BIGINT UNSIGNED NOT NULL, g_status VARCHAR(16) NOT NULL,"
     " g_outcome BIGINT UNSIGNED NOT NULL, g_detail BLOB NOT NULL, g_payload MEDIUMBLOB NOT NULL,"
     " g_ms BIGINT NOT NULL) ENGINE=InnoDB";
+
+/// What a global session adds to the store's session setup (detail/my/sql.hpp, session_setup):
+/// READ COMMITTED; a write transaction left idle (its client lost between the claim's two round
+/// trips, or while stage rows were being sent) is ended by the server after `secs`, so its row locks
+/// do not outlive the call that took them by the hours of TCP keepalive or wait_timeout; the stage
+/// table; and a row with the binary log's state and format (my_session::connect refuses
+/// binlog_format=STATEMENT, which cannot log a READ COMMITTED write).
+[[nodiscard]] inline std::string session_extra(unsigned secs) {
+    return "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;SET SESSION idle_write_transaction_timeout = " +
+           std::to_string(secs) + ";" + std::string(session_stage) + ";SELECT @@global.log_bin, @@session.binlog_format";
+}
+inline constexpr int session_extra_binlog_statement = 3;
 
 /// The index the compensation scan reads (expired claims by lease). MariaDB has no partial index:
 /// (status, lease_until) keeps the PROCESSING rows together, in lease order.
@@ -102,10 +113,14 @@ inline std::string claim_first(std::int64_t batch_id, std::span<const global_ses
     // it either committed before this read (its fence is seen) or waits for this batch to commit
     // (it removes no row this batch could insert again meanwhile): a key claimed again after its
     // record was pruned never gets a fence at or below one its old record had.
-    q += "SELECT COALESCE(MAX(pruned_fence), 0) INTO @idem_pf FROM idem_schema LOCK IN SHARE MODE;";
-    // The RELEASED rows first, locked in key order, before any insert takes a lock: a batch then
-    // never holds a row's lock while it waits for a completion batch locking the same rows.
-    q += "SELECT idempotent_key, fencing_token FROM idempotent_record WHERE status = 'RELEASED' AND idempotent_key IN ";
+    q += "SELECT CAST(COALESCE(MAX(pruned_fence), 0) AS UNSIGNED) INTO @idem_pf FROM idem_schema LOCK IN SHARE MODE;";
+    // The RELEASED rows first, locked in key order through the primary key (FORCE INDEX: a plan
+    // through the (status, lease_until) index would lock them in lease order), before any insert
+    // takes a lock. The inserts then lock the other keys in key order too; a cycle with another
+    // writer is still possible (this batch holds a RELEASED row above a key a completion holds),
+    // and is broken by InnoDB at once: the victim's batch is retried (transient), nothing decided.
+    q += "SELECT idempotent_key, fencing_token FROM idempotent_record FORCE INDEX (PRIMARY) WHERE status = 'RELEASED' "
+         "AND idempotent_key IN ";
     q += keys;
     q += " ORDER BY idempotent_key FOR UPDATE;";
     q += "INSERT IGNORE INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
@@ -148,7 +163,8 @@ inline std::string claim_second(std::int64_t batch_id, std::span<const won_claim
     }
     if (!keys.empty()) {
         keys += ')';
-        q += "UPDATE idempotent_record SET status = 'PROCESSING', fencing_token = fencing_token + 1, lease_until = "
+        q += "UPDATE idempotent_record FORCE INDEX (PRIMARY) SET status = 'PROCESSING', fencing_token = fencing_token + "
+             "1, lease_until = "
              "@idem_now + " +
              std::to_string(lease_ms) + ", outcome = 0, request_fingerprint = CASE idempotent_key" + fps +
              " END, updated_time = @idem_now, payload = '' WHERE status = 'RELEASED' AND idempotent_key IN " + keys + ";";
@@ -225,8 +241,10 @@ inline constexpr std::string_view stage_insert =
     "INSERT INTO idem_gstage (g_key, g_fence, g_status, g_outcome, g_detail, g_payload, g_ms) VALUES ";
 
 /// The rows an item of the stage wins: PROCESSING with its fence (compensation: and expired). The
-/// record side is bounded by the batch's keys (`keys`, all locked by the batch), so no plan reads,
-/// and waits for, a row of another key.
+/// record side is bounded by the batch's keys (`keys`, all locked by the batch), and every
+/// statement reads idempotent_record through its primary key (FORCE INDEX): a multi-table UPDATE
+/// has no semi-consistent read, so a plan through the (status, lease_until) index would wait for
+/// the locked PROCESSING rows of other keys (and deadlock with their batches).
 inline std::string stage_condition(std::span<const std::string_view> keys, bool compensation) {
     std::string c = "r.idempotent_key IN ";
     append_key_list(c, keys);
@@ -237,7 +255,7 @@ inline std::string stage_condition(std::span<const std::string_view> keys, bool 
 
 /// The locking read of `keys` in key order (the rows are returned and ignored).
 inline std::string lock_keys(std::span<const std::string_view> keys) {
-    std::string q = "SELECT idempotent_key FROM idempotent_record WHERE idempotent_key IN ";
+    std::string q = "SELECT idempotent_key FROM idempotent_record FORCE INDEX (PRIMARY) WHERE idempotent_key IN ";
     append_key_list(q, keys);
     q += " ORDER BY idempotent_key FOR UPDATE";
     return q;
@@ -253,13 +271,17 @@ inline std::string complete_tail(std::span<const std::string_view> keys, std::st
     std::string n;
     append_literal(n, node);
     std::string q = lock_keys(keys) + ";";
-    q += "SELECT g.g_key FROM idem_gstage g JOIN idempotent_record r ON r.idempotent_key = g.g_key WHERE " + cond +
-         " ORDER BY g.g_key;";
+    q += "SELECT g.g_key FROM idem_gstage g JOIN idempotent_record r FORCE INDEX (PRIMARY) ON r.idempotent_key = g.g_key "
+         "WHERE " +
+         cond + " ORDER BY g.g_key;";
     q += "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail) "
          "SELECT g.g_key, 'PROCESSING', g.g_status, g.g_fence, " +
-         n + ", @idem_now, g.g_detail FROM idem_gstage g JOIN idempotent_record r ON r.idempotent_key = g.g_key WHERE " +
+         n +
+         ", @idem_now, g.g_detail FROM idem_gstage g JOIN idempotent_record r FORCE INDEX (PRIMARY) ON "
+         "r.idempotent_key = g.g_key WHERE " +
          cond + " ORDER BY g.g_key;";
-    q += "UPDATE idempotent_record r JOIN idem_gstage g ON r.idempotent_key = g.g_key SET r.status = g.g_status, "
+    q += "UPDATE idempotent_record r FORCE INDEX (PRIMARY) JOIN idem_gstage g ON r.idempotent_key = g.g_key SET "
+         "r.status = g.g_status, "
          "r.outcome = g.g_outcome, r.payload = g.g_payload, r.updated_time = @idem_now WHERE " +
          cond + ";";
     q += my::durability_guard;
@@ -271,9 +293,11 @@ inline std::string complete_tail(std::span<const std::string_view> keys, std::st
 inline std::string extend_tail(std::span<const std::string_view> keys) {
     const std::string cond = stage_condition(keys, false);
     std::string q = lock_keys(keys) + ";";
-    q += "SELECT g.g_key FROM idem_gstage g JOIN idempotent_record r ON r.idempotent_key = g.g_key WHERE " + cond +
-         " ORDER BY g.g_key;";
-    q += "UPDATE idempotent_record r JOIN idem_gstage g ON r.idempotent_key = g.g_key SET r.lease_until = @idem_now + "
+    q += "SELECT g.g_key FROM idem_gstage g JOIN idempotent_record r FORCE INDEX (PRIMARY) ON r.idempotent_key = g.g_key "
+         "WHERE " +
+         cond + " ORDER BY g.g_key;";
+    q += "UPDATE idempotent_record r FORCE INDEX (PRIMARY) JOIN idem_gstage g ON r.idempotent_key = g.g_key SET "
+         "r.lease_until = @idem_now + "
          "g.g_ms WHERE " +
          cond + ";COMMIT";
     return q;

@@ -7,10 +7,12 @@
 //   START TRANSACTION;
 //   INSERT INTO idempotent_batch ...;                        -- the batch id: commits once
 //   INSERT INTO idempotent_audit ... VALUES (...), ...;      -- one audit row per row, in order
-//   INSERT INTO idem_stage ... VALUES (...), ...;            -- one folded row per key
-//   INSERT INTO idempotent_record (...) SELECT ... FROM idem_stage
-//     ON DUPLICATE KEY UPDATE ...;                           -- the fence-guarded upsert
-//   DELETE FROM idem_stage;
+//   INSERT INTO idempotent_record ... VALUES (...), ...
+//     ON DUPLICATE KEY UPDATE ...;                           -- the fence-guarded upsert of the keys
+//                                                           -- claimed in this batch (one folded row each)
+//   INSERT INTO idempotent_record ... ON DUPLICATE KEY UPDATE ...;  -- and of the keys only completed
+//   [INSERT INTO idem_stage ...; INSERT INTO idempotent_record ... SELECT ... FROM idem_stage
+//     ON DUPLICATE KEY UPDATE ...; DELETE FROM idem_stage]   -- the rare rest (below)
 //   [the durability guard, in sync mode]
 //   COMMIT
 //
@@ -25,6 +27,11 @@
 // integers by std::to_string. Hex text holds no quote or backslash, so no escaping rule is involved.
 //
 // The upsert (the guard of detail/rows/batch_fold.hpp, with the stored record on the server).
+// Most keys are written by a direct multi-row upsert that reads the batch's values with VALUES()
+// (upsert_direct_claimed, upsert_direct_completed: no stage table, which costs the server two more
+// writes per key). A key whose last PROCESSING row in the batch has a lower fence than its last row
+// (a claim, then a takeover at a higher fence without its PROCESSING row, in one batch) needs the
+// lease rule's extra columns, and goes through the stage table:
 // idem_stage is a per-session InnoDB temporary table (rolled back with the transaction) holding,
 // per key, the fold's last row, its last PROCESSING row's lease, fingerprint and fence (s_has_proc,
 // s_proc_fence), and the first row's time. With S the stored fence and G the guard
@@ -118,6 +125,38 @@ inline constexpr std::string_view upsert =
     "fencing_token = GREATEST(idempotent_record.fencing_token, s_fence)";
 #undef IDEM_MY_GUARD
 
+// The direct upserts: the same guard with the batch's values read by VALUES(), for the folded keys
+// whose lease rule needs no stage column. Their last PROCESSING row has the last row's fence
+// (a claim in this batch: "s_has_proc and s_proc_fence >= S" is G itself, since G implies F >= S),
+// or there is none (a completion of an earlier batch's claim: the lease and fingerprint are never
+// taken from the batch on an existing row). The assignment order argument is the stage upsert's.
+#define IDEM_MY_GUARD_V                                                                                     \
+    "(idempotent_record.fencing_token < VALUES(fencing_token) OR (idempotent_record.fencing_token = "       \
+    "VALUES(fencing_token) AND (idempotent_record.status NOT IN ('SUCCESS','FAILED') OR VALUES(status) IN " \
+    "('SUCCESS','FAILED'))))"
+inline constexpr std::string_view record_insert =
+    "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+    "request_fingerprint, created_time, updated_time, payload) VALUES ";
+#define IDEM_MY_UPSERT_TERMINAL_PART                            \
+    "outcome = IF(" IDEM_MY_GUARD_V                             \
+    ", VALUES(outcome), idempotent_record.outcome), "           \
+    "payload = IF(" IDEM_MY_GUARD_V                             \
+    ", VALUES(payload), idempotent_record.payload), "           \
+    "updated_time = IF(" IDEM_MY_GUARD_V                        \
+    ", VALUES(updated_time), idempotent_record.updated_time), " \
+    "status = IF(" IDEM_MY_GUARD_V                              \
+    ", VALUES(status), idempotent_record.status), "             \
+    "fencing_token = GREATEST(idempotent_record.fencing_token, VALUES(fencing_token))"
+inline constexpr std::string_view upsert_direct_claimed =
+    " ON DUPLICATE KEY UPDATE "
+    "lease_until = IF(" IDEM_MY_GUARD_V
+    ", VALUES(lease_until), idempotent_record.lease_until), "
+    "request_fingerprint = IF(" IDEM_MY_GUARD_V
+    ", VALUES(request_fingerprint), idempotent_record.request_fingerprint), " IDEM_MY_UPSERT_TERMINAL_PART;
+inline constexpr std::string_view upsert_direct_completed = " ON DUPLICATE KEY UPDATE " IDEM_MY_UPSERT_TERMINAL_PART;
+#undef IDEM_MY_UPSERT_TERMINAL_PART
+#undef IDEM_MY_GUARD_V
+
 // ---- reads (columns in rows::text_decoder's order) ------------------------------------------------
 inline constexpr std::string_view record_select =
     "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
@@ -191,43 +230,38 @@ public:
                 m.add(row, r.t.k.view(), reject);
             }
         }
-        {
-            multi_row m(*this,
-                        "INSERT INTO idem_stage (s_key, s_biz, s_status, s_fence, s_lease, s_outcome, s_fp, "
-                        "s_created, s_updated, s_payload, s_has_proc, s_proc_fence) VALUES ");
-            const rows::batch_fold fold = rows::fold_batch(rows);
-            std::string row;
-            for (const rows::key_fold& f : fold.keys) {
-                const store_row& last = *f.last;
-                row.clear();
-                row += '(';
-                append_literal(row, f.key());
-                row += ',';
-                append_literal(row, biz_type_of(f.key()));
-                row += ",'";
-                row += status_text(last.t.to);
-                row += "',";
-                row += std::to_string(last.t.fence);
-                row += ',';
-                row += std::to_string(f.proc != nullptr ? f.proc->lease_until_ms : 0);
-                row += ',';
-                row += std::to_string(last.t.outcome);
-                row += ',';
-                row += std::to_string(f.proc != nullptr ? f.proc->t.fingerprint : 0);
-                row += ',';
-                row += std::to_string(f.first->at_ms);
-                row += ',';
-                row += std::to_string(last.at_ms);
-                row += ',';
-                append_literal(row, last.t.payload);
-                row += f.proc != nullptr ? ",1," : ",0,";
-                row += std::to_string(f.proc != nullptr ? f.proc->t.fence : 0);
-                row += ')';
-                m.add(row, f.key(), reject);
-            }
+        // The folded rows (one per key), written by the direct upserts where their lease rule needs
+        // no stage column, else through the stage table (the header's comment).
+        const rows::batch_fold fold = rows::fold_batch(rows);
+        std::vector<const rows::key_fold*> claimed, completed, staged;
+        for (const rows::key_fold& f : fold.keys) {
+            if (f.proc == nullptr) completed.push_back(&f);
+            else if (f.proc->t.fence == f.last->t.fence) claimed.push_back(&f);
+            else staged.push_back(&f);
         }
-        add_statement(std::string(upsert));
-        add_statement("DELETE FROM idem_stage");
+        {
+            multi_row m(*this, record_insert, upsert_direct_claimed);
+            for (const rows::key_fold* f : claimed) m.add(record_row(*f), f->key(), reject);
+        }
+        {
+            multi_row m(*this, record_insert, upsert_direct_completed);
+            for (const rows::key_fold* f : completed) m.add(record_row(*f), f->key(), reject);
+        }
+        if (!staged.empty()) {
+            {
+                multi_row m(*this,
+                            "INSERT INTO idem_stage (s_key, s_biz, s_status, s_fence, s_lease, s_outcome, s_fp, "
+                            "s_created, s_updated, s_payload, s_has_proc, s_proc_fence) VALUES ");
+                for (const rows::key_fold* f : staged) {
+                    std::string row = record_row(*f);
+                    row.pop_back();  // the record's columns, then the stage's own two
+                    row += ",1," + std::to_string(f->proc->t.fence) + ')';
+                    m.add(row, f->key(), reject);
+                }
+            }
+            add_statement(std::string(upsert));
+            add_statement("DELETE FROM idem_stage");
+        }
         if (durability) add_statement(std::string(durability_guard));
         add_statement("COMMIT");
         commit_statement_ = statements_in_last_ - 1;
@@ -242,15 +276,15 @@ private:
     /// Rows of one INSERT ... VALUES, cut into several statements by size.
     class multi_row {
     public:
-        multi_row(batch_text& b, std::string_view head) : b_(b), head_(head) {}
+        multi_row(batch_text& b, std::string_view head, std::string_view tail = {}) : b_(b), head_(head), tail_(tail) {}
         ~multi_row() { flush(); }
         multi_row(const multi_row&) = delete;
         multi_row& operator=(const multi_row&) = delete;
         void add(const std::string& row, std::string_view key, const reject_fn& reject) {
-            if (head_.size() + row.size() + 1 > b_.budget_)
-                reject(key, "needs a statement of " + std::to_string(head_.size() + row.size()) +
+            if (head_.size() + row.size() + tail_.size() + 1 > b_.budget_)
+                reject(key, "needs a statement of " + std::to_string(head_.size() + row.size() + tail_.size()) +
                                 " bytes; the server's max_allowed_packet admits " + std::to_string(b_.budget_));
-            if (!text_.empty() && text_.size() + row.size() + 1 > b_.budget_) flush();
+            if (!text_.empty() && text_.size() + row.size() + tail_.size() + 1 > b_.budget_) flush();
             if (text_.empty()) text_.assign(head_);
             else text_ += ',';
             text_ += row;
@@ -259,13 +293,43 @@ private:
     private:
         void flush() {
             if (text_.empty()) return;
+            text_ += tail_;
             b_.add_statement(std::move(text_));
             text_.clear();
         }
         batch_text& b_;
-        std::string_view head_;
+        std::string_view head_, tail_;
         std::string text_;
     };
+
+    /// A folded key's record row, in record_insert's column order.
+    static std::string record_row(const rows::key_fold& f) {
+        const store_row& last = *f.last;
+        std::string row;
+        row.reserve(96 + 2 * (f.key().size() + last.t.payload.size()));
+        row += '(';
+        append_literal(row, f.key());
+        row += ',';
+        append_literal(row, biz_type_of(f.key()));
+        row += ",'";
+        row += status_text(last.t.to);
+        row += "',";
+        row += std::to_string(last.t.fence);
+        row += ',';
+        row += std::to_string(f.proc != nullptr ? f.proc->lease_until_ms : 0);
+        row += ',';
+        row += std::to_string(last.t.outcome);
+        row += ',';
+        row += std::to_string(f.proc != nullptr ? f.proc->t.fingerprint : 0);
+        row += ',';
+        row += std::to_string(f.first->at_ms);
+        row += ',';
+        row += std::to_string(last.at_ms);
+        row += ',';
+        append_literal(row, last.t.payload);
+        row += ')';
+        return row;
+    }
 
     void open_query() {
         queries_.emplace_back();
