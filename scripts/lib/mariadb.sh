@@ -5,7 +5,9 @@
 # Sets MY_URI (mysql://idem@127.0.0.1:PORT/idem), MY_DIR, MY_PORT, MY_SOCK. A failure to start is
 # fatal: tests never skip. my_crash / my_resume: SIGKILL the server, start it again on the same data.
 # MY_TMPFS_MB (root only): the data directory is a tmpfs of that many MiB, which a test can fill
-# (a full disk); my_stop unmounts it.
+# (a full disk); my_stop unmounts it. MY_BUFFER_POOL_MB: InnoDB's buffer pool (default 128, the
+# server's own default; scripts/bench uses 1024: InnoDB reads its pages directly, not through the
+# operating system's cache that PostgreSQL's reads go through).
 source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 my_as_mysql() {
@@ -37,7 +39,7 @@ pid-file = $MY_DIR/pid
 log-error = $MY_DIR/error.log
 skip-name-resolve
 innodb_flush_log_at_trx_commit = 1
-innodb_buffer_pool_size = 128M
+innodb_buffer_pool_size = ${MY_BUFFER_POOL_MB:-128}M
 innodb_log_file_size = ${log_mb}M
 max_connections = 300
 character-set-server = utf8mb4
