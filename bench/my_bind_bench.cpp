@@ -42,9 +42,7 @@ double cpu_seconds() {
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-[[noreturn]] void fail(MYSQL* m, const char* what) {
-    throw std::runtime_error(std::string(what) + ": " + mysql_error(m));
-}
+[[noreturn]] void fail(MYSQL* m, const char* what) { throw std::runtime_error(std::string(what) + ": " + mysql_error(m)); }
 [[noreturn]] void fail(MYSQL_STMT* s, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + mysql_stmt_error(s));
 }

@@ -72,6 +72,7 @@
 #include "idem/detail/assert.hpp"
 #include "idem/detail/my/connection.hpp"
 #include "idem/detail/my/schema.hpp"
+#include "idem/detail/my/session_life.hpp"
 #include "idem/detail/my/sql.hpp"
 #include "idem/detail/rows/text_decoder.hpp"
 #include "idem/store.hpp"
@@ -141,24 +142,11 @@ public:
         run("committed(" + std::to_string(batch_id) + ")", [&] {
             if (!doubt_lock_.empty()) {
                 step_ = "end the session that lost its answer (user lock " + doubt_lock_ + ")";
-                const auto until = std::chrono::steady_clock::now() + deadline_;
-                for (;;) {
-                    std::string holder;
-                    sess_.run("SELECT IS_USED_LOCK('" + doubt_lock_ + "')", [&](int, detail::my::row_view r) {
-                        if (r[0].data() != nullptr) holder.assign(r[0]);
-                    });
-                    if (holder.empty()) break;  // the session is gone: its transaction is final
-                    try {
-                        sess_.run("KILL CONNECTION " + holder);
-                    } catch (const detail::my::failure& f) {
-                        if (f.code != ER_NO_SUCH_THREAD) throw;  // ended meanwhile
-                    }
-                    if (std::chrono::steady_clock::now() >= until)
-                        throw error(errc::store_unavailable, "mysql store " + name_ + ": committed(" +
-                                                                 std::to_string(batch_id) + "): the session " + holder +
-                                                                 " that lost its answer is still running; ask again");
-                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                }
+                std::string holder;
+                if (!detail::my::end_lost_session(sess_, doubt_lock_, deadline_, &holder))
+                    throw error(errc::store_unavailable, "mysql store " + name_ + ": committed(" + std::to_string(batch_id) +
+                                                             "): the session " + holder +
+                                                             " that lost its answer is still running; ask again");
                 doubt_lock_.clear();
             }
             step_ = "locking read of idempotent_batch";
@@ -547,32 +535,16 @@ private:
         need_reconnect_ = true;  // until every step below passed
         sess_.open(ep_, deadline_);
         step_ = "set session";
-        const unsigned secs = detail::my::whole_seconds(deadline_);
-        detail::my::durability d;
-        std::uint64_t packet = 0;
-        sess_.run(detail::my::session_setup(secs), [&](int statement, detail::my::row_view r) {
-            if (statement != detail::my::session_setup_settings_statement) return;
-            d.flush_log_at_trx_commit = std::string(r[0]);
-            d.log_bin = r[1] == "1" || r[1] == "ON";
-            d.sync_binlog = std::string(r[2]);
-            (void)detail::rows::parse_uint64_bits(r[3], packet);
-        });
+        const detail::my::session_settings set = detail::my::set_up(sess_, deadline_);
+        const detail::my::durability& d = set.d;
+        budget_ = set.budget;
         // A user lock of a random name, held by this session until it ends: committed() finds the
-        // session by it after its answer was lost.
+        // session by it after its answer was lost (detail/my/session_life.hpp).
         step_ = "take the session's user lock";
-        {
-            std::random_device rd;
-            char name[40];
-            std::snprintf(name, sizeof name, "idem_session_%08x%08x", rd(), rd());
-            lock_name_ = name;  // hex digits only: safe inside the SQL text
-        }
-        bool locked = false;
-        sess_.run("SELECT GET_LOCK('" + lock_name_ + "', 0)", [&](int, detail::my::row_view r) { locked = r[0] == "1"; });
-        if (!locked)  // without it, committed() could not find this session after a lost answer
+        lock_name_ = detail::my::take_life_lock(sess_);
+        if (lock_name_.empty())  // without it, committed() could not find this session after a lost answer
             throw error(errc::store_unavailable,
-                        "mysql store " + name_ + ": " + op + ": the server did not grant the user lock " + lock_name_);
-        // Leave room for the packet's header and the statement separators.
-        budget_ = static_cast<std::size_t>(std::max<std::uint64_t>(packet, 64 * 1024) - 1024);
+                        "mysql store " + name_ + ": " + op + ": the server did not grant the session's user lock");
         if (durable_required_)
             if (const std::string fault = detail::my::durability_fault(d); !fault.empty())
                 throw error(errc::store_unavailable, "mysql store " + name_ + ": " + op + ": " + step_ +

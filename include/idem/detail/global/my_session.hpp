@@ -29,8 +29,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,6 +40,7 @@
 #include "idem/detail/global/my_sql.hpp"
 #include "idem/detail/my/connection.hpp"
 #include "idem/detail/my/schema.hpp"
+#include "idem/detail/my/session_life.hpp"
 #include "idem/detail/my/sql.hpp"
 #include "idem/detail/my/uri.hpp"
 #include "idem/detail/pg/sql.hpp"  // utf8_prefix (text only, no libpq)
@@ -197,25 +196,12 @@ public:
         return call("resolve unknown commit", [&] {
             if (!doubt_lock_.empty()) {
                 step_ = "end the session that lost its answer (user lock " + doubt_lock_ + ")";
-                const auto until = std::chrono::steady_clock::now() + deadline_;
-                for (;;) {
-                    std::string holder;
-                    sess_.run("SELECT IS_USED_LOCK('" + doubt_lock_ + "')", [&](int, my::row_view r) {
-                        if (r[0].data() != nullptr) holder.assign(r[0]);
-                    });
-                    if (holder.empty()) break;  // the session is gone: its transaction is final
-                    try {
-                        sess_.run("KILL CONNECTION " + holder);
-                    } catch (const my::failure& f) {
-                        if (f.code != ER_NO_SUCH_THREAD) throw;  // ended meanwhile
-                    }
-                    if (std::chrono::steady_clock::now() >= until) {
-                        my::failure f;  // transient: asked again
-                        f.code = ER_LOCK_WAIT_TIMEOUT;
-                        f.text = "the session " + holder + " that lost its answer is still running";
-                        throw f;
-                    }
-                    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a bounded poll for its end
+                std::string holder;
+                if (!my::end_lost_session(sess_, doubt_lock_, deadline_, &holder)) {
+                    my::failure f;  // transient: asked again
+                    f.code = ER_LOCK_WAIT_TIMEOUT;
+                    f.text = "the session " + holder + " that lost its answer is still running";
+                    throw f;
                 }
                 doubt_lock_.clear();
             }
@@ -368,15 +354,8 @@ private:
         need_reconnect_ = true;  // until every step below passed
         sess_.open(ep_, deadline_);
         step_ = "set session";
-        my::durability d;
-        std::uint64_t packet = 0;
-        sess_.run(my::session_setup(my::whole_seconds(deadline_)), [&](int statement, my::row_view r) {
-            if (statement != my::session_setup_settings_statement) return;
-            d.flush_log_at_trx_commit = std::string(r[0]);
-            d.log_bin = r[1] == "1" || r[1] == "ON";
-            d.sync_binlog = std::string(r[2]);
-            (void)rows::parse_uint64_bits(r[3], packet);
-        });
+        const my::session_settings set = my::set_up(sess_, deadline_);
+        budget_ = set.budget;
         std::string binlog_format;
         bool log_bin = false;
         sess_.run(my_sql::session_extra(my::whole_seconds(deadline_) + 1), [&](int statement, my::row_view r) {
@@ -389,18 +368,10 @@ private:
                         "binlog_format is STATEMENT, which cannot log the READ COMMITTED writes of a global guard "
                         "(every batch would fail); set binlog_format to ROW or MIXED");
         step_ = "take the session's user lock";
-        {
-            std::random_device rd;
-            char lock[40];
-            std::snprintf(lock, sizeof lock, "idem_session_%08x%08x", rd(), rd());
-            lock_name_ = lock;  // hex digits only: safe inside the SQL text
-        }
-        bool locked = false;
-        sess_.run("SELECT GET_LOCK('" + lock_name_ + "', 0)", [&](int, my::row_view r) { locked = r[0] == "1"; });
-        if (!locked)  // without it, an unanswered commit of this session could not be resolved exactly
-            throw error(errc::store_unavailable, "the server did not grant the session's user lock " + lock_name_);
-        budget_ = static_cast<std::size_t>(std::max<std::uint64_t>(packet, 64 * 1024) - 1024);
-        if (const std::string fault = my::durability_fault(d); !fault.empty())
+        lock_name_ = my::take_life_lock(sess_);
+        if (lock_name_.empty())  // without it, an unanswered commit of this session could not be resolved exactly
+            throw error(errc::store_unavailable, "the server did not grant the session's user lock");
+        if (const std::string fault = my::durability_fault(set.d); !fault.empty())
             throw error(errc::store_unavailable, "the server may lose a commit: " + fault +
                                                      "; nothing is acknowledged on it (calls wait until it is set)");
         need_reconnect_ = false;
