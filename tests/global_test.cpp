@@ -429,6 +429,48 @@ void expect_verified(const std::string& uri) {
     EXPECT_GT(vr.keys, 0u);
 }
 
+/// Another client's transaction holding row locks until release() (or its end): on PostgreSQL a
+/// pqxx::work, on MariaDB a session with a transaction open.
+class row_holder {
+public:
+    explicit row_holder(const std::string& uri) {
+        if (on_mysql()) {
+            my_.open(idem::detail::my::parse_uri(uri), 60s);
+            my_.run("START TRANSACTION");
+        } else {
+            pg_conn_ = std::make_unique<pqxx::connection>(uri);
+            pg_work_ = std::make_unique<pqxx::work>(*pg_conn_);
+        }
+    }
+    /// Locks k's row (SELECT ... FOR UPDATE), as any other client could.
+    void lock(const std::string& k) {
+        if (on_mysql())
+            my_.run("SELECT 1 FROM idempotent_record WHERE idempotent_key = " + idem::detail::my::literal(k) +
+                    " FOR UPDATE");
+        else pg_work_->exec("SELECT 1 FROM idempotent_record WHERE idempotent_key = " + pg_work_->quote(k) + " FOR UPDATE");
+    }
+    /// Inserts k's record, PROCESSING at fence 1, uncommitted: a claim of k waits for it.
+    void insert_uncommitted(const std::string& k) {
+        const std::string sql =
+            "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+            "request_fingerprint, created_time, updated_time, payload) VALUES ('" +
+            k + "', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0, '')";
+        if (on_mysql()) my_.run(sql);
+        else pg_work_->exec(sql);
+    }
+    /// Rolls the transaction back: the locks go, the inserted row too.
+    void release() {
+        if (on_mysql()) my_.run("ROLLBACK");
+        else pg_work_->abort();
+    }
+    pqxx::work& pg() { return *pg_work_; }  // PostgreSQL only (the in-doubt probe tests)
+
+private:
+    idem::detail::my::session my_;
+    std::unique_ptr<pqxx::connection> pg_conn_;
+    std::unique_ptr<pqxx::work> pg_work_;
+};
+
 // ---- the fixture ----------------------------------------------------------------------------------
 
 class Global : public ::testing::Test {
@@ -533,6 +575,21 @@ protected:
     }
     bool await_lock_wait(const std::string& where) {
         return await([&] { return waits_for_lock(where); });
+    }
+    /// Whether the guard's session named `application` (idem-global-claims, -completions,
+    /// -compensation) waits for a row lock. MariaDB has no application name, and a statement
+    /// that waits for a row while the optimizer reads it by its primary key is not in
+    /// information_schema.innodb_trx yet: there, whether a session of this test's database has been
+    /// in one statement for more than 300 ms (the tests that ask hold back one batcher only; every
+    /// other statement of theirs takes milliseconds).
+    bool batcher_waits(const std::string& application) {
+        if (!on_mysql()) return waits_for_lock("application_name = '" + application + "'");
+        return sql_int(
+                   "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> "
+                   "CONNECTION_ID() AND command = 'Query' AND time_ms > 300") > 0;
+    }
+    bool await_batcher_wait(const std::string& application) {
+        return await([&] { return batcher_waits(application); });
     }
 
     /// Options of a guard whose batch a test holds back with a row lock: one claim and one completion
@@ -989,27 +1046,26 @@ void Global::completion_held_back(bool owner_gives_up) {
     const idem::key k("DV1_PAY_v1");
     auto r = g.begin(k);
     ASSERT_EQ(r.status, idem::begin_status::acquired);
-    pqxx::connection holder(uri_);
-    pqxx::work hold(holder);
-    lock_row(hold, "DV1_PAY_v1");
+    row_holder hold(uri_);
+    hold.lock("DV1_PAY_v1");
     std::atomic<bool> owner_returned{false};
     std::error_code owner_ec;
     std::thread owner([&] {
         owner_ec = r.ticket.succeed(42);
         owner_returned = true;
     });
-    const std::string completions = "application_name = 'idem-global-completions'";
-    EXPECT_TRUE(await_lock_wait(completions)) << "the completion batch never blocked on the locked row";
+    const std::string completions = "idem-global-completions";
+    EXPECT_TRUE(await_batcher_wait(completions)) << "the completion batch never blocked on the locked row";
     if (owner_gives_up) {
         owner.join();
         EXPECT_EQ(owner_ec, idem::errc::store_unavailable);
-        EXPECT_TRUE(waits_for_lock(completions)) << "the queued completion stopped waiting for the row";
+        EXPECT_TRUE(batcher_waits(completions)) << "the queued completion stopped waiting for the row";
     }
     const std::set<std::string> held{"in_progress", "query PROCESSING"};  // the owner's live local claim
     EXPECT_EQ(racing_duplicates(g, k), held);
     EXPECT_EQ(other.begin(k).status, idem::begin_status::in_progress);
     EXPECT_EQ(owner_returned.load(), owner_gives_up) << "succeed() returned while its completion was held back";
-    hold.abort();
+    hold.release();
     if (!owner_gives_up) {
         owner.join();
         EXPECT_FALSE(owner_ec) << owner_ec.message();
@@ -1069,13 +1125,11 @@ TEST_F(Global, CompensationIsVisibleOnlyOnceCommitted) {
     auto a = owner.begin(k);
     ASSERT_EQ(a.status, idem::begin_status::acquired);
     ASSERT_TRUE(await_expired(1));
-    pqxx::connection holder(uri_);
-    pqxx::work hold(holder);
-    lock_row(hold, "DV4_PAY_v1");
+    row_holder hold(uri_);
+    hold.lock("DV4_PAY_v1");
     std::size_t resolved = 0;
     std::thread pass([&] { resolved = comp.compensate(); });
-    EXPECT_TRUE(await_lock_wait("application_name = 'idem-global-compensation'"))
-        << "the compensation batch never blocked on the locked row";
+    EXPECT_TRUE(await_batcher_wait("idem-global-compensation")) << "the compensation batch never blocked on the locked row";
     // One duplicate takes the local claim and asks the store (PROCESSING, expired: in_doubt); the
     // others meet that local claim (in_progress) or the released local record it leaves (which
     // query() shows as released or absent). Never the resolver's SUCCEEDED.
@@ -1083,7 +1137,7 @@ TEST_F(Global, CompensationIsVisibleOnlyOnceCommitted) {
     EXPECT_TRUE(only(seen, {"in_doubt", "in_progress", "query PROCESSING", "query RELEASED", "query ABSENT"}))
         << testing::PrintToString(seen);
     EXPECT_TRUE(seen.contains("in_doubt")) << testing::PrintToString(seen);
-    hold.abort();
+    hold.release();
     pass.join();
     EXPECT_EQ(resolved, 1u);
     expect_replay(comp, k, 77);
@@ -1099,12 +1153,11 @@ TEST_F(Global, CompensationIsVisibleOnlyOnceCommitted) {
 /// transaction inserted, uncommitted), and that batch, holding another key, goes on unaffected.
 TEST_F(Global, InvalidKeysAreRefusedAtOnce) {
     idem::global_guard g(uri_, opts(), one_batcher("n1", 60s));
-    pqxx::connection holder(uri_);
-    pqxx::work hold(holder);
-    hold.exec("INSERT INTO idempotent_record VALUES ('IK0_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0)");
+    row_holder hold(uri_);
+    hold.insert_uncommitted("IK0_PAY_v1");
     std::optional<idem::global_begin_result> good;
     std::thread claimer([&] { good.emplace(g.begin(idem::key("IK0_PAY_v1"))); });
-    EXPECT_TRUE(await_lock_wait("application_name = 'idem-global-claims'")) << "the claim batch never blocked";
+    EXPECT_TRUE(await_batcher_wait("idem-global-claims")) << "the claim batch never blocked";
     const auto before = g.snapshot();
     const std::string not_utf8[] = {"IK\xff\xfe_PAY_v1", "IK\xc0\xaf_PAY_v1" /* overlong '/' */,
                                     "IK\xed\xa0\x80_PAY_v1" /* a UTF-16 surrogate */, "IK\xe2\x82_PAY_v1" /* cut */};
@@ -1131,8 +1184,8 @@ TEST_F(Global, InvalidKeysAreRefusedAtOnce) {
     EXPECT_EQ(after.answered_locally, before.answered_locally) << "the local table was touched";
     EXPECT_EQ(after.claims_sent, before.claims_sent) << "a refused key reached a batch";
     EXPECT_EQ(after.store_errors, before.store_errors);
-    EXPECT_TRUE(waits_for_lock("application_name = 'idem-global-claims'")) << "the blocked batch was disturbed";
-    hold.abort();  // the other transaction's row goes away: the batch claims IK0
+    EXPECT_TRUE(batcher_waits("idem-global-claims")) << "the blocked batch was disturbed";
+    hold.release();  // the other transaction's row goes away: the batch claims IK0
     claimer.join();
     ASSERT_TRUE(good);
     ASSERT_EQ(good->status, idem::begin_status::acquired);

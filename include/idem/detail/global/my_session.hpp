@@ -77,31 +77,21 @@ public:
             }
         return call("claim batch", [&] {
             won.clear();
-            std::vector<my_sql::won_claim> winners;
-            step_ = "lock released rows, insert new claims";
-            const std::string first = my_sql::claim_first(batch_id, items, lease_ms);
-            if (first.size() > budget_)
+            step_ = "claim, audit, commit";
+            const std::string q = my_sql::claim(batch_id, items, lease_ms, node_of(node));
+            if (q.size() > budget_)
                 throw error(errc::store_error,
-                            "a claim batch of " + std::to_string(items.size()) + " keys needs " +
-                                std::to_string(first.size()) + " bytes, over the server's max_allowed_packet (" +
-                                std::to_string(budget_ + 1024) + "); lower global_options::max_batch or raise it");
+                            "a claim batch of " + std::to_string(items.size()) + " keys needs " + std::to_string(q.size()) +
+                                " bytes, over the server's max_allowed_packet (" + std::to_string(budget_ + 1024) +
+                                "); lower global_options::max_batch or raise it");
             in_txn_ = true;
-            sess_.run(first, [&](int st, my::row_view r) {
-                if (st != my_sql::claim_inserted_statement && st != my_sql::claim_released_statement) return;
-                const std::uint64_t f = decoder().fence(r[0], r[1]);
-                const bool released = st == my_sql::claim_released_statement;
-                won[std::string(r[0])] = {released ? f + 1 : f, released ? record_state::released : record_state::absent};
-            });
-            // The winners, in key order (the batch is sorted), each with its fingerprint.
-            for (const claim_item& c : items)
-                if (auto it = won.find(std::string(c.k)); it != won.end())
-                    winners.push_back({c.k, c.fp, it->second.first, it->second.second == record_state::released});
-            step_ = "take released rows, audit, commit";
             committing_ = true;
-            const bool takes_released = std::any_of(winners.begin(), winners.end(),
-                                                    [](const auto& w) { return w.released; });
-            commit_statement_ = (takes_released ? 1 : 0) + (winners.empty() ? 0 : 1) + 1;  // after the durability check
-            sess_.run(my_sql::claim_second(batch_id, winners, lease_ms, node_of(node)));
+            commit_statement_ = my_sql::claim_commit_statement;
+            sess_.run(q, [&](int st, my::row_view r) {
+                if (st != my_sql::claim_winners_statement) return;
+                won[std::string(r[0])] = {decoder().fence(r[0], r[1]),
+                                          r[2] == "RELEASED" ? record_state::released : record_state::absent};
+            });
             committing_ = false;
             in_txn_ = false;
         });

@@ -9,23 +9,32 @@
 // transaction committed it, and a plain read sees the latest committed rows (and this transaction's
 // own changes).
 //
-// Claim batch: two round trips, one transaction.
-//   1. START TRANSACTION; the batch id; @idem_now (the server's clock) and @idem_pf (the largest
-//      fence a prune removed, under a shared lock of idem_schema); SELECT ... FOR UPDATE of the
-//      batch's keys whose row is RELEASED, in key order; INSERT IGNORE ... RETURNING of every key
-//      of the batch as a new PROCESSING row (fence @idem_pf + 1).
-//   2. The UPDATE of exactly the RELEASED rows the locking read returned (fence + 1, PROCESSING, a
-//      new lease, payload ''), re-checked with status = 'RELEASED'; the winners' audit rows in key
-//      order; the durability check; COMMIT.
+// Claim batch: one round trip, one transaction (claim()).
+//   START TRANSACTION; the batch id; @idem_now (the server's clock); @idem_pf (the largest fence a
+//   prune removed, under a shared lock of idem_schema); the batch's keys into the session's
+//   temporary table idem_gclaim; the keys whose committed row is RELEASED into idem_grel (a
+//   consistent read); an UPDATE taking those rows over (fence + 1, PROCESSING, a new lease);
+//   INSERT IGNORE ... SELECT of the keys that have no committed row (fence @idem_pf + 1); both
+//   mark the rows they write with updated_time = -batch id; the marked rows into idem_gwon; their
+//   audit rows; the wins returned; the marks replaced by @idem_now; the durability check; COMMIT.
 // Why a claim is decided once. A new key's row is inserted by one transaction only: the primary
-// key; a second inserter of the same key waits on the first's uncommitted row, and is turned away by
-// IGNORE once it committed (or inserts, if it rolled back). RETURNING gives the rows this statement
-// inserted, not the ones the key turned away. A RELEASED row is taken only under the row lock of
-// the locking read, which a second batch waits for and then re-reads as PROCESSING (READ COMMITTED),
-// so it is not in that batch's list. Every other key of the batch is a loser, read afterwards in a
-// fresh snapshot (read_rows), as on PostgreSQL. IGNORE turns only the duplicate key into a warning
-// here: every other value is checked before it is sent (keys of at most 128 bytes, biz_type of at
-// most 32, integers in range), and the session's strict mode stays on for every other statement.
+// key; a second inserter of the same key waits on the first's uncommitted row, and IGNORE turns it
+// away once the first committed (or it inserts, if the first rolled back). A RELEASED row is taken
+// over only by an UPDATE that holds its row lock and read it RELEASED: a second batch's UPDATE waits
+// for that lock, then reads the row as committed, PROCESSING, and passes it over. Which rows the
+// batch won is read back by its mark: updated_time = -batch id is written only by this transaction
+// and replaced before it commits, so no other transaction ever reads it, and every row carrying it
+// was written by one of the batch's two statements (created_time carries the mark too for a new
+// row). Every other key of the batch is a loser, read afterwards in a fresh snapshot (read_rows), as
+// on PostgreSQL. IGNORE turns only the duplicate key into a warning here: every other value is
+// checked before it is sent (keys of at most 128 bytes, biz_type of at most 32, integers in range),
+// and strict mode stays on for every other statement.
+// A claim waits only for a row another claim may be taking (a RELEASED row, or a key being inserted),
+// never for a row under completion. InnoDB reads a row found by its primary key with a lock and
+// waits for it (there is no semi-consistent read for a unique search), so every statement that
+// locks reaches only rows chosen by a consistent read first: the RELEASED rows (idem_grel), the
+// keys with no committed row, the batch's own marked rows (idem_gwon). A duplicate of a key whose
+// completion holds its row is answered by the loser read at once, as on PostgreSQL.
 //
 // Completion / compensation batch: one round trip (several if the payloads exceed
 // max_allowed_packet: the stage rows are then sent ahead, in the same transaction).
@@ -55,9 +64,14 @@ namespace idem::detail::global::my_sql {
 
 using my::append_literal;
 
-/// The stage table of completion batches and lease renewals (per session, rolled back with the
-/// transaction).
+/// The stage tables of claim batches, completion batches and lease renewals (per session, rolled
+/// back with the transaction).
 inline constexpr std::string_view session_stage =
+    "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gclaim (c_key VARBINARY(128) NOT NULL PRIMARY KEY, c_biz VARBINARY(32) "
+    "NOT NULL, c_fp BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;"
+    "CREATE TEMPORARY TABLE IF NOT EXISTS idem_grel (r_key VARBINARY(128) NOT NULL PRIMARY KEY, r_fp BIGINT UNSIGNED "
+    "NOT NULL) ENGINE=InnoDB;"
+    "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gwon (w_key VARBINARY(128) NOT NULL PRIMARY KEY) ENGINE=InnoDB;"
     "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gstage ("
     " g_key VARBINARY(128) NOT NULL PRIMARY KEY, g_fence BIGINT UNSIGNED NOT NULL, g_status VARCHAR(16) NOT NULL,"
     " g_outcome BIGINT UNSIGNED NOT NULL, g_detail BLOB NOT NULL, g_payload MEDIUMBLOB NOT NULL,"
@@ -73,7 +87,7 @@ inline constexpr std::string_view session_stage =
     return "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;SET SESSION idle_write_transaction_timeout = " +
            std::to_string(secs) + ";" + std::string(session_stage) + ";SELECT @@global.log_bin, @@session.binlog_format";
 }
-inline constexpr int session_extra_binlog_statement = 3;
+inline constexpr int session_extra_binlog_statement = 6;
 
 /// The index the compensation scan reads (expired claims by lease). MariaDB has no partial index:
 /// (status, lease_until) keeps the PROCESSING rows together, in lease order.
@@ -96,98 +110,82 @@ inline std::string batch_head(std::int64_t batch_id) {
            ", " IDEM_MY_NOW_MS ");SET @idem_now = " IDEM_MY_NOW_MS ";";
 }
 
-/// Claim batch, round trip 1 (the header). Statement 4 returns the locked RELEASED rows (key,
-/// fence), statement 5 the inserted rows (key, fence).
-inline constexpr int claim_released_statement = 4;
-inline constexpr int claim_inserted_statement = 5;
-inline std::string claim_first(std::int64_t batch_id, std::span<const global_session::claim_item> items,
-                               std::int64_t lease_ms) {
+/// Claim batch: one round trip, one transaction (the header). The statement claim_winners_statement
+/// returns the won claims (key, fence, 'ABSENT' or 'RELEASED'); COMMIT is claim_commit_statement.
+inline constexpr int claim_winners_statement = 13;
+inline constexpr int claim_commit_statement = 16;
+inline std::string claim(std::int64_t batch_id, std::span<const global_session::claim_item> items, std::int64_t lease_ms,
+                         std::string_view node) {
+    const std::string id = std::to_string(batch_id), lease = std::to_string(lease_ms);
+    const std::string marker = "-" + id;  // updated_time of this batch's claims until its last statement
     std::string keys;
     for (std::size_t i = 0; i < items.size(); ++i) {
         keys += i == 0 ? '(' : ',';
         append_literal(keys, items[i].k);
     }
     keys += ')';
-    std::string q = batch_head(batch_id);
-    // The pruned fence under a shared lock: a prune locks idem_schema first (mysql_store::prune), so
-    // it either committed before this read (its fence is seen) or waits for this batch to commit
+    std::string q = batch_head(batch_id);  // 0-2
+    // 3: the pruned fence under a shared lock: a prune locks idem_schema first (mysql_store::prune),
+    // so it either committed before this read (its fence is seen) or waits for this batch to commit
     // (it removes no row this batch could insert again meanwhile): a key claimed again after its
     // record was pruned never gets a fence at or below one its old record had.
     q += "SELECT CAST(COALESCE(MAX(pruned_fence), 0) AS UNSIGNED) INTO @idem_pf FROM idem_schema LOCK IN SHARE MODE;";
-    // The RELEASED rows first, locked in key order through the primary key (FORCE INDEX: a plan
-    // through the (status, lease_until) index would lock them in lease order), before any insert
-    // takes a lock. The inserts then lock the other keys in key order too; a cycle with another
-    // writer is still possible (this batch holds a RELEASED row above a key a completion holds),
-    // and is broken by InnoDB at once: the victim's batch is retried (transient), nothing decided.
-    q += "SELECT idempotent_key, fencing_token FROM idempotent_record FORCE INDEX (PRIMARY) WHERE status = 'RELEASED' "
-         "AND idempotent_key IN ";
-    q += keys;
-    q += " ORDER BY idempotent_key FOR UPDATE;";
-    q += "INSERT IGNORE INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
-         "request_fingerprint, created_time, updated_time, payload) VALUES ";
-    const std::string lease = std::to_string(lease_ms);
+    // 4-5: the batch's keys into the session's claim table.
+    q += "DELETE FROM idem_gclaim;INSERT INTO idem_gclaim (c_key, c_biz, c_fp) VALUES ";
     for (std::size_t i = 0; i < items.size(); ++i) {
         if (i > 0) q += ',';
         q += '(';
         append_literal(q, items[i].k);
         q += ',';
         append_literal(q, items[i].biz);
-        q += ",'PROCESSING',@idem_pf + 1,@idem_now + " + lease + ",0," + std::to_string(items[i].fp) +
-             ",@idem_now,@idem_now,'')";
+        q += ',' + std::to_string(items[i].fp) + ')';
     }
-    q += " RETURNING idempotent_key, fencing_token";
-    return q;
-}
-
-/// A won claim for the second round trip: its key, fingerprint, fence, and the state it came from.
-struct won_claim {
-    std::string_view k;
-    std::uint64_t fp;
-    std::uint64_t fence;  ///< the new fence (a RELEASED row: its fence + 1)
-    bool released;
-};
-
-/// Claim batch, round trip 2: the takeover of `won`'s RELEASED rows, every winner's audit row (in key
-/// order: `won` is sorted), the durability check, COMMIT.
-inline std::string claim_second(std::int64_t batch_id, std::span<const won_claim> won, std::int64_t lease_ms,
-                                std::string_view node) {
-    std::string q;
-    std::string keys, fps;
-    for (const won_claim& w : won) {
-        if (!w.released) continue;
-        keys += keys.empty() ? '(' : ',';
-        append_literal(keys, w.k);
-        fps += " WHEN ";
-        append_literal(fps, w.k);
-        fps += " THEN " + std::to_string(w.fp);
-    }
-    if (!keys.empty()) {
-        keys += ')';
-        q += "UPDATE idempotent_record FORCE INDEX (PRIMARY) SET status = 'PROCESSING', fencing_token = fencing_token + "
-             "1, lease_until = "
-             "@idem_now + " +
-             std::to_string(lease_ms) + ", outcome = 0, request_fingerprint = CASE idempotent_key" + fps +
-             " END, updated_time = @idem_now, payload = '' WHERE status = 'RELEASED' AND idempotent_key IN " + keys + ";";
-    }
-    if (!won.empty()) {
-        std::string detail(IDEM_AUDIT_CLAIM_BATCH_PREFIX);
-        detail += std::to_string(batch_id);
-        std::string d, n;
-        append_literal(d, detail);
-        append_literal(n, node);
-        q += "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, "
-             "detail) VALUES ";
-        for (std::size_t i = 0; i < won.size(); ++i) {
-            if (i > 0) q += ',';
-            q += '(';
-            append_literal(q, won[i].k);
-            q += won[i].released ? ",'RELEASED'" : ",'ABSENT'";
-            q += ",'PROCESSING'," + std::to_string(won[i].fence) + ',' + n + ",@idem_now," + d + ')';
-        }
-        q += ';';
-    }
-    q += my::durability_guard;
-    q += ";COMMIT";
+    // 6-7: the keys whose committed row is RELEASED (INSERT ... SELECT reads idempotent_record as a
+    // consistent read under READ COMMITTED: no lock, no wait).
+    q += ";DELETE FROM idem_grel;INSERT INTO idem_grel (r_key, r_fp) SELECT c.c_key, c.c_fp FROM idem_gclaim c JOIN "
+         "idempotent_record r FORCE INDEX (PRIMARY) ON r.idempotent_key = c.c_key WHERE r.status = 'RELEASED';";
+    // 8: those rows taken over and marked, each under its row lock (the join reaches them from
+    // idem_grel, by the primary key: no other row is locked). A row another claim batch took over
+    // meanwhile is waited for, read again as committed (PROCESSING), and passed over.
+    q += "UPDATE idem_grel g STRAIGHT_JOIN idempotent_record r FORCE INDEX (PRIMARY) ON r.idempotent_key = g.r_key "
+         "SET r.status = 'PROCESSING', r.fencing_token = r.fencing_token + 1, r.lease_until = @idem_now + " +
+         lease + ", r.outcome = 0, r.request_fingerprint = g.r_fp, r.updated_time = " + marker +
+         ", r.payload = '' WHERE r.status = 'RELEASED';";
+    // 9: new rows for the keys without a committed row, marked (created_time too, to tell them
+    // apart). The NOT EXISTS read is a consistent read too; a row another transaction inserted and
+    // has not committed is invisible to it: the insert waits for that transaction, and IGNORE turns
+    // the key away once it committed.
+    q += "INSERT IGNORE INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+         "request_fingerprint, created_time, updated_time, payload) SELECT c.c_key, c.c_biz, 'PROCESSING', @idem_pf + 1, "
+         "@idem_now + " +
+         lease + ", 0, c.c_fp, " + marker + ", " + marker +
+         ", '' FROM idem_gclaim c WHERE NOT EXISTS (SELECT 1 FROM idempotent_record r WHERE r.idempotent_key = c.c_key) "
+         "ORDER BY c.c_key;";
+    // 10-11: the rows this batch marked are exactly its wins (no other transaction can see, or
+    // write, a negative updated_time; a consistent read sees this transaction's own rows).
+    q += "DELETE FROM idem_gwon;INSERT INTO idem_gwon (w_key) SELECT idempotent_key FROM idempotent_record FORCE INDEX "
+         "(PRIMARY) WHERE idempotent_key IN " +
+         keys + " AND updated_time = " + marker + ";";
+    // 12-13: their audit rows in key order; the wins for the caller.
+    const std::string won =
+        " FROM idem_gwon w STRAIGHT_JOIN idempotent_record r FORCE INDEX (PRIMARY) ON "
+        "r.idempotent_key = w.w_key";
+    std::string detail(IDEM_AUDIT_CLAIM_BATCH_PREFIX);
+    detail += id;
+    q += "INSERT INTO idempotent_audit (idempotent_key, from_status, to_status, fencing_token, node, at_time, detail) "
+         "SELECT r.idempotent_key, IF(r.created_time = " +
+         marker + ", 'ABSENT', 'RELEASED'), 'PROCESSING', r.fencing_token, ";
+    append_literal(q, node);
+    q += ", @idem_now, ";
+    append_literal(q, detail);
+    q += won + " ORDER BY r.idempotent_key;";
+    q += "SELECT r.idempotent_key, r.fencing_token, IF(r.created_time = " + marker + ", 'ABSENT', 'RELEASED')" + won + ";";
+    // 14: the marks replaced by the server's clock (rows this transaction holds: no wait).
+    q += "UPDATE idem_gwon w STRAIGHT_JOIN idempotent_record r FORCE INDEX (PRIMARY) ON r.idempotent_key = w.w_key SET "
+         "r.created_time = IF(r.created_time = " +
+         marker + ", @idem_now, r.created_time), r.updated_time = @idem_now;";
+    q += my::durability_guard;  // 15
+    q += ";COMMIT";             // 16
     return q;
 }
 
