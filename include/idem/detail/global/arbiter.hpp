@@ -32,8 +32,8 @@
 // Thread-safety: one thread at a time per session. Progress: blocking; each call bounded by the
 // session's call deadline (plus the connect timeout while connecting) on PostgreSQL, where a
 // watchdog cancels the call. On MariaDB the deadline bounds each statement and each wait for the
-// server (lock waits, max_statement_time, the connector's read timeout), not the call: a claim
-// batch of two round trips that meets a lock wait in each can take about three deadlines. Callers
+// server (lock waits, max_statement_time, the connector's read timeout), not the call: a batch
+// whose statements meet several lock waits can take a few deadlines. Callers
 // are bounded by global_options::wait_timeout either way.
 #pragma once
 

@@ -64,14 +64,17 @@ namespace idem::detail::global::my_sql {
 
 using my::append_literal;
 
-/// The stage tables of claim batches, completion batches and lease renewals (per session, rolled
-/// back with the transaction).
+/// The stage tables of claim batches, completion batches and lease renewals (per session). The
+/// claim's three hold keys and integers only, so they are MEMORY tables: no undo or redo for the
+/// server to write, and not rolled back with the transaction, which nothing needs (each batch
+/// empties them before it fills them). The completions' holds payloads (a BLOB, which MEMORY cannot
+/// hold) and is InnoDB, rolled back with the transaction.
 inline constexpr std::string_view session_stage =
     "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gclaim (c_key VARBINARY(128) NOT NULL PRIMARY KEY, c_biz VARBINARY(32) "
-    "NOT NULL, c_fp BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;"
+    "NOT NULL, c_fp BIGINT UNSIGNED NOT NULL) ENGINE=MEMORY;"
     "CREATE TEMPORARY TABLE IF NOT EXISTS idem_grel (r_key VARBINARY(128) NOT NULL PRIMARY KEY, r_fp BIGINT UNSIGNED "
-    "NOT NULL) ENGINE=InnoDB;"
-    "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gwon (w_key VARBINARY(128) NOT NULL PRIMARY KEY) ENGINE=InnoDB;"
+    "NOT NULL) ENGINE=MEMORY;"
+    "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gwon (w_key VARBINARY(128) NOT NULL PRIMARY KEY) ENGINE=MEMORY;"
     "CREATE TEMPORARY TABLE IF NOT EXISTS idem_gstage ("
     " g_key VARBINARY(128) NOT NULL PRIMARY KEY, g_fence BIGINT UNSIGNED NOT NULL, g_status VARCHAR(16) NOT NULL,"
     " g_outcome BIGINT UNSIGNED NOT NULL, g_detail BLOB NOT NULL, g_payload MEDIUMBLOB NOT NULL,"
