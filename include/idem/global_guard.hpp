@@ -1,5 +1,5 @@
 // idem/global_guard.hpp: scope::global, exactly-once claims shared by processes and machines through
-// one PostgreSQL (target idem::postgres) or one MariaDB 10.5+ (target idem::mysql; mysql:// URIs).
+// one PostgreSQL (target idem::postgres) or one MariaDB (target idem::mysql; mysql:// URIs).
 //
 //   idem::options o;                       // o.lease: the claim's lease in the store; o.resolve: compensation
 //   idem::global_guard g("postgresql://idem@db.internal/payments", o);

@@ -1,6 +1,6 @@
 // idem/detail/global/my_session.hpp: one MySQL / MariaDB connection of a global guard (the MySQL
-// arbiter of arbiter.hpp), every call bounded; the statements are my_sql.hpp's. Needs MariaDB 10.5
-// or later (INSERT ... RETURNING); Oracle MySQL has no RETURNING and cannot arbitrate.
+// arbiter of arbiter.hpp), every call bounded; the statements are my_sql.hpp's. MariaDB only (tested
+// on 10.11): compound statements, max_statement_time and idle_write_transaction_timeout.
 //
 // The connection layer is detail/my/connection.hpp's, shared with mysql_store: deadlines (the
 // server's lock-wait and statement bounds, the connector's timeouts one second above them),

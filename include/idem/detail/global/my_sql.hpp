@@ -1,5 +1,5 @@
-// idem/detail/global/my_sql.hpp: the SQL of scope::global on a MySQL-family arbiter (MariaDB 10.5 or
-// later: INSERT ... RETURNING), on the schema of detail/my/schema.hpp. my_session.hpp sends it.
+// idem/detail/global/my_sql.hpp: the SQL of scope::global on a MariaDB arbiter, on the schema of
+// detail/my/schema.hpp. my_session.hpp sends it.
 //
 // MariaDB has no data-modifying CTE and no UPDATE ... RETURNING, so a batch is not one statement
 // as on PostgreSQL (pg_sql.hpp) but one transaction of several statements, sent as multi-statement
