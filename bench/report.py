@@ -251,7 +251,7 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     target("sync acknowledgements, 64 threads, MySQL / PostgreSQL", vs_postgres("sync", "acks_per_sec"), 1.0, "x")
     target("sync begin p99 wait, MySQL", flush_rate("mysql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
     storm = summarize_storm(storm_rows)
-    for store, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")):
+    for store, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"), ("mysql", "MySQL")):
         rs = [r for r in storm if r["store"] == store]
         worst = min(rs, key=lambda r: r["ratio"]) if rs else None
         threads = ", ".join(str(r["threads"]) for r in rs)

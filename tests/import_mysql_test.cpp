@@ -21,6 +21,10 @@
 //     refused, each counted under its rule and named; the other rows are imported; a second run
 //     (full, and --since) refuses them again and imports nothing. The CLI exits 1 naming them, and
 //     0 once the rows are fixed.
+//   DecisionsOlderThanTheWindowFailTheRunUntilTheWindowCoversThem (CLI)
+//     A SUCCESS decided 30 days ago beside one decided now: with the default --window 7d the run
+//     imports both but exits 1 naming the window (a guard with that window would forget the old
+//     decision and run its key again); into another store with --window 60d it exits 0.
 #include <idem/detail/my/connection.hpp>
 #include <idem/durable.hpp>
 #include <idem/stores/mysql_store.hpp>
@@ -408,5 +412,34 @@ TEST(ImportMysql, RefusedRowsAreCountedAndNamedTheRestImported) {
     EXPECT_EQ(st.get("T1_PAY_v1")->state, record_state::succeeded);
 #endif
 }
+
+#ifdef IDEM_TEST_CLI
+TEST(ImportMysql, DecisionsOlderThanTheWindowFailTheRunUntilTheWindowCoversThem) {
+    idem_test::my_database old_db, idem_a, idem_b;
+    std::string why;
+    ASSERT_TRUE(old_db.create(&why)) << why;
+    ASSERT_TRUE(idem_a.create(&why)) << why;
+    ASSERT_TRUE(idem_b.create(&why)) << why;
+    ASSERT_EQ(old_db.exec(old_table_ddl), "");
+    ASSERT_EQ(old_db.exec("INSERT INTO idempotent_record (idempotent_key, biz_type, status, created_time, updated_time) "
+                          "VALUES ('OLD1_PAY_v1', 'PAY', 'SUCCESS', NOW(3) - INTERVAL 31 DAY, NOW(3) - INTERVAL 30 DAY), "
+                          "('NEW1_PAY_v1', 'PAY', 'SUCCESS', NOW(3) - INTERVAL 2 SECOND, NOW(3) - INTERVAL 1 SECOND)"),
+              "");
+    const cli_result short_window = run_cli("--json --from '" + old_db.uri() + "' --store '" + idem_a.uri() + "'");
+    EXPECT_EQ(short_window.exit_code, 1) << short_window.out;
+    EXPECT_NE(short_window.out.find("1 decided row(s) imported are older than --window 7d"), std::string::npos)
+        << short_window.out;
+    {
+        idem::mysql_store st(idem_a.uri());
+        ASSERT_TRUE(st.get("OLD1_PAY_v1").has_value()) << "the old decision is imported all the same";
+        EXPECT_EQ(st.get("OLD1_PAY_v1")->state, record_state::succeeded);
+    }
+    const cli_result covering = run_cli("--json --window 60d --from '" + old_db.uri() + "' --store '" + idem_b.uri() + "'");
+    ASSERT_EQ(covering.exit_code, 0) << covering.out;
+    const auto j = nlohmann::json::parse(covering.out);
+    EXPECT_EQ(j.at("past_window"), 0);
+    EXPECT_EQ(j.at("imported_total"), 2);
+}
+#endif
 
 }  // namespace

@@ -62,10 +62,11 @@ class global_session {
 public:
     enum class result { ok, transient, in_doubt, fatal };
 
-    /// One key of a claim batch. `pair` and `version`: the ordered-versions pair ("" and 0 for a key
-    /// that does not split, and when ordered versions are off).
+    /// One key of a claim batch (its biz_type is derived from it: biz_type_of). `pair` and `version`:
+    /// the ordered-versions pair ("" and 0 for a key that does not split, and when ordered versions
+    /// are off).
     struct claim_item {
-        std::string_view k, biz;
+        std::string_view k;
         std::uint64_t fp = 0;
         std::string_view pair{};
         std::uint64_t version = 0;

@@ -231,7 +231,7 @@ private:
                     }
             }
             for (const auto& c : batch) {
-                global_session::claim_item item{c->k.view(), biz_type_of(c->k.view()), c->fp};
+                global_session::claim_item item{c->k.view(), c->fp};
                 if (ordered) {
                     auto pv = pair_of(c->k);
                     if (pv && top.at(pv->first).second != c.get()) continue;

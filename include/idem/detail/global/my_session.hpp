@@ -70,9 +70,9 @@ public:
                  bool ordered, won_map& won) override {
         IDEM_ASSERT(!ordered, "ordered versions are refused on a MySQL arbiter (coordinator.hpp)");
         for (const claim_item& c : items)
-            if (c.k.size() > key::max_size || c.biz.size() > 32) {  // INSERT IGNORE would truncate
+            if (c.k.size() > key::max_size) {  // INSERT IGNORE would truncate (biz_type_of: at most 32)
                 last_error_ = "mysql " + name_ + ": claim batch: key '" + key::printable(c.k) +
-                              "' or its biz_type is longer than its column";
+                              "' is longer than its column";
                 return result::fatal;
             }
         return call("claim batch", [&] {

@@ -59,6 +59,7 @@
 #include "idem/detail/global/arbiter.hpp"
 #include "idem/detail/my/sql.hpp"
 #include "idem/detail/rows/audit_detail.hpp"
+#include "idem/store_rows.hpp"  // biz_type_of
 
 namespace idem::detail::global::my_sql {
 
@@ -140,7 +141,7 @@ inline std::string claim(std::int64_t batch_id, std::span<const global_session::
         q += '(';
         append_literal(q, items[i].k);
         q += ',';
-        append_literal(q, items[i].biz);
+        append_literal(q, biz_type_of(items[i].k));  // at most 32 bytes: VARBINARY(32)
         q += ',' + std::to_string(items[i].fp) + ')';
     }
     // 6-7: the keys whose committed row is RELEASED (INSERT ... SELECT reads idempotent_record as a

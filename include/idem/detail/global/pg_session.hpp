@@ -91,7 +91,7 @@ public:
         pg::array_literal keys, biz, fps, pairs, versions;
         for (const claim_item& c : items) {
             keys.add_text(c.k);
-            biz.add_text(pg::utf8_prefix(c.biz));
+            biz.add_text(pg::utf8_prefix(biz_type_of(c.k)));
             fps.add_uint(c.fp);
             if (ordered) {
                 pairs.add_text(c.pair);
