@@ -137,6 +137,19 @@ def check_drill(d, label, cycles):
         check(k in d, f"{label} JSON lacks '{k}'")
 
 
+def global_scope(idem, store, label):
+    """Global scope on a database that can arbitrate: a 2-process demo and a 3-worker drill racing
+    on one key space, every key executed once, nothing acknowledged lost."""
+    _, p, _, _ = run(idem, "demo", "--processes", "2", "--requests", "3000", "--threads", "4",
+                     "--dup-rate", "0.05", "--json", "--store", store, timeout=300)
+    check(p is not None and p["ok"] and p["processes"] == 2 and p["double_executions"] == 0,
+          f"{label} demo --processes 2: {p and p.get('failures')}")
+    _, p, _, _ = run(idem, "drill", "--workers", "3", "--cycles", "3", "--keys", "100", "--json",
+                     "--store", store, timeout=300)
+    check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
+          and p["lost_acknowledged"] == 0, f"{label} drill --workers 3: {p and p.get('failures')}")
+
+
 def main():
     idem = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
         "IDEM", os.path.join(HERE, "..", "build", "release", "tools", "idem"))
@@ -374,15 +387,7 @@ def main():
             check(p is not None and p["ok"] and p["violations"] == 0, f"postgres demo: {p and p.get('failures')}")
             _, p, _, _ = run(idem, "drill", "--cycles", "3", "--json", "--store", pg, timeout=180)
             check(p is not None and p["ok"], f"postgres drill: {p and p.get('failures')}")
-            # Global scope: several processes share the store and race on the same keys.
-            _, p, _, _ = run(idem, "demo", "--processes", "2", "--requests", "3000", "--threads", "4",
-                             "--dup-rate", "0.05", "--json", "--store", pg, timeout=300)
-            check(p is not None and p["ok"] and p["processes"] == 2 and p["double_executions"] == 0,
-                  f"postgres demo --processes 2: {p and p.get('failures')}")
-            _, p, _, _ = run(idem, "drill", "--workers", "3", "--cycles", "3", "--keys", "100", "--json",
-                             "--store", pg, timeout=300)
-            check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
-                  and p["lost_acknowledged"] == 0, f"postgres drill --workers 3: {p and p.get('failures')}")
+            global_scope(idem, pg, "postgres")
             pg_prom = f"{tmp}/pg-verify.prom"
             _, p, _, _ = run(idem, "verify", "--store", pg, "--json", "--prometheus", pg_prom)
             check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
@@ -414,15 +419,7 @@ def main():
                   f"mysql drill: {p and p.get('failures')}")
             _, p, _, _ = run(idem, "verify", "--store", my, "--json")
             check(p is not None and p["violations"] == 0 and p["keys"] > 0, f"mysql verify: {p and p.get('violation_list')}")
-            # Global scope with MariaDB as the arbiter: processes race on one key space.
-            _, p, _, _ = run(idem, "demo", "--processes", "2", "--requests", "3000", "--threads", "4",
-                             "--dup-rate", "0.1", "--json", "--store", my, timeout=300)
-            check(p is not None and p["ok"] and p["processes"] == 2 and p["double_executions"] == 0,
-                  f"mysql demo --processes 2: {p and p.get('failures')}")
-            _, p, _, _ = run(idem, "drill", "--workers", "3", "--cycles", "3", "--keys", "100", "--json",
-                             "--store", my, timeout=300)
-            check(p is not None and p["ok"] and p["workers"] == 3 and p["double_executions"] == 0
-                  and p["lost_acknowledged"] == 0, f"mysql drill --workers 3: {p and p.get('failures')}")
+            global_scope(idem, my, "mysql")  # MariaDB as the arbiter
 
         print("6. exit codes", flush=True)
         _, _, _, err = run(idem, "nosuch", expect=2)

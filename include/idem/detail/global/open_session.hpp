@@ -34,31 +34,31 @@
 
 namespace idem::detail::global {
 
+/// The refusal when this build lacks the arbiter `uri` names (its client library's target).
+[[noreturn]] inline void missing_arbiter(const std::string& uri, const std::string& name) {
+    throw error(errc::invalid_argument,
+                "global guard " + name +
+                    (is_mysql_uri(uri) ? ": a MySQL arbiter needs the idem::mysql target (MariaDB Connector/C)"
+                                       : ": a PostgreSQL arbiter needs the idem::postgres target (libpqxx)") +
+                    "; this program was built without it");
+}
+
 /// The arbiter of `uri`, not connected yet (it connects at its first call). `name`: the URI without
 /// its password, for messages; `application`: the session's name on the server. Throws
 /// invalid_argument when this build lacks the arbiter the URI names.
 [[nodiscard]] inline std::unique_ptr<global_session> open_session(const std::string& uri, const std::string& name,
                                                                   std::chrono::milliseconds deadline,
                                                                   const std::string& application, bool ordered = false) {
-    if (is_mysql_uri(uri)) {
 #ifdef IDEM_HAVE_MYSQL
-        return std::make_unique<my_session>(uri, name, deadline, application, ordered);
-#else
-        throw error(errc::invalid_argument, "global guard " + name +
-                                                ": a MySQL arbiter needs the idem::mysql target (MariaDB "
-                                                "Connector/C); this program was built without it");
+    if (is_mysql_uri(uri)) return std::make_unique<my_session>(uri, name, deadline, application, ordered);
 #endif
-    }
 #ifdef IDEM_HAVE_POSTGRES
-    return std::make_unique<pg_session>(uri, name, deadline, application, ordered);
-#else
+    if (!is_mysql_uri(uri)) return std::make_unique<pg_session>(uri, name, deadline, application, ordered);
+#endif
     (void)deadline;
     (void)application;
     (void)ordered;
-    throw error(errc::invalid_argument, "global guard " + name +
-                                            ": a PostgreSQL arbiter needs the idem::postgres target (libpqxx); this "
-                                            "program was built without it");
-#endif
+    missing_arbiter(uri, name);
 }
 
 /// The arbiter's store, for what a global guard does outside its batches: the schema (created or
@@ -69,38 +69,24 @@ struct arbiter_store {
     std::function<void()> require_durability;     ///< refuses a server that may lose a commit
 };
 
+/// `S`'s store over `uri` as an arbiter_store (S: postgres_store or mysql_store).
+template <class S>
+[[nodiscard]] arbiter_store arbiter_store_of(const std::string& uri, std::chrono::milliseconds deadline) {
+    auto st = std::make_unique<S>(uri, deadline);
+    S* s = st.get();
+    return {std::move(st), [s] { return s->server_now_ms(); }, [s] { s->require_durability(""); }};
+}
+
 [[nodiscard]] inline arbiter_store open_store(const std::string& uri, const std::string& name,
                                               std::chrono::milliseconds deadline) {
-    arbiter_store a;
-    (void)name;  // in the messages of a build without the arbiter
-    if (is_mysql_uri(uri)) {
 #ifdef IDEM_HAVE_MYSQL
-        auto st = std::make_unique<mysql_store>(uri, deadline);
-        mysql_store* s = st.get();
-        a.server_now_ms = [s] { return s->server_now_ms(); };
-        a.require_durability = [s] { s->require_durability(""); };
-        a.st = std::move(st);
-        return a;
-#else
-        (void)deadline;
-        throw error(errc::invalid_argument, "global guard " + name +
-                                                ": a MySQL arbiter needs the idem::mysql target (MariaDB "
-                                                "Connector/C); this program was built without it");
+    if (is_mysql_uri(uri)) return arbiter_store_of<mysql_store>(uri, deadline);
 #endif
-    }
 #ifdef IDEM_HAVE_POSTGRES
-    auto st = std::make_unique<postgres_store>(uri, deadline);
-    postgres_store* s = st.get();
-    a.server_now_ms = [s] { return s->server_now_ms(); };
-    a.require_durability = [s] { s->require_durability(""); };
-    a.st = std::move(st);
-    return a;
-#else
-    (void)deadline;
-    throw error(errc::invalid_argument, "global guard " + name +
-                                            ": a PostgreSQL arbiter needs the idem::postgres target (libpqxx); this "
-                                            "program was built without it");
+    if (!is_mysql_uri(uri)) return arbiter_store_of<postgres_store>(uri, deadline);
 #endif
+    (void)deadline;
+    missing_arbiter(uri, name);
 }
 
 }  // namespace idem::detail::global
