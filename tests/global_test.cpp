@@ -885,6 +885,31 @@ TEST(GlobalOptions, RefusedBeforeAnyConnection) {
     }
 }
 
+/// Ordered versions need PostgreSQL: on a MariaDB URI they are refused before a connection is
+/// attempted (port 1 refuses at once; the control shows the same URI without the option connects).
+TEST(GlobalOptions, OrderedVersionsAreRefusedOnMariaDbBeforeAnyConnection) {
+    const std::string nowhere = "mysql://idem@127.0.0.1:1/idem";
+    idem::global_options go;
+    go.call_deadline = 2s;
+    const auto open = [&](bool ordered) -> std::optional<idem::error> {
+        idem::options o;
+        o.ordered_versions = ordered;
+        try {
+            idem::global_guard g(nowhere, o, go);
+        } catch (const idem::error& e) {
+            return e;
+        }
+        return std::nullopt;
+    };
+    const auto control = open(false);
+    ASSERT_TRUE(control.has_value()) << "opened a guard on a port nothing listens on";
+    EXPECT_EQ(control->kind(), idem::errc::store_unavailable) << control->what();
+    const auto refused = open(true);
+    ASSERT_TRUE(refused.has_value()) << "ordered versions accepted on MariaDB";
+    EXPECT_EQ(refused->kind(), idem::errc::invalid_argument) << refused->what();
+    EXPECT_NE(std::string(refused->what()).find("options.ordered_versions"), std::string::npos) << refused->what();
+}
+
 TEST_F(Global, RetentionLongerThanTheWindowIsRefused) {
     idem::options o = opts();
     o.retention = 2h;

@@ -64,6 +64,12 @@ public:
           go(checked(opts, std::move(g))),
           node(node_of(go)),
           name(is_mysql_uri(uri) ? my::redact(uri) : pg::redact(uri)) {
+        // Refused here, before any connection: ordered versions need PostgreSQL's single-statement claim.
+        if (opts.ordered_versions && is_mysql_uri(uri))
+            throw error(errc::invalid_argument,
+                        "global guard " + name +
+                            ": options.ordered_versions needs a PostgreSQL arbiter; on MySQL / MariaDB a claim "
+                            "batch cannot check and raise a pair's version in its own statement (docs/scaling.md)");
         rng_.seed(std::random_device{}() ^ static_cast<std::uint64_t>(::getpid()) << 32);
     }
     batch_context(const batch_context&) = delete;

@@ -72,11 +72,6 @@ public:
         // (PostgreSQL: fsync=off, synchronous_commit=off; MySQL: innodb_flush_log_at_trx_commit or
         // sync_binlog other than 1). Sessions re-check on every reconnect (pg_session.hpp,
         // my_session.hpp).
-        if (ctx_.opts.ordered_versions && is_mysql_uri(uri))
-            throw error(errc::invalid_argument,
-                        "global guard " + ctx_.name +
-                            ": options.ordered_versions needs a PostgreSQL arbiter; on MySQL / MariaDB a claim "
-                            "batch cannot check and raise a pair's version in its own statement (docs/scaling.md)");
         store_.require_durability();
         store_.st->set_node(ctx_.node);
         create_index();
