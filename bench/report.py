@@ -495,6 +495,30 @@ def table_global(results):
     return "\n".join(lines) + "\n"
 
 
+def table_failover(results):
+    rows = results.get("failover", [])
+    summaries = [r for r in rows if r.get("bench") == "failover_summary"]
+    cost = [r for r in rows if r.get("bench") == "commit_cost_summary"]
+    if not summaries and not cost:
+        return "_not measured in this run_\n"
+    lines = []
+    if summaries:
+        lines += ["| guard | threads | failovers | kill to promoted, p50 / max ms | kill to first acknowledgement on the "
+                  "new primary, p50 / max ms | failovers without an acknowledgement after |", "|---|---|---|---|---|---|"]
+        for r in summaries:
+            lines.append(f"| {r['guard']} | {r['threads']} | {r['reps']} | {r['promote_ms_p50']:,.0f} / "
+                         f"{r['promote_ms_max']:,.0f} | {r['first_ack_ms_p50']:,.0f} / {r['first_ack_ms_max']:,.0f} | "
+                         f"{r['failed_reps']} |")
+        lines.append("")
+    for r in cost:
+        lines += ["| standby | acknowledged ops/s | succeed() p50 us | succeed() p99 us |", "|---|---|---|---|",
+                  f"| asynchronous | {r['async_acks_per_s']:,.0f} | {r['async_p50_us']:,.0f} | {r['async_p99_us']:,.0f} |",
+                  f"| synchronous | {r['sync_acks_per_s']:,.0f} | {r['sync_p50_us']:,.0f} | {r['sync_p99_us']:,.0f} |",
+                  "", f"Synchronous / asynchronous: {r['sync_over_async']:.2f}x ({r['threads']} threads, "
+                  f"{r['ops']:,} operations per run, median of {r['reps']} runs each, alternating)."]
+    return "\n".join(lines) + "\n"
+
+
 def table_latency(results):
     lat = results.get("latency_ns")
     if not lat:
@@ -578,6 +602,9 @@ def main():
     results["storm_runs"] = storm_rows
     results["cold_window_counters"] = load_cold_counters(os.path.join(a.dir, "guards.json"))
     results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
+    results["failover"] = load_flush(os.path.join(a.dir, "failover.jsonl"))
+    problems += [f"failover ({r['guard']}): {r['failed_reps']} failovers without an acknowledgement on the new primary"
+                 for r in results["failover"] if r.get("bench") == "failover_summary" and r.get("failed_reps")]
     results["plots"] = plots(results, a.dir)
     with open(os.path.join(a.dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
@@ -597,6 +624,7 @@ def main():
             "LATENCY": table_latency(results),
             "WINDOW": table_window(results),
             "GLOBAL": table_global(results),
+            "FAILOVER": table_failover(results),
             "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
         }
         for s in SCENARIOS:

@@ -113,7 +113,8 @@ TEST(PgIntegrity, SynchronousCommitStaysOnInAGlobalGuardSessionAfterAReloadTurns
     idem_test::private_server srv;
     ASSERT_FALSE(srv.uri().empty()) << "cannot start the test's own PostgreSQL with scripts/lib/postgres.sh (PG_BIN)";
     // The session class every batcher of global_guard runs its statements on (the PostgreSQL arbiter).
-    idem::detail::global::pg_session db(srv.uri(), pg::redact(srv.uri()), 2000ms, "idem-test");
+    idem::detail::global::pg_session db(srv.uri(), pg::redact(srv.uri()), 2000ms, "idem-test",
+                                        /*standby=*/false);
     auto show = [&] {
         std::string v;
         const auto r = db.run("show", [&](pqxx::connection& c) {

@@ -121,6 +121,7 @@ int run_stats(const stats_config& c) {
     const std::int64_t now_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     store_view v;
+    const std::string failover = failover_exposure(*st);
     for (idem::record_state s : statuses) v.by_status[idem::to_string(s)] = 0;
     const auto retention = *parse_duration(c.retention, false);
     const auto window = *parse_duration(c.window, true);
@@ -264,6 +265,7 @@ int run_stats(const stats_config& c) {
         policy["min_samples"] = c.lease_min_samples;
         j["lease_policy"] = policy;
         add_horizon(j, v.horizon);
+        if (!failover.empty()) j["failover_exposure"] = failover;
         j["elapsed_s"] = elapsed_s;
         std::cout << json_line(j) << std::endl;
     } else {
@@ -287,6 +289,7 @@ int run_stats(const stats_config& c) {
         t.row("  cold window", grouped(v.cold), "(in the filter only; a duplicate reads the store)");
         t.row("  past the window", grouped(v.past_window), "(forgotten: the key runs again; idem prune removes them)");
         horizon_rows(t, v.horizon);
+        if (!failover.empty()) t.row("failover", "", "(" + failover + ")");
         t.row("read in", fixed(elapsed_s, 2) + " s");
         t.print(std::cout);
         if (v.by_biz.size() > 1) {

@@ -241,6 +241,16 @@ inline std::unique_ptr<idem::store> open_store(const store_spec& spec, idem::dur
     throw idem::error(idem::errc::invalid_argument, "store '" + display_name(spec) + "' is not built into this idem");
 }
 
+/// What a failover of the store's server can lose, in words (postgres_store::failover_exposure());
+/// empty for a store without a standby to fail over to (one file or directory, or MySQL, whose
+/// replication idem does not inspect).
+inline std::string failover_exposure([[maybe_unused]] idem::store& st) {
+#ifdef IDEM_HAVE_POSTGRES
+    if (auto* pg = dynamic_cast<idem::postgres_store*>(&st)) return pg->failover_exposure();
+#endif
+    return {};
+}
+
 /// How many records the store holds (one pass of store::load). Used to size options.capacity, since
 /// recovery loads every record into the table.
 inline std::size_t count_records(idem::store& st) {

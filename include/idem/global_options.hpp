@@ -56,6 +56,12 @@ struct global_options {
     /// How often the maintenance thread prunes (bounded calls, each a short transaction). Zero:
     /// never (global_guard::prune or `idem prune` does it).
     std::chrono::milliseconds prune_interval = std::chrono::minutes(1);
+    /// PostgreSQL only: refuse a server on which a failover can lose an acknowledged claim or
+    /// completion, i.e. one without a synchronous standby (synchronous_standby_names empty):
+    /// invalid_argument at construction, and afterwards every session's (re)connect refuses to
+    /// commit on it (store_unavailable) until a standby is named again. See docs/scaling.md,
+    /// "A failover pair". On a MySQL / MariaDB URI the guard refuses the option.
+    bool require_synchronous_standby = false;
 };
 
 /// Counters of a global guard: the local table's, plus the store traffic.

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "lib_shell.hpp"
 
@@ -48,5 +49,60 @@ private:
     std::string uri_, dir_;
 };
 
+/// A failover pair of the test's own: a primary (scripts/lib/postgres.sh's pg_start) and a streaming
+/// standby of it (pg_standby_start; synchronous unless `sync` is false). uri() names both hosts with
+/// target_session_attrs=read-write, so a client finds whichever is the primary. crash() kills the
+/// primary with SIGKILL (pg_kill); resume() promotes the standby (pg_promote): a failover, as a
+/// failover manager would run it, but at once. Both are stopped and removed by the destructor.
+class private_pair {
+public:
+    explicit private_pair(bool sync = true) {
+        const std::string out = shell(std::string("pg_start >&2 && pg_standby_start ") + (sync ? "sync" : "") +
+                                      " >&2 && printf '%s\\n%s\\n%s\\n%s\\n%s\\n' \"$PG_PAIR_URI\" \"$PG_DIR\" "
+                                      "\"$STANDBY_DIR\" \"$PG_URI\" \"$STANDBY_URI\"");
+        std::vector<std::string> lines;
+        std::size_t at = 0;
+        for (std::size_t nl; (nl = out.find('\n', at)) != std::string::npos; at = nl + 1)
+            lines.push_back(out.substr(at, nl - at));
+        if (lines.size() != 5) return;
+        uri_ = lines[0];
+        dir_ = lines[1];
+        standby_dir_ = lines[2];
+        primary_uri_ = lines[3];
+        standby_uri_ = lines[4];
+    }
+    ~private_pair() {
+        if (!standby_dir_.empty()) (void)shell("STANDBY_DIR='" + standby_dir_ + "' pg_standby_stop");
+        if (!dir_.empty()) (void)shell("PG_DIR='" + dir_ + "' pg_stop");
+    }
+    private_pair(const private_pair&) = delete;
+    private_pair& operator=(const private_pair&) = delete;
+
+    /// Both hosts, the primary first; empty when the pair did not start.
+    const std::string& uri() const { return uri_; }
+    /// Each server on its own.
+    const std::string& primary_uri() const { return primary_uri_; }
+    const std::string& standby_uri() const { return standby_uri_; }
+    /// The primary dies (SIGKILL to its postmaster and every backend).
+    bool crash() { return shell("pg_kill '" + dir_ + "' && echo killed") == "killed\n"; }
+    /// The standby is promoted; returns once it accepts writes.
+    bool resume() { return shell("STANDBY_DIR='" + standby_dir_ + "' pg_promote && echo promoted") == "promoted\n"; }
+    /// Runs one statement on one server of the pair (primary_uri() or standby_uri()); its output.
+    std::string psql(const std::string& server_uri, const std::string& sql) {
+        const auto colon = server_uri.rfind(':'), slash = server_uri.rfind('/');
+        return shell("pg_psql " + server_uri.substr(colon + 1, slash - colon - 1) + " \"" + sql + "\"");
+    }
+    /// SIGSTOP / SIGCONT to the standby's postmaster and every process of it: it stops answering
+    /// (a synchronous primary's commits then wait).
+    bool pause_standby(bool stop) {
+        const std::string sig = stop ? "STOP" : "CONT";
+        return shell("pm=$(head -1 '" + standby_dir_ + "/data/postmaster.pid') && kill -" + sig +
+                     " $pm $(pgrep -P $pm) && echo ok") == "ok\n";
+    }
+
+private:
+    static std::string shell(const std::string& cmd) { return lib_shell("postgres.sh", cmd); }
+    std::string uri_, dir_, standby_dir_, primary_uri_, standby_uri_;
+};
 
 }  // namespace idem_test

@@ -99,13 +99,26 @@ void server_crash_drill(Server& srv, Open open) {
 
     ASSERT_TRUE(wait_for([&] { return acks.load() >= 300; }, 60s)) << "no progress before the crash";
     const std::size_t errors_before = g->snapshot().store_errors;
+    const auto crashed_at = std::chrono::steady_clock::now();
     ASSERT_TRUE(srv.crash()) << "cannot crash the server";
     const std::size_t acks_at_crash = acks.load();
     ASSERT_TRUE(wait_for([&] { return g->snapshot().store_errors > errors_before; }, 30s))
         << "the flusher never met the crashed server";
     // While the server is down, sync claims are refused rather than granted.
     ASSERT_TRUE(wait_for([&] { return refused.load() > 0; }, 30s)) << "claims were granted while the server was down";
+    const auto resuming_at = std::chrono::steady_clock::now();
     ASSERT_TRUE(srv.resume()) << "cannot start the server again after the crash";
+    const auto resumed_at = std::chrono::steady_clock::now();
+    const std::size_t acks_at_resume = acks.load();
+    ASSERT_TRUE(wait_for([&] { return acks.load() > acks_at_resume; }, 60s))
+        << "no acknowledgement after the server came back: " << g->last_store_error();
+    const auto first_ack_at = std::chrono::steady_clock::now();
+    const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
+    // Measured, not judged (a shared machine): how long the server took to come back (a restart, or
+    // a standby's promotion), and how soon after that the guard acknowledged again.
+    std::printf("[ idem    ] server back in %lld ms; first acknowledgement %lld ms after that, %lld ms after the crash\n",
+                static_cast<long long>(ms(resumed_at - resuming_at)), static_cast<long long>(ms(first_ack_at - resumed_at)),
+                static_cast<long long>(ms(first_ack_at - crashed_at)));
     ASSERT_TRUE(wait_for([&] { return acks.load() >= acks_at_crash + 300; }, 60s))
         << "no progress after the restart: " << g->last_store_error();
     stop = true;

@@ -56,6 +56,15 @@
 // every connection, and fsync is read at every (re)connect and in every batch right before COMMIT:
 // when it is off, apply() throws store_unavailable naming fsync and commits nothing.
 //
+// Failover (schema.hpp). A URI naming several hosts with target_session_attrs=read-write
+// (postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write) reconnects to whichever is the
+// primary after a failover; a batch in flight at the switch is commit_unknown, and committed()
+// answers it from the new primary. failover_exposure() says what a failover can lose;
+// require_synchronous_standby() refuses a server without a synchronous standby at open and
+// afterwards (every reconnect and every batch, like fsync). A commit whose wait for the standby was
+// cancelled is commit_unknown, and committed() confirms a committed batch with a write of its own,
+// whose commit waits for the standby (detail/pg/sql.hpp, committed_barrier).
+//
 // Snapshot reads: snapshot_read(fn) runs fn inside one REPEATABLE READ READ ONLY transaction, so the
 // load(), scan_audit(), get() and audit() calls fn makes all see one snapshot (`idem verify` on a
 // live store compares the audit trail with the records). Each call keeps its own deadline; the
@@ -161,15 +170,22 @@ public:
         run(op, [&] {
             step_ = "begin";
             pqxx::work w(*conn_);
-            const std::string fsync = p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node,
-                                              /*read_fsync=*/durable_required_, step_);
+            const auto now = p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node,
+                                     /*read_settings=*/durable_required_ || standby_required_, step_);
             step_ = "check fsync";
-            if (durable_required_ && fsync == "off") detail::pg::refuse_fsync_off(name_, op, step_);
+            if (durable_required_ && now.fsync == "off") detail::pg::refuse_fsync_off(name_, op, step_);
+            step_ = "check synchronous_standby_names";
+            if (standby_required_ && now.standby_names.empty()) detail::pg::refuse_no_standby(name_, op, step_);
             step_ = "commit";
             committing_ = true;
             if (before_commit_) before_commit_();
+            (void)notices_->take_sync_wait_cancelled();  // what an earlier statement left is not this commit's
             w.commit();
             committing_ = false;
+            if (notices_->take_sync_wait_cancelled())
+                throw commit_unknown("postgres store " + name_ + ": " + op +
+                                     ": commit: " + std::string(detail::pg::sync_wait_cancelled_text) +
+                                     "; the batch may or may not be durable (resolve with committed(batch_id))");
         });
     }
 
@@ -177,14 +193,26 @@ public:
     /// in the old session. A speculative INSERT of the batch id waits for any transaction holding
     /// that id uncommitted, then conflicts (committed) or not (never committed; rolled back here).
     /// Bounded by the call deadline: a server that cannot decide yet gives store_unavailable.
+    /// A batch found committed is confirmed by a write of this call's own (committed_barrier), whose
+    /// commit waits for a synchronous standby when one is configured: "committed" is answered only
+    /// once a failover can no longer take the batch back.
     bool committed(std::uint64_t batch_id) override {
         bool done = false;
-        run("committed(" + std::to_string(batch_id) + ")", [&] {
+        const std::string op = "committed(" + std::to_string(batch_id) + ")";
+        run(op, [&] {
             step_ = "probe idempotent_batch";
             pqxx::work w(*conn_);
-            const auto r = w.exec_prepared(std::string(detail::pg::committed_name), static_cast<std::int64_t>(batch_id));
+            const auto id = static_cast<std::int64_t>(batch_id);
+            const auto r = w.exec_prepared(std::string(detail::pg::committed_name), id);
             done = r.empty();
-            w.abort();
+            if (!done) return w.abort();
+            step_ = "confirm on the synchronous standby";
+            w.exec_prepared(std::string(detail::pg::committed_barrier_name), id);
+            (void)notices_->take_sync_wait_cancelled();
+            w.commit();
+            if (notices_->take_sync_wait_cancelled())
+                throw error(errc::store_unavailable, "postgres store " + name_ + ": " + op + ": " + step_ + ": " +
+                                                         std::string(detail::pg::sync_wait_cancelled_text));
         });
         return done;
     }
@@ -302,6 +330,33 @@ public:
         detail::pg::check_durability(d, name_, alternative);
         durable_required_ = true;
         lanes_.each_open([](postgres_store& l) { l.durable_required_ = true; });
+    }
+
+    /// Refuses a server on which a failover can lose an acknowledged commit (no synchronous standby:
+    /// synchronous_standby_names empty) with idem::error(invalid_argument) naming the setting; from
+    /// then on, every reconnect and every batch re-reads it, and an empty value refuses the commit
+    /// (store_unavailable) until a standby is named again. Call it before the guard opens on the store.
+    void require_synchronous_standby() {
+        detail::pg::durability d;
+        run("check synchronous standby", [&] {
+            step_ = "read synchronous_standby_names";
+            d = detail::pg::read_durability(*conn_);
+        });
+        detail::pg::check_synchronous_standby(d, name_);
+        standby_required_ = true;
+        lanes_.each_open([](postgres_store& l) { l.standby_required_ = true; });
+    }
+
+    /// What a failover of the server can lose, in words, as its settings say now (one round trip):
+    /// with a synchronous standby, nothing acknowledged; without one, the commits within the
+    /// replication lag. Programs print it at open (the idem tool does).
+    [[nodiscard]] std::string failover_exposure() {
+        detail::pg::durability d;
+        run("read replication settings", [&] {
+            step_ = "read synchronous_standby_names";
+            d = detail::pg::read_durability(*conn_);
+        });
+        return detail::pg::failover_exposure(d);
     }
 
     /// Runs fn inside one REPEATABLE READ READ ONLY transaction: every load(), scan_audit(), get()
@@ -449,6 +504,7 @@ private:
           conninfo_(first.conninfo_),
           deadline_(first.deadline_),
           durable_required_(first.durable_required_),
+          standby_required_(first.standby_required_),
           keep_remote_apply_(first.keep_remote_apply_),
           before_commit_(first.before_commit_) {
         node_ = first.node_;
@@ -550,18 +606,21 @@ private:
 #pragma GCC diagnostic pop
         watchdog_.watch(conn_->sock());
         step_ = "set session";
-        std::string fsync;
+        std::string fsync, standby_names;
         {
             pqxx::nontransaction n(*conn_);
             const auto r = n.exec(detail::pg::session_setup(deadline_, keep_remote_apply_));
             keep_remote_apply_ = keep_remote_apply_ || std::string_view(r[0][0].c_str()) == "remote_apply";
             fsync = r[0][1].c_str();
+            standby_names = r[0][2].c_str();
         }
         if (durable_required_ && fsync == "off") detail::pg::refuse_fsync_off(name_, *op_, step_);
+        if (standby_required_ && standby_names.empty()) detail::pg::refuse_no_standby(name_, *op_, step_);
         namespace sql = detail::pg;
         conn_->prepare(std::string(sql::apply_main_name), std::string(sql::apply_main));
         conn_->prepare(std::string(sql::apply_keep_lease_name), std::string(sql::apply_keep_lease));
         conn_->prepare(std::string(sql::committed_name), std::string(sql::committed));
+        conn_->prepare(std::string(sql::committed_barrier_name), std::string(sql::committed_barrier));
         conn_->prepare(std::string(sql::get_name), std::string(sql::get));
         conn_->prepare(std::string(sql::audit_name), std::string(sql::audit));
         need_reconnect_ = false;
@@ -587,6 +646,7 @@ private:
     bool need_reconnect_ = true;
     bool streaming_ = false;                  // a COPY is open: load() or scan_audit() is in its callback
     bool durable_required_ = false;           // check_sync_durability() passed: refuse fsync=off from then on
+    bool standby_required_ = false;           // require_synchronous_standby() passed: refuse none from then on
     bool keep_remote_apply_ = false;          // the server was configured with remote_apply: keep pinning it
     pqxx::transaction_base* snap_ = nullptr;  // inside snapshot_read(): its transaction
     std::function<void()> before_commit_;

@@ -70,6 +70,10 @@ public:
                         "global guard " + name +
                             ": options.ordered_versions needs a PostgreSQL arbiter; on MySQL / MariaDB a claim "
                             "batch cannot check and raise a pair's version in its own statement (docs/scaling.md)");
+        if (go.require_synchronous_standby && is_mysql_uri(uri))
+            throw error(errc::invalid_argument, "global guard " + name +
+                                                    ": global_options.require_synchronous_standby checks PostgreSQL's "
+                                                    "synchronous_standby_names; it has no MySQL / MariaDB counterpart here");
         rng_.seed(std::random_device{}() ^ static_cast<std::uint64_t>(::getpid()) << 32);
     }
     batch_context(const batch_context&) = delete;

@@ -89,8 +89,8 @@ public:
     claim_batcher(batch_context& ctx, completion_batcher& completions, const std::string& uri)
         : ctx_(ctx), completions_(completions) {
         for (std::size_t i = 0; i < ctx_.go.claim_connections; ++i)
-            dbs_.push_back(
-                open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-claims", ctx_.opts.ordered_versions));
+            dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-claims",
+                                        ctx_.go.require_synchronous_standby, ctx_.opts.ordered_versions));
         for (auto& db : dbs_) threads_.emplace_back([this, d = db.get()] { claim_loop(*d); });
     }
     /// Claims still queued are answered store_unavailable (verdict error); the batch in flight ends.

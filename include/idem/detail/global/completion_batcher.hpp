@@ -93,7 +93,8 @@ public:
     /// session.
     completion_batcher(batch_context& ctx, const std::string& uri) : ctx_(ctx) {
         for (std::size_t i = 0; i < ctx_.go.completion_connections; ++i)
-            dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-completions"));
+            dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-completions",
+                                        ctx_.go.require_synchronous_standby));
         for (auto& db : dbs_) threads_.emplace_back([this, d = db.get()] { completion_loop(*d); });
     }
     /// Completions drain (a success whose caller gave up still belongs in the store) for up to

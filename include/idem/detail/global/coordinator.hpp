@@ -67,12 +67,18 @@ public:
         : ctx_(uri, std::move(opts), std::move(go)),
           local_(local_options(ctx_.opts)),
           store_(open_store(uri, ctx_.name, ctx_.go.call_deadline)),  // creates or checks the schema
-          compensation_db_(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-compensation")) {
+          compensation_db_(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-compensation",
+                                        ctx_.go.require_synchronous_standby)) {
         // Every answer of scope::global rests on a commit: refuse a server that may lose one
         // (PostgreSQL: fsync=off, synchronous_commit=off; MySQL: innodb_flush_log_at_trx_commit or
         // sync_binlog other than 1). Sessions re-check on every reconnect (pg_session.hpp,
         // my_session.hpp).
         store_.require_durability();
+        // And, when asked, one on which a failover can lose one (no synchronous standby).
+        if (ctx_.go.require_synchronous_standby) {
+            IDEM_ASSERT(store_.require_standby != nullptr, "batch_context refuses the option for arbiters without it");
+            store_.require_standby();
+        }
         store_.st->set_node(ctx_.node);
         create_index();
         completions_.emplace(ctx_, uri);

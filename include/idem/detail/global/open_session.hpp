@@ -44,19 +44,22 @@ namespace idem::detail::global {
 }
 
 /// The arbiter of `uri`, not connected yet (it connects at its first call). `name`: the URI without
-/// its password, for messages; `application`: the session's name on the server. Throws
-/// invalid_argument when this build lacks the arbiter the URI names.
+/// its password, for messages; `application`: the session's name on the server; `standby`:
+/// refuse to commit while the server names no synchronous standby (PostgreSQL; batch_context
+/// refuses it on MySQL). Throws invalid_argument when this build lacks the arbiter the URI names.
 [[nodiscard]] inline std::unique_ptr<global_session> open_session(const std::string& uri, const std::string& name,
                                                                   std::chrono::milliseconds deadline,
-                                                                  const std::string& application, bool ordered = false) {
+                                                                  const std::string& application, bool standby,
+                                                                  bool ordered = false) {
 #ifdef IDEM_HAVE_MYSQL
     if (is_mysql_uri(uri)) return std::make_unique<my_session>(uri, name, deadline, application, ordered);
 #endif
 #ifdef IDEM_HAVE_POSTGRES
-    if (!is_mysql_uri(uri)) return std::make_unique<pg_session>(uri, name, deadline, application, ordered);
+    if (!is_mysql_uri(uri)) return std::make_unique<pg_session>(uri, name, deadline, application, standby, ordered);
 #endif
     (void)deadline;
     (void)application;
+    (void)standby;
     (void)ordered;
     missing_arbiter(uri, name);
 }
@@ -67,6 +70,7 @@ struct arbiter_store {
     std::unique_ptr<store> st;
     std::function<std::int64_t()> server_now_ms;  ///< the server's clock, Unix ms
     std::function<void()> require_durability;     ///< refuses a server that may lose a commit
+    std::function<void()> require_standby;        ///< refuses a server without a synchronous standby
 };
 
 /// `S`'s store over `uri` as an arbiter_store (S: postgres_store or mysql_store).
@@ -74,7 +78,9 @@ template <class S>
 [[nodiscard]] arbiter_store arbiter_store_of(const std::string& uri, std::chrono::milliseconds deadline) {
     auto st = std::make_unique<S>(uri, deadline);
     S* s = st.get();
-    return {std::move(st), [s] { return s->server_now_ms(); }, [s] { s->require_durability(""); }};
+    std::function<void()> standby;
+    if constexpr (requires { s->require_synchronous_standby(); }) standby = [s] { s->require_synchronous_standby(); };
+    return {std::move(st), [s] { return s->server_now_ms(); }, [s] { s->require_durability(""); }, std::move(standby)};
 }
 
 [[nodiscard]] inline arbiter_store open_store(const std::string& uri, const std::string& name,

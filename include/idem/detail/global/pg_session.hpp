@@ -17,7 +17,11 @@
 // fsync=off refuses the connection: the call answers transient, naming fsync in last_error(), and
 // every later call connects (and checks) again, so nothing is acknowledged on a server that may lose
 // its commits, and work resumes once fsync=on is configured and reloaded. the coordinator refuses
-// fsync=off and synchronous_commit=off at open.
+// fsync=off and synchronous_commit=off at open. With `standby` (global_options::
+// require_synchronous_standby) a (re)connect to a server whose synchronous_standby_names is empty is
+// refused the same way. A commit whose wait for the synchronous standby was cancelled answers
+// in_doubt (detail/pg/schema.hpp says why), and batch_committed() confirms a committed batch with a
+// write of its own, whose commit waits for the standby (pg_sql.hpp, batch_committed_barrier).
 //
 // Thread-safety: one thread at a time. Progress: blocking; each call bounded by call_deadline
 // (plus connect_timeout while connecting).
@@ -52,9 +56,11 @@ class pg_session final : public global_session {
 public:
     /// `conninfo` is used as given plus the deadline options it does not set (as postgres_store).
     /// `ordered`: also prepare the ordered-versions claim statements (their table must exist).
+    /// `standby`: refuse to commit while the server names no synchronous standby.
     pg_session(const std::string& conninfo, std::string name, std::chrono::milliseconds deadline, std::string application,
-               bool ordered = false)
+               bool standby, bool ordered = false)
         : ordered_(ordered),
+          standby_(standby),
           name_(std::move(name)),
           conninfo_(pg::session_conninfo(conninfo, deadline, application)),
           deadline_(deadline),
@@ -71,12 +77,18 @@ public:
         committing_ = false;
         try {
             if (need_reconnect_ || !conn_ || !conn_->is_open()) connect();
+            (void)notices_->take_sync_wait_cancelled();  // what an earlier call left is not this one's
             body(*conn_);
         } catch (...) {
             const bool fired = watchdog_.disarm();
             return classify(op, fired);
         }
         if (watchdog_.disarm()) need_reconnect_ = true;
+        if (notices_->take_sync_wait_cancelled()) {  // committed on the primary only, maybe
+            need_reconnect_ = true;
+            last_error_ = "postgres " + name_ + ": " + op + ": " + std::string(pg::sync_wait_cancelled_text);
+            return result::in_doubt;
+        }
         return result::ok;
     }
 
@@ -227,12 +239,17 @@ public:
 
     /// The speculative insert of the batch id (pg_sql.hpp, batch_committed): it waits for a session
     /// still holding the id uncommitted, and finds it exactly when the batch committed.
+    /// A batch found committed is confirmed by a write of this call's own (its commit waits for a
+    /// synchronous standby when one is configured); a wait for it that was cancelled answers in_doubt,
+    /// and the caller asks again.
     result batch_committed(std::int64_t batch_id, bool& committed) override {
         return run("resolve unknown commit", [&](pqxx::connection& c) {
             pqxx::work w(c);
             const auto res = w.exec_prepared(std::string(sql::batch_committed_name), batch_id);
             committed = res.empty();
-            w.abort();  // the speculative insert must not stay
+            if (!committed) return w.abort();  // the speculative insert must not stay
+            w.exec_prepared(std::string(sql::batch_committed_barrier_name), batch_id);
+            w.commit();
         });
     }
 
@@ -301,6 +318,11 @@ private:
                             "connect: the server now runs with fsync=off, so a commit it acknowledges can be lost on "
                             "a crash; nothing is acknowledged on it (calls wait until fsync=on is configured and "
                             "reloaded)");
+            if (standby_ && std::string_view(r[0][2].c_str()).empty())
+                throw error(errc::store_unavailable,
+                            "connect: synchronous_standby_names is empty, so a commit would not wait for a standby "
+                            "and a failover could lose it; nothing is acknowledged until a synchronous standby is "
+                            "named again");
         }
         try {  // the statements' plans do not depend on the arrays' contents: plan them once
             pqxx::nontransaction n(*conn_);
@@ -316,6 +338,7 @@ private:
         conn_->prepare(std::string(sql::extend_name), sql::extend);
         conn_->prepare(std::string(sql::expired_name), sql::expired);
         conn_->prepare(std::string(sql::batch_committed_name), std::string(sql::batch_committed));
+        conn_->prepare(std::string(sql::batch_committed_barrier_name), std::string(sql::batch_committed_barrier));
         if (ordered_) {
             conn_->prepare(std::string(sql::claim_ordered_name), sql::claim_ordered);
             conn_->prepare(std::string(sql::read_rows_ordered_name), sql::read_rows_ordered);
@@ -324,6 +347,7 @@ private:
     }
 
     bool ordered_;
+    bool standby_;  // refuse to commit while the server names no synchronous standby
     std::string name_;
     std::string conninfo_;
     std::chrono::milliseconds deadline_;

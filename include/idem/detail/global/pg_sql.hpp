@@ -265,6 +265,11 @@ inline constexpr std::string_view batch_committed_name = "idem_g_committed";
 inline constexpr std::string_view batch_committed =
     "INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, 0) ON CONFLICT (batch_id) DO NOTHING "
     "RETURNING 1";
+// A batch found committed, confirmed by a write of the prober's own that it commits: its commit waits
+// for a synchronous standby, and covers the batch's (detail/pg/sql.hpp, committed_barrier).
+inline constexpr std::string_view batch_committed_barrier_name = "idem_g_committed_barrier";
+inline constexpr std::string_view batch_committed_barrier =
+    "UPDATE idempotent_batch SET committed_time = committed_time WHERE batch_id = $1";
 
 #undef IDEM_GSQL_BATCH_CTE
 #undef IDEM_GSQL_NOW

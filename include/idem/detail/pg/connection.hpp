@@ -47,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -201,11 +202,31 @@ private:
 };
 
 /// Swallows libpq notices and libpqxx warnings (they would go to stderr); errors arrive as exceptions.
+/// Remembers one of them: the WARNING a backend sends when its wait for a synchronous standby was
+/// cancelled or terminated ("canceling wait for synchronous replication ...", "canceling the wait
+/// for synchronous replication and terminating connection ..."): the commit then returns as if it
+/// succeeded, but it is on the primary only (schema.hpp), so the owner takes it as a commit in doubt.
+/// The server's messages are matched in English, its default (lc_messages); a server configured to
+/// speak another language sends them translated, and only the in-doubt probe's barrier then guards.
 class quiet_notices final : public pqxx::errorhandler {
 public:
     explicit quiet_notices(pqxx::connection_base& c) : pqxx::errorhandler(c) {}
-    bool operator()(const char*) noexcept override { return false; }
+    bool operator()(const char* msg) noexcept override {
+        if (std::string_view(msg).find("wait for synchronous replication") != std::string_view::npos)
+            sync_wait_cancelled_ = true;
+        return false;
+    }
+    /// Whether a synchronous-replication wait was cancelled since the last call; clears it.
+    bool take_sync_wait_cancelled() noexcept { return std::exchange(sync_wait_cancelled_, false); }
+
+private:
+    bool sync_wait_cancelled_ = false;  // the connection's thread only (libpq calls back inside its calls)
 };
+
+/// The message of a commit whose wait for a synchronous standby was cancelled (quiet_notices).
+inline constexpr std::string_view sync_wait_cancelled_text =
+    "the server cancelled this commit's wait for the synchronous standby (pg_cancel_backend or "
+    "pg_terminate_backend): it committed on the primary and may be missing on the standby";
 
 
 /// The connection string every idem connection uses: the caller's, plus the deadline options it

@@ -27,6 +27,21 @@
 //        (the main statement answers with it: no round trip of its own for a typical batch). When it
 //        is off, the store refuses (refuse_fsync_off(): store_unavailable naming fsync) and commits
 //        nothing; the batch waits (the flusher retries) until fsync is on again.
+//   * A failover loses nothing acknowledged only when every commit waited for a standby too. That
+//     is synchronous_standby_names: non-empty, `on` (pinned) waits for the named standbys' flush.
+//     An owner that requires it (postgres_store::require_synchronous_standby(), global_options::
+//     require_synchronous_standby) refuses an empty value at open (check_synchronous_standby():
+//     invalid_argument naming the setting), and reads it where it reads fsync afterwards (every
+//     (re)connect; a store's every batch before COMMIT): empty then refuses the commit
+//     (refuse_no_standby(): store_unavailable), and work resumes once a standby is named again.
+//     failover_exposure() says in words what a failover of the server can lose, at open.
+//   * A commit that waits for a standby is visible to no other session until the standby answered,
+//     unless the wait is cancelled (pg_cancel_backend: the client gets COMMIT with a WARNING) or
+//     the backend is terminated (the client gets nothing). Then the commit is visible on the
+//     primary and may be missing on the standby. So the owners take such a WARNING as a commit in
+//     doubt (sync_wait_cancelled, connection.hpp's quiet_notices), and an in-doubt probe that finds
+//     a batch committed confirms it with a write of its own (committed_barrier, sql.hpp): its commit
+//     follows the batch's in the WAL, so its wait for the standby covers the batch too.
 #pragma once
 
 #include <string>
@@ -119,16 +134,20 @@ inline constexpr std::string_view payload_column_exists =
 // (the standbys have also applied the commit). off, local and remote_write are raised to on. The row
 // holds the pinned value, then fsync. It runs first on a fresh session, so current_setting() still
 // reads the configured value there.
+// The third column is synchronous_standby_names (empty: no commit waits for a standby).
 [[nodiscard]] inline std::string pin_durability(bool keep_remote_apply) {
     return std::string("SELECT set_config('synchronous_commit', CASE WHEN ") + (keep_remote_apply ? "true" : "false") +
            " OR current_setting('synchronous_commit') = 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false), "
-           "current_setting('fsync')";
+           "current_setting('fsync'), current_setting('synchronous_standby_names')";
 }
-inline constexpr std::string_view fsync_now = "SELECT current_setting('fsync')";
-// fsync, and the synchronous_commit a session of this server starts with (its configured value,
-// reloads included; pg_settings.reset_val, because this session's own value is pinned).
+inline constexpr std::string_view fsync_now =
+    "SELECT current_setting('fsync'), current_setting('synchronous_standby_names')";
+// fsync, the synchronous_commit a session of this server starts with (its configured value,
+// reloads included; pg_settings.reset_val, because this session's own value is pinned), and
+// synchronous_standby_names.
 inline constexpr std::string_view durability_settings =
-    "SELECT current_setting('fsync'), (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit')";
+    "SELECT current_setting('fsync'), (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit'), "
+    "current_setting('synchronous_standby_names')";
 
 static_assert(schema_version == 2, "schema_version_insert writes the literal 2: change both together");
 
@@ -174,13 +193,14 @@ inline void ensure_schema(pqxx::connection& conn, std::string_view name, std::st
 struct durability {
     std::string fsync;               ///< current_setting('fsync')
     std::string synchronous_commit;  ///< the value a new session starts with (configured, reloads included)
+    std::string standby_names;       ///< synchronous_standby_names (empty: no commit waits for a standby)
 };
 
 /// Reads the settings (one round trip, outside any transaction).
 [[nodiscard]] inline durability read_durability(pqxx::connection& conn) {
     pqxx::nontransaction n(conn);
     const auto r = n.exec(std::string(durability_settings));
-    return {r[0][0].c_str(), r[0][1].c_str()};
+    return {r[0][0].c_str(), r[0][1].c_str(), r[0][2].c_str()};
 }
 
 /// Refuses settings under which a commit the server acknowledges can be lost on a crash (see the
@@ -194,6 +214,37 @@ inline void check_durability(const durability& d, std::string_view name, const s
     };
     if (d.fsync == "off") refuse("fsync=off", "fsync=on");
     if (d.synchronous_commit == "off") refuse("synchronous_commit=off", "synchronous_commit=on");
+}
+
+/// What a failover of the server can lose, in words, as its settings say (read_durability()).
+[[nodiscard]] inline std::string failover_exposure(const durability& d) {
+    if (d.standby_names.empty())
+        return "no synchronous standby (synchronous_standby_names is empty): a commit is acknowledged once this "
+               "server flushed it, so a failover to a standby can lose the commits acknowledged within its "
+               "replication lag; the loss of this server's disk loses what no standby received";
+    return "synchronous standby '" + d.standby_names +
+           "': a commit is acknowledged only once a standby named there flushed it too, so a failover to such a "
+           "standby loses no acknowledged commit (one to any other standby can)";
+}
+
+/// Refuses a server on which a failover can lose an acknowledged commit (synchronous_standby_names
+/// empty): idem::error(invalid_argument) naming the setting.
+inline void check_synchronous_standby(const durability& d, std::string_view name) {
+    if (d.standby_names.empty())
+        throw error(errc::invalid_argument,
+                    "synchronous standby required: PostgreSQL at " + std::string(name) +
+                        " runs with synchronous_standby_names empty, so " + failover_exposure(d) +
+                        ". Name a standby there (for example synchronous_standby_names = 'FIRST 1 (standby1)'), "
+                        "or do not require one");
+}
+
+/// A synchronous standby was required and the server now names none: the call in progress (`op`,
+/// at `step`) commits nothing.
+[[noreturn]] inline void refuse_no_standby(std::string_view name, std::string_view op, std::string_view step) {
+    throw error(errc::store_unavailable,
+                "postgres " + std::string(name) + ": " + std::string(op) + ": " + std::string(step) +
+                    ": synchronous_standby_names is now empty, so a commit would not wait for a standby and a "
+                    "failover could lose it; nothing is acknowledged until a synchronous standby is named again");
 }
 
 /// Sync durability was required and the server now runs with fsync=off: the call in progress (`op`,

@@ -41,7 +41,8 @@ namespace idem::detail::pg {
 // the same fence a terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED
 // (a late doubt mark or release of the same claim is audited; the outcome stays).
 // Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
-// batch has class-Y keys. Statement 1 answers with the server's fsync setting, read after its writes:
+// batch has class-Y keys. Statement 1 answers with the server's fsync setting (and
+// synchronous_standby_names), read after its writes:
 // for a batch without class-Y keys that is the last read before COMMIT, so sync mode's fsync check
 // (see fsync_now) costs no round trip of its own. Data-modifying CTEs run exactly once, to
 // completion, whether or not the final SELECT reads them. The CTEs write different tables, or different rows (X and Y keys are
@@ -83,7 +84,7 @@ ON CONFLICT (idempotent_key) DO UPDATE
      OR (r.fencing_token = EXCLUDED.fencing_token
          AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
 )
-SELECT current_setting('fsync')
+SELECT current_setting('fsync'), current_setting('synchronous_standby_names')
 )sql";
 
 // Statement 2: the class-Y records ($1..$10 as $14..$23 above). lease_until and request_fingerprint
@@ -111,6 +112,14 @@ inline constexpr std::string_view committed_name = "idem_committed";
 inline constexpr std::string_view committed =
     "INSERT INTO idempotent_batch (batch_id, committed_time) VALUES ($1, 0) ON CONFLICT (batch_id) DO NOTHING "
     "RETURNING 1";
+// After committed() found the batch committed: a write of the caller's own, committed by it. Its
+// commit record follows the batch's in the WAL, so when a synchronous standby is configured, its
+// COMMIT returns only once the standby has the batch too (a batch whose wait for the standby was
+// cancelled or terminated is visible on the primary before the standby has it: schema.hpp). The row
+// is the batch's own, which nothing else writes; the value is unchanged.
+inline constexpr std::string_view committed_barrier_name = "idem_committed_barrier";
+inline constexpr std::string_view committed_barrier =
+    "UPDATE idempotent_batch SET committed_time = committed_time WHERE batch_id = $1";
 
 // The reads (get, audit, load, scan_audit) are row_decoder.hpp's, beside the code that decodes their rows.
 
