@@ -5,7 +5,9 @@
 //   * A durable guard in sync mode rides through a failover: the primary is killed (SIGKILL to the
 //     postmaster and every backend) while eight threads claim and complete payments, the standby is
 //     promoted, the guard finds it by itself; nothing acknowledged is lost, no key runs twice,
-//     `verify` is clean on the new primary (tests/support/server_crash_drill.hpp). The same under a
+//     `verify` is clean on the new primary (tests/support/server_crash_drill.hpp). Twice: promoted
+//     by the test at once, and by a real failover manager (pg_auto_failover: a monitor and two
+//     nodes, private_formation) that detects the death itself. The same under a
 //     global guard with 4 processes x 25 threads is global_test's Global.FailoverToASynchronousStandby.
 //   * require_synchronous_standby: refused at open without a standby (naming the setting), accepted
 //     with one, and a standby un-named behind a running store refuses the next commit, which goes
@@ -14,8 +16,9 @@
 //     standby has it: the store answers commit_unknown, not success, and the in-doubt probe answers
 //     "committed" only once the standby has it.
 //
-// Needs the PostgreSQL 15 server binaries (PG_BIN) and root or the postgres user; the test FAILS,
-// never skips, when a pair cannot start. Timing is measured and printed, never asserted.
+// Needs the PostgreSQL 15 server binaries (PG_BIN), pg_auto_failover (packages
+// postgresql-15-auto-failover, pg-auto-failover-cli) and root or the postgres user; the test FAILS,
+// never skips, when a pair or a formation cannot start. Timing is measured and printed, never asserted.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -62,6 +65,18 @@ TEST(Failover, DurableGuardRidesThroughAPromotion) {
     // promotion they find the standby, which must hold everything acknowledged before the kill.
     idem_test::server_crash_drill(pair, [&] { return std::make_unique<idem::postgres_store>(pair.uri(), 2s); });
     EXPECT_EQ(trimmed(pair.psql(pair.standby_uri(), "SELECT pg_is_in_recovery()")), "f") << "the standby was not promoted";
+}
+
+// The same drill with a real failover manager: pg_auto_failover's monitor notices the dead primary
+// and promotes the secondary by itself (its timeouts lowered to seconds, in the order its safety
+// needs: scripts/lib/pgautofailover.sh). The secondary was synchronous (the monitor names it in
+// synchronous_standby_names), so nothing acknowledged is lost.
+TEST(Failover, DurableGuardRidesThroughAPgAutoFailoverFailover) {
+    idem_test::private_formation f;
+    ASSERT_FALSE(f.uri().empty()) << "cannot start a pg_auto_failover formation with scripts/lib/pgautofailover.sh";
+    idem_test::server_crash_drill(f, [&] { return std::make_unique<idem::postgres_store>(f.uri(), 2s); });
+    const std::string state = f.state();
+    EXPECT_NE(state.find("node_2:wait_primary"), std::string::npos) << "the monitor did not promote node_2: " << state;
 }
 
 TEST(Failover, RequireSynchronousStandby) {

@@ -105,4 +105,41 @@ private:
     std::string uri_, dir_, standby_dir_, primary_uri_, standby_uri_;
 };
 
+/// A pg_auto_failover formation of the test's own (scripts/lib/pgautofailover.sh): a monitor and two
+/// nodes, a primary and a secondary the monitor keeps synchronous. uri() names both nodes with
+/// target_session_attrs=read-write. crash() kills the primary's keeper and PostgreSQL (SIGKILL: its
+/// machine died); resume() waits until the failover manager has promoted the secondary and it
+/// accepts writes (nothing of the test promotes it). Stopped and removed by the destructor.
+class private_formation {
+public:
+    private_formation() {
+        const std::string out = shell("paf_start >&2 && printf '%s\\n%s\\n' \"$PAF_URI\" \"$PAF_DIR\"");
+        const auto nl = out.find('\n');
+        if (nl == std::string::npos) return;
+        uri_ = out.substr(0, nl);
+        dir_ = out.substr(nl + 1);
+        while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
+    }
+    ~private_formation() {
+        if (!dir_.empty()) (void)shell(env() + "paf_stop");
+    }
+    private_formation(const private_formation&) = delete;
+    private_formation& operator=(const private_formation&) = delete;
+
+    const std::string& uri() const { return uri_; }
+    /// The primary's keeper and PostgreSQL die at once.
+    bool crash() { return !shell(env() + "paf_kill_primary").empty(); }
+    /// The monitor promoted the secondary and it accepts writes (120 s at most).
+    bool resume() { return !shell(env() + "paf_wait_writable 120").empty(); }
+    /// "node_1:reported:assigned node_2:...", from the monitor.
+    std::string state() { return shell(env() + "paf_state"); }
+
+private:
+    std::string env() const {
+        return "PAF_DIR='" + dir_ + "'; PAF_URI='" + uri_ + "'; PAF_MONITOR_PORT=$(cat '" + dir_ + "/monitor.port'); ";
+    }
+    static std::string shell(const std::string& cmd) { return lib_shell("pgautofailover.sh", cmd); }
+    std::string uri_, dir_;
+};
+
 }  // namespace idem_test
