@@ -29,8 +29,8 @@ Runs, in a fresh temporary directory:
      valid ones.
 With IDEM_SMOKE_MY_URI=mysql://... set (a build with the MySQL store), also runs demo, drill,
 verify, a 2-process demo and a 3-worker drill (global scope, MariaDB as the arbiter) on it. With IDEM_SMOKE_PG_URI=postgresql://... set (and a build with the PostgreSQL store), also runs a
-demo, a 3-cycle drill, a 2-process demo and a 3-worker drill (global scope), and verify against
-that database.
+demo, a 3-cycle drill, a 2-process demo and a 3-worker drill (global scope), verify against
+that database, and stats saying what a failover of it can lose (it has no synchronous standby).
 Exits 0 when every check holds, 1 otherwise (each failed check is printed).
 """
 import json
@@ -388,6 +388,12 @@ def main():
             _, p, _, _ = run(idem, "drill", "--cycles", "3", "--json", "--store", pg, timeout=180)
             check(p is not None and p["ok"], f"postgres drill: {p and p.get('failures')}")
             global_scope(idem, pg, "postgres")
+            # What a failover of the server can lose, said by stats: the test's server has no standby.
+            _, ps, _, _ = run(idem, "stats", "--store", pg, "--json")
+            check(ps is not None and "no synchronous standby" in ps.get("failover_exposure", ""),
+                  f"postgres stats: failover_exposure {ps and ps.get('failover_exposure')!r}")
+            _, _, text, _ = run(idem, "stats", "--store", pg)
+            check("failover" in text and "synchronous_standby_names" in text, f"postgres stats: no failover row: {text!r}")
             pg_prom = f"{tmp}/pg-verify.prom"
             _, p, _, _ = run(idem, "verify", "--store", pg, "--json", "--prometheus", pg_prom)
             check(p is not None and p["violations"] == 0, f"postgres verify: {p and p.get('violation_list')}")
