@@ -55,6 +55,7 @@
 namespace idem {
 
 class global_guard;
+class regional_guard;
 
 /// The claim in scope::global: move-only, rolled back (per options.on_failure, audited) when dropped
 /// without completion. Completion waits for the completion batch holding it. succeed(), fail() and
@@ -189,26 +190,7 @@ public:
     /// options.ordered_versions, superseded (outcome: the newest version) when a higher version of
     /// k's (txid, operation) was claimed on any node and k has no record (or a RELEASED one).
     global_begin_result begin(const key& k, std::uint64_t fingerprint = 0) noexcept {
-        // A key the store can never hold is refused before anything is touched (coordinator::accepts).
-        if (!detail::global::coordinator::accepts(k)) [[unlikely]]
-            return {begin_status::invalid_key, global_ticket(), 0, 0};
-        // The local table answers what this process knows (inline: no call, no intermediate answer).
-        auto lr = coordinator_->local().begin(k, fingerprint);
-        if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0, std::move(lr.payload)};
-        auto a = coordinator_->claim(k, fingerprint, std::move(lr));
-        if (a.status == begin_status::acquired) {
-            std::unique_ptr<global_ticket::claim> c;
-            try {
-                c.reset(new global_ticket::claim{k, a.fence, std::move(*a.local)});
-            } catch (...) {  // out of memory: give the claim back (the local ticket in `a` releases it locally)
-                if (a.local)
-                    (void)coordinator_->complete(k, a.fence, record_state::released, 0, transition_cause::release,
-                                                 std::move(*a.local));
-                return {begin_status::store_unavailable, global_ticket(), 0, a.fence};
-            }
-            return {a.status, global_ticket(coordinator_.get(), std::move(c)), 0, a.fence};
-        }
-        return {a.status, global_ticket(), a.outcome, a.fence, std::move(a.payload)};
+        return begin_via(k, fingerprint, [](const key&) noexcept { return std::optional<detail::global::found_row>(); });
     }
 
     // begin_wait(key, fingerprint, timeout) and run(key, fn, run_options) come from
@@ -235,6 +217,39 @@ public:
 
 private:
     friend class detail::guard_contract<global_guard>;
+    friend class regional_guard;
+
+    /// begin(), asking `replica(k)` (a std::optional<found_row>, noexcept) after the local table
+    /// and before the store: a SUCCESS or FAILED row it returns answers the claim, and is cached
+    /// like the store's answer (regional_guard reads its region's replica of a foreign home this
+    /// way); anything else, or nothing, goes to the store.
+    template <class Replica>
+    global_begin_result begin_via(const key& k, std::uint64_t fingerprint, Replica&& replica) noexcept {
+        // A key the store can never hold is refused before anything is touched (coordinator::accepts).
+        if (!detail::global::coordinator::accepts(k)) [[unlikely]]
+            return {begin_status::invalid_key, global_ticket(), 0, 0};
+        // The local table answers what this process knows (inline: no call, no intermediate answer).
+        auto lr = coordinator_->local().begin(k, fingerprint);
+        if (lr.status != begin_status::acquired) return {lr.status, global_ticket(), lr.outcome, 0, std::move(lr.payload)};
+        if (auto row = replica(k); row && (row->state == record_state::succeeded || row->state == record_state::failed)) {
+            auto a = detail::global::answer_from_row(fingerprint, lr.ticket, std::move(*row));
+            return {a.status, global_ticket(), a.outcome, a.fence, std::move(a.payload)};
+        }
+        auto a = coordinator_->claim(k, fingerprint, std::move(lr));
+        if (a.status == begin_status::acquired) {
+            std::unique_ptr<global_ticket::claim> c;
+            try {
+                c.reset(new global_ticket::claim{k, a.fence, std::move(*a.local)});
+            } catch (...) {  // out of memory: give the claim back (the local ticket in `a` releases it locally)
+                if (a.local)
+                    (void)coordinator_->complete(k, a.fence, record_state::released, 0, transition_cause::release,
+                                                 std::move(*a.local));
+                return {begin_status::store_unavailable, global_ticket(), 0, a.fence};
+            }
+            return {a.status, global_ticket(coordinator_.get(), std::move(c)), 0, a.fence};
+        }
+        return {a.status, global_ticket(), a.outcome, a.fence, std::move(a.payload)};
+    }
 
     /// run()'s words for the answers only this scope gives its reasons for.
     [[nodiscard]] std::string refusal_message(begin_status st, const key& k) const {

@@ -29,6 +29,8 @@ max_connections = 200
 fsync = on
 synchronous_commit = on
 CONF
+  # PG_EXTRA_CONF: more settings (lines of postgresql.conf), e.g. wal_level = logical for regions.
+  if [ -n "${PG_EXTRA_CONF:-}" ]; then printf '%s\n' "$PG_EXTRA_CONF" >>"$PG_DIR/data/postgresql.conf"; fi
   pg_resume || return 1
   PG_URI="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
   export PG_URI PG_DIR PG_PORT PG_BIN

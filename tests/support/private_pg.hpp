@@ -17,8 +17,10 @@ namespace idem_test {
 /// did not start.
 class private_server {
 public:
-    private_server() {
-        const std::string out = shell("pg_start >&2 && printf '%s\\n%s\\n' \"$PG_URI\" \"$PG_DIR\"");
+    /// `extra_conf`: more lines of postgresql.conf (PG_EXTRA_CONF), e.g. "wal_level = logical".
+    explicit private_server(const std::string& extra_conf = {}) {
+        const std::string env = extra_conf.empty() ? "" : "PG_EXTRA_CONF='" + extra_conf + "' ";
+        const std::string out = shell(env + "pg_start >&2 && printf '%s\\n%s\\n' \"$PG_URI\" \"$PG_DIR\"");
         const auto nl = out.find('\n');
         if (nl == std::string::npos) return;
         uri_ = out.substr(0, nl);

@@ -81,6 +81,43 @@ struct claim_answer {
     std::string payload{};  ///< succeeded or failed: the record's response payload
 };
 
+/// A key's row in the store, as a claim that did not win it (or a replica) read it.
+struct found_row {
+    record_state state = record_state::absent;
+    std::uint64_t fence = 0;
+    std::uint64_t outcome = 0;
+    std::uint64_t fp = 0;  ///< the request fingerprint the row holds (0: none)
+    bool expired = false;  ///< PROCESSING with its lease past (in doubt)
+    std::string payload;   ///< the response payload (bytes; empty for none)
+};
+
+/// The answer to a claim of k whose row the store holds in `row` (another node holds or decided
+/// it): `local` is this process's local claim on k. A SUCCESS or FAILED row is final, so it is
+/// cached in the local table (its later duplicates never leave the process); anything else gives
+/// the local claim back, so the next begin asks again. A fingerprint that differs from the row's
+/// is payload_mismatch.
+inline claim_answer answer_from_row(std::uint64_t fp, ticket& local, found_row&& row) noexcept {
+    if (fp != 0 && row.fp != 0 && fp != row.fp) {
+        (void)local.fail(0, failure_policy::retryable);
+        return {begin_status::payload_mismatch, {}, row.fence, 0};
+    }
+    switch (row.state) {
+        case record_state::succeeded:  // final: cache it, later duplicates never leave the process
+            // With its payload; one the local table cannot keep (over max_payload, or its payload
+            // budget spent) is not cached: the next begin asks the store again.
+            (void)local.succeed(row.outcome, row.payload);
+            if (local) (void)local.fail(0, failure_policy::retryable);
+            return {begin_status::succeeded, {}, row.fence, row.outcome, std::move(row.payload)};
+        case record_state::failed:  // final too, with the error response it may carry
+            (void)local.fail(row.outcome, failure_policy::terminal, row.payload);
+            if (local) (void)local.fail(0, failure_policy::retryable);
+            return {begin_status::failed, {}, row.fence, row.outcome, std::move(row.payload)};
+        default:  // PROCESSING elsewhere (or RELEASED again after our retries): ask again next time
+            (void)local.fail(0, failure_policy::retryable);
+            return {row.expired ? begin_status::in_doubt : begin_status::in_progress, {}, row.fence, 0};
+    }
+}
+
 class claim_batcher {
 public:
     /// Opens nothing yet (each session connects on its first call); starts one batcher thread per
@@ -143,25 +180,8 @@ public:
                 return {begin_status::store_unavailable, {}, 0, 0};
             case claim_request::verdict::lost: break;
         }
-        if (fp != 0 && c->row_fp != 0 && fp != c->row_fp) {
-            (void)lr.ticket.fail(0, failure_policy::retryable);
-            return {begin_status::payload_mismatch, {}, c->fence, 0};
-        }
-        switch (c->row_state) {
-            case record_state::succeeded:  // final: cache it, later duplicates never leave the process
-                // With its payload; one the local table cannot keep (over max_payload, or its
-                // payload budget spent) is not cached: the next begin asks the store again.
-                (void)lr.ticket.succeed(c->outcome, c->payload);
-                if (lr.ticket) (void)lr.ticket.fail(0, failure_policy::retryable);
-                return {begin_status::succeeded, {}, c->fence, c->outcome, std::move(c->payload)};
-            case record_state::failed:  // final too, with the error response it may carry
-                (void)lr.ticket.fail(c->outcome, failure_policy::terminal, c->payload);
-                if (lr.ticket) (void)lr.ticket.fail(0, failure_policy::retryable);
-                return {begin_status::failed, {}, c->fence, c->outcome, std::move(c->payload)};
-            default:  // PROCESSING elsewhere (or RELEASED again after our retries): ask again next time
-                (void)lr.ticket.fail(0, failure_policy::retryable);
-                return {c->expired ? begin_status::in_doubt : begin_status::in_progress, {}, c->fence, 0};
-        }
+        return answer_from_row(fp, lr.ticket,
+                               {c->row_state, c->fence, c->outcome, c->row_fp, c->expired, std::move(c->payload)});
     }
 
 private:

@@ -1,0 +1,375 @@
+// regions_test: three PostgreSQL clusters of the test's own, on loopback, as three regions
+// (idem/regions.hpp, idem/regional_guard.hpp), replicating each home's keys to the others by
+// logical replication (wal_level = logical).
+//
+//   * A foreign key's first claim is decided at its home: the row is in the home's schema on the
+//     home's cluster; a duplicate in a third region, once the decision arrived, is answered from
+//     that region's replica with no claim sent to the home.
+//   * Three regions x 4 threads race on the same 240 keys (started on a latch): an independent
+//     ledger counts every execution, each key exactly once; verify_regions is clean.
+//   * A partition between a region and a home (a fault-injecting TCP proxy, tests/support/
+//     fault_proxy.hpp): the home's keys' first claims are refused (store_unavailable, and no row
+//     at the home), the duplicates already replicated are still answered, the region's own keys
+//     still decided; after the partition heals the refused key is claimed.
+//   * Synchronous mode: with every subscription to a home stopped, the home acknowledges nothing
+//     (store_unavailable); once one region subscribes again, it does, and the decision is there.
+//   * Replication stopped and resumed: the home reports the stopped link down with a lag in
+//     bytes, the subscriber reports its subscription down; after resuming, the lag drains and the
+//     replica holds every decision; verify_regions is clean.
+//   * Bad input: region names, an unknown self region, a home rule naming no region.
+//
+// Needs the PostgreSQL 15 server binaries and root or the postgres user; FAILS, never skips, when a
+// cluster cannot start. Waits for replication by polling the replica (bounded), never by sleeping.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <pqxx/pqxx>
+
+#include "idem/regional_guard.hpp"
+#include "idem/regions.hpp"
+#include "support/fault_proxy.hpp"
+#include "support/private_pg.hpp"
+#include "support/threads.hpp"
+
+extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx\n"; }
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// The home rule of every test: the key's first letter names its region.
+std::string home_rule(std::string_view k) { return std::string(k.substr(0, 1)); }
+
+std::uint16_t port_of(const std::string& uri) {
+    const auto colon = uri.rfind(':');
+    return static_cast<std::uint16_t>(std::stoi(uri.substr(colon + 1, uri.find('/', colon) - colon - 1)));
+}
+
+/// Three clusters with wal_level = logical, named a, b and c.
+class Regions : public ::testing::Test {
+protected:
+    static constexpr const char* conf = "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20";
+
+    void SetUp() override {
+        for (auto& s : servers_) {
+            s = std::make_unique<idem_test::private_server>(conf);
+            ASSERT_FALSE(s->uri().empty()) << "a PostgreSQL cluster did not start (scripts/lib/postgres.sh)";
+        }
+        rs_ = {{"a", servers_[0]->uri()}, {"b", servers_[1]->uri()}, {"c", servers_[2]->uri()}};
+    }
+
+    idem::regional_options opts(const std::string& self, std::vector<idem::region> rs = {}) const {
+        idem::regional_options ro;
+        ro.self = self;
+        ro.regions = rs.empty() ? rs_ : std::move(rs);
+        ro.home = home_rule;
+        ro.local.call_deadline = 2000ms;
+        ro.local.wait_timeout = 4000ms;
+        ro.forward.call_deadline = 1000ms;
+        ro.forward.wait_timeout = 3000ms;
+        ro.forward.max_backoff = 200ms;
+        return ro;
+    }
+    static idem::options fast() {
+        idem::options o;
+        o.capacity = 1 << 14;
+        o.maintenance_interval = 200ms;
+        return o;
+    }
+
+    /// The status of `k` in `home`'s schema on region `on`'s cluster ("" when it has no row).
+    std::string row_status(const std::string& on, const std::string& home, const std::string& k) {
+        pqxx::connection c(uri_of(on));
+        pqxx::nontransaction n(c);
+        const auto r = n.exec_params("SELECT status FROM idem_" + home + ".idempotent_record WHERE idempotent_key = $1", k);
+        return r.empty() ? "" : r[0][0].c_str();
+    }
+    /// Polls until `k` has status `want` in home's replica on `on` (bounded): replication is asynchronous.
+    bool arrives(const std::string& on, const std::string& home, const std::string& k, const std::string& want,
+                 std::chrono::seconds limit = 30s) {
+        const auto until = std::chrono::steady_clock::now() + limit;
+        while (std::chrono::steady_clock::now() < until) {
+            if (row_status(on, home, k) == want) return true;
+            std::this_thread::sleep_for(20ms);  // polling the replica, an external process
+        }
+        return false;
+    }
+    void exec(const std::string& on, const std::string& sql) {
+        pqxx::connection c(uri_of(on));
+        pqxx::nontransaction n(c);
+        n.exec(sql);
+    }
+    std::string uri_of(const std::string& name) const {
+        for (const auto& r : rs_)
+            if (r.name == name) return r.uri;
+        return {};
+    }
+
+    std::array<std::unique_ptr<idem_test::private_server>, 3> servers_;
+    std::vector<idem::region> rs_;
+};
+
+TEST_F(Regions, ForeignClaimsAreDecidedAtHomeAndDuplicatesAnsweredFromTheReplica) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    {
+        idem::regional_guard gb(fast(), opts("b"));
+        auto r = gb.begin(idem::key("a-pay-1"), 11);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(7));
+        EXPECT_EQ(gb.home_of(idem::key("a-pay-1")), "a");
+        // Decided at home a: the row is in idem_a on a's cluster; b's own schema never had it.
+        EXPECT_EQ(row_status("a", "a", "a-pay-1"), "SUCCESS");
+        EXPECT_EQ(row_status("b", "b", "a-pay-1"), "");
+        const auto trail = gb.audit(idem::key("a-pay-1"));
+        ASSERT_EQ(trail.size(), 2u);
+        EXPECT_EQ(trail[0].node, gb.region_guard("a").node());  // b's process wrote it, at a
+        // A key of b's own home stays in b.
+        auto own = gb.begin(idem::key("b-pay-1"), 12);
+        ASSERT_EQ(own.status, idem::begin_status::acquired);
+        ASSERT_FALSE(own.ticket.succeed(8));
+        EXPECT_EQ(row_status("b", "b", "b-pay-1"), "SUCCESS");
+        EXPECT_EQ(row_status("a", "a", "b-pay-1"), "");
+    }
+    ASSERT_TRUE(arrives("c", "a", "a-pay-1", "SUCCESS")) << "a's decision never reached c's replica";
+    idem::regional_guard gc(fast(), opts("c"));
+    auto d = gc.begin(idem::key("a-pay-1"), 11);
+    EXPECT_EQ(d.status, idem::begin_status::succeeded);
+    EXPECT_EQ(d.outcome, 7u);
+    auto s = gc.snapshot();
+    EXPECT_EQ(s.answered_by_replica, 1u);
+    EXPECT_EQ(s.foreign_begins, 1u);
+    for (const auto& [name, g] : s.regions) EXPECT_EQ(g.claims_sent, 0u) << "region " << name << " was asked";
+    // Now cached: a second duplicate reads nothing; a different request under the key is refused.
+    EXPECT_EQ(gc.begin(idem::key("a-pay-1"), 11).status, idem::begin_status::succeeded);
+    EXPECT_EQ(gc.begin(idem::key("a-pay-1"), 99).status, idem::begin_status::payload_mismatch);
+    EXPECT_EQ(gc.snapshot().replica_reads, 1u);
+    const std::string text = idem::to_prometheus(gc.snapshot());
+    EXPECT_NE(text.find("idem_region_answered_by_replica_total 1"), std::string::npos) << text;
+    EXPECT_NE(text.find("idem_global_claims_sent_total{region=\"a\"} 0"), std::string::npos) << text;
+    EXPECT_EQ(text.find("# HELP idem_global_claims_sent_total"), text.rfind("# HELP idem_global_claims_sent_total"))
+        << "each family once";
+}
+
+TEST_F(Regions, RacingRegionsRunEachKeyOnce) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    std::vector<std::unique_ptr<idem::regional_guard>> gs;
+    for (const char* self : {"a", "b", "c"}) gs.push_back(std::make_unique<idem::regional_guard>(fast(), opts(self)));
+    constexpr int keys = 240, threads_per_region = 4;
+    std::vector<std::string> names;
+    for (int i = 0; i < keys; ++i) names.push_back(std::string(1, "abc"[i % 3]) + "-race-" + std::to_string(i));
+    std::vector<std::atomic<int>> ledger(keys);
+    std::atomic<int> refused{0};
+    idem_test::run_on_latch(3 * threads_per_region, [&](std::size_t t) {
+        idem::regional_guard& g = *gs[t % 3];
+        std::vector<int> order(keys);
+        for (int i = 0; i < keys; ++i) order[i] = i;
+        std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
+        std::vector<int> left = order;
+        const auto until = std::chrono::steady_clock::now() + 120s;
+        while (!left.empty() && std::chrono::steady_clock::now() < until) {
+            std::vector<int> again;
+            for (const int i : left) {
+                auto r = g.begin(idem::key(names[i]), static_cast<std::uint64_t>(i) + 1);
+                switch (r.status) {
+                    case idem::begin_status::acquired:
+                        ledger[i].fetch_add(1);
+                        if (r.ticket.succeed(static_cast<std::uint64_t>(i))) again.push_back(i);
+                        break;
+                    case idem::begin_status::succeeded: EXPECT_EQ(r.outcome, static_cast<std::uint64_t>(i)); break;
+                    case idem::begin_status::in_progress:
+                    case idem::begin_status::store_unavailable:
+                        if (r.status == idem::begin_status::store_unavailable) refused.fetch_add(1);
+                        again.push_back(i);
+                        break;
+                    default: ADD_FAILURE() << names[i] << ": " << idem::to_string(r.status); break;
+                }
+            }
+            left = std::move(again);
+        }
+        EXPECT_TRUE(left.empty()) << left.size() << " keys never answered succeeded";
+    });
+    for (int i = 0; i < keys; ++i) EXPECT_EQ(ledger[i].load(), 1) << names[i] << " ran " << ledger[i].load() << " times";
+    for (int i = 0; i < keys; i += 17) EXPECT_EQ(row_status(home_rule(names[i]), home_rule(names[i]), names[i]), "SUCCESS");
+    gs.clear();
+    // Replicas caught up (every home's last key in every other region), then one trail per key.
+    for (const char* h : {"a", "b", "c"}) {
+        for (const char* on : {"a", "b", "c"}) {
+            if (std::string(h) == on) continue;
+            const int last = keys - 3 + static_cast<int>(h[0] - 'a');
+            ASSERT_TRUE(arrives(on, h, names[last], "SUCCESS")) << h << " -> " << on;
+        }
+    }
+    const auto v = idem::verify_regions(rs_, home_rule);
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+    EXPECT_EQ(v.records, static_cast<std::uint64_t>(keys));
+    EXPECT_GT(v.replica_rows, 0u);
+    std::printf("regions race: %d keys, %d threads in 3 regions, %d store_unavailable retries\n", keys,
+                3 * threads_per_region, refused.load());
+}
+
+TEST_F(Regions, APartitionRefusesForeignFirstClaimsAndStillAnswersArrivedDuplicates) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    {
+        idem::regional_guard ga(fast(), opts("a"));
+        auto r = ga.begin(idem::key("a-old"), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(5));
+    }
+    ASSERT_TRUE(arrives("b", "a", "a-old", "SUCCESS"));
+    // b's processes reach a's cluster through the proxy; replication between the servers does not.
+    idem_test::fault_proxy to_a(port_of(uri_of("a")));
+    auto rs = rs_;
+    rs[0].uri = "postgresql://postgres@127.0.0.1:" + std::to_string(to_a.port()) + "/postgres";
+    idem::regional_guard gb(fast(), opts("b", rs));
+    to_a.partition();
+    auto refused = gb.begin(idem::key("a-new"), 2);
+    EXPECT_EQ(refused.status, idem::begin_status::store_unavailable);
+    EXPECT_EQ(row_status("a", "a", "a-new"), "") << "a claim refused in b must not be granted anywhere";
+    auto dup = gb.begin(idem::key("a-old"), 1);
+    EXPECT_EQ(dup.status, idem::begin_status::succeeded) << "an arrived decision is answered through the partition";
+    EXPECT_EQ(dup.outcome, 5u);
+    auto own = gb.begin(idem::key("b-during"), 3);
+    ASSERT_EQ(own.status, idem::begin_status::acquired) << "b keeps deciding its own keys";
+    EXPECT_FALSE(own.ticket.succeed(6));
+    try {
+        (void)gb.run(idem::key("a-new2"), [] { return 1; });
+        ADD_FAILURE() << "run() of a foreign key during a partition must throw";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::store_unavailable);
+        EXPECT_NE(std::string(e.what()).find("home region 'a'"), std::string::npos) << e.what();
+    }
+    to_a.heal();
+    idem::begin_status st = idem::begin_status::store_unavailable;
+    for (int i = 0; i < 40 && st == idem::begin_status::store_unavailable; ++i) {
+        auto r = gb.begin(idem::key("a-new"), 2);
+        st = r.status;
+        if (st == idem::begin_status::acquired) {
+            EXPECT_FALSE(r.ticket.succeed(9));
+        }
+    }
+    EXPECT_EQ(st, idem::begin_status::acquired) << "the claim refused during the partition is granted after it";
+    EXPECT_EQ(row_status("a", "a", "a-new"), "SUCCESS");
+}
+
+TEST_F(Regions, SynchronousModeAcknowledgesOnlyWhatAnotherRegionHolds) {
+    idem::setup_regions(rs_, idem::replication_mode::synchronous);
+    auto ro = opts("a");
+    ro.local.require_synchronous_standby = true;
+    idem::regional_guard ga(fast(), ro);
+    {
+        auto r = ga.begin(idem::key("a-sync-1"), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(1));
+        // Acknowledged: one other region flushed it (no waiting here).
+        EXPECT_TRUE(row_status("b", "a", "a-sync-1") == "SUCCESS" || row_status("c", "a", "a-sync-1") == "SUCCESS");
+    }
+    const auto links = ga.replication();
+    int outgoing = 0;
+    for (const auto& l : links)
+        if (l.from == "a") {
+            ++outgoing;
+            EXPECT_TRUE(l.up) << l.to;
+        }
+    EXPECT_EQ(outgoing, 2);
+    exec("b", "ALTER SUBSCRIPTION idem_a_to_b DISABLE");
+    exec("c", "ALTER SUBSCRIPTION idem_a_to_c DISABLE");
+    auto blocked = ga.begin(idem::key("a-sync-2"), 2);
+    EXPECT_EQ(blocked.status, idem::begin_status::store_unavailable) << "no other region holds it: not acknowledged";
+    exec("c", "ALTER SUBSCRIPTION idem_a_to_c ENABLE");
+    idem::begin_status st = idem::begin_status::store_unavailable;
+    for (int i = 0; i < 20 && st != idem::begin_status::acquired; ++i) {
+        auto r = ga.begin(idem::key("a-sync-3"), 3);
+        st = r.status;
+        if (st == idem::begin_status::acquired) {
+            EXPECT_FALSE(r.ticket.succeed(3));
+            EXPECT_EQ(row_status("c", "a", "a-sync-3"), "SUCCESS") << "acknowledged, so c flushed it";
+        }
+    }
+    EXPECT_EQ(st, idem::begin_status::acquired);
+    exec("b", "ALTER SUBSCRIPTION idem_a_to_b ENABLE");
+}
+
+TEST_F(Regions, ReplicationStoppedAndResumedIsReportedAndCatchesUp) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    idem::regional_guard ga(fast(), opts("a"));
+    idem::regional_guard gb(fast(), opts("b"));
+    exec("b", "ALTER SUBSCRIPTION idem_a_to_b DISABLE");
+    constexpr int n = 200;
+    for (int i = 0; i < n; ++i) {
+        auto r = ga.begin(idem::key("a-lag-" + std::to_string(i)), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(static_cast<std::uint64_t>(i)));
+    }
+    ASSERT_TRUE(arrives("c", "a", "a-lag-" + std::to_string(n - 1), "SUCCESS"));
+    const auto find = [](const std::vector<idem::replication_link>& ls, const std::string& from, const std::string& to) {
+        for (const auto& l : ls)
+            if (l.from == from && l.to == to) return l;
+        return idem::replication_link{};
+    };
+    const auto at_a = ga.replication();
+    const auto ab = find(at_a, "a", "b");
+    EXPECT_EQ(ab.to, "b");
+    EXPECT_FALSE(ab.up);
+    EXPECT_GT(ab.lag_bytes, 0) << "200 decisions b has not received";
+    EXPECT_TRUE(find(at_a, "a", "c").up);
+    const auto at_b = gb.replication();
+    EXPECT_FALSE(find(at_b, "a", "b").up) << "b's subscription to a is stopped";
+    EXPECT_TRUE(find(at_b, "c", "b").up);
+    const std::string text = idem::to_prometheus(at_a);
+    EXPECT_NE(text.find("idem_region_replication_up{from=\"a\",to=\"b\",side=\"outgoing\"} 0"), std::string::npos) << text;
+    EXPECT_NE(text.find("idem_region_replication_lag_bytes{from=\"a\",to=\"b\"} "), std::string::npos) << text;
+    EXPECT_EQ(row_status("b", "a", "a-lag-0"), "");
+    exec("b", "ALTER SUBSCRIPTION idem_a_to_b ENABLE");
+    ASSERT_TRUE(arrives("b", "a", "a-lag-" + std::to_string(n - 1), "SUCCESS"));
+    EXPECT_EQ(row_status("b", "a", "a-lag-0"), "SUCCESS");
+    // The lag drains once the subscriber confirms (bounded poll).
+    std::int64_t lag = -1;
+    for (int i = 0; i < 300 && lag != 0; ++i) {
+        lag = find(ga.replication(), "a", "b").lag_bytes;
+        if (lag != 0) std::this_thread::sleep_for(50ms);  // polling the server's replication state
+    }
+    EXPECT_EQ(lag, 0);
+    const auto v = idem::verify_regions(rs_, home_rule);
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+}
+
+TEST_F(Regions, BadInputIsRefusedByName) {
+    auto bad = opts("b");
+    bad.regions[2].name = "C_1";
+    try {
+        idem::regional_guard g(fast(), bad);
+        ADD_FAILURE() << "an invalid region name must be refused";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::invalid_argument);
+        EXPECT_NE(std::string(e.what()).find("'C_1'"), std::string::npos) << e.what();
+    }
+    try {
+        idem::regional_guard g(fast(), opts("x"));
+        ADD_FAILURE() << "a self region not among the regions must be refused";
+    } catch (const idem::error& e) {
+        EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    }
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    idem::regional_guard g(fast(), opts("b"));
+    EXPECT_EQ(g.begin(idem::key("z-nowhere"), 1).status, idem::begin_status::invalid_key);
+    try {
+        (void)g.run(idem::key("z-nowhere"), [] { return 1; });
+        ADD_FAILURE() << "run() must throw for a key with no home";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::invalid_key);
+        EXPECT_NE(std::string(e.what()).find("home rule gave 'z'"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(g.snapshot().unroutable, 2u);
+}
+
+}  // namespace
