@@ -519,6 +519,37 @@ def table_failover(results):
     return "\n".join(lines) + "\n"
 
 
+def table_regions(results):
+    rows = results.get("regions", [])
+    first = [r for r in rows if r.get("bench") == "regions_first_claim"]
+    dup = {r["rtt_ms"]: r for r in rows if r.get("bench") == "regions_duplicate"}
+    cost = [r for r in rows if r.get("bench") == "regions_sync_cost"]
+    if not rows:
+        return "_not measured in this run_\n"
+    lines = ["| RTT to the home | first claim of a foreign key: begin() p50 / p99 ms | claims per batch | "
+             "duplicate from the local replica p50 / p99 ms | duplicate from memory p50 / p99 us | "
+             "duplicate asked at the home p50 / p99 ms |", "|---|---|---|---|---|---|"]
+    for r in first:
+        d = dup.get(r["rtt_ms"], {})
+        lines.append(f"| {r['rtt_ms']} ms | {r['begin_p50_us'] / 1000:,.1f} / {r['begin_p99_us'] / 1000:,.1f} | "
+                     f"{r['claims_per_batch']:.1f} | {d.get('replica_p50_us', 0) / 1000:,.2f} / "
+                     f"{d.get('replica_p99_us', 0) / 1000:,.1f} | {d.get('memory_p50_us', 0):.2f} / "
+                     f"{d.get('memory_p99_us', 0):.2f} | {d.get('home_p50_us', 0) / 1000:,.1f} / "
+                     f"{d.get('home_p99_us', 0) / 1000:,.1f} |")
+    lines.append("")
+    for r in cost:
+        lines += ["| replication between regions | acknowledged ops/s | succeed() p50 ms | succeed() p99 ms |",
+                  "|---|---|---|---|",
+                  f"| asynchronous | {r['async_ops_per_s']:,.0f} | {r['async_succeed_p50_us'] / 1000:,.1f} | "
+                  f"{r['async_succeed_p99_us'] / 1000:,.1f} |",
+                  f"| synchronous | {r['sync_ops_per_s']:,.0f} | {r['sync_succeed_p50_us'] / 1000:,.1f} | "
+                  f"{r['sync_succeed_p99_us'] / 1000:,.1f} |",
+                  "", f"Synchronous / asynchronous: {r['sync_over_async']:.2f}x ({r['threads']} threads, "
+                  f"{r['keys']:,} operations per run, {r['rtt_ms']} ms RTT between the servers, median of "
+                  f"{r['reps']} runs each, alternating)."]
+    return "\n".join(lines) + "\n"
+
+
 def table_latency(results):
     lat = results.get("latency_ns")
     if not lat:
@@ -603,6 +634,7 @@ def main():
     results["cold_window_counters"] = load_cold_counters(os.path.join(a.dir, "guards.json"))
     results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
     results["failover"] = load_flush(os.path.join(a.dir, "failover.jsonl"))
+    results["regions"] = load_flush(os.path.join(a.dir, "regions.jsonl"))
     problems += [f"failover ({r['guard']}): {r['failed_reps']} failovers without an acknowledgement on the new primary"
                  for r in results["failover"] if r.get("bench") == "failover_summary" and r.get("failed_reps")]
     results["plots"] = plots(results, a.dir)
@@ -625,6 +657,7 @@ def main():
             "WINDOW": table_window(results),
             "GLOBAL": table_global(results),
             "FAILOVER": table_failover(results),
+            "REGIONS": table_regions(results),
             "PROBLEMS": ("\n".join(f"* {p}" for p in problems) + "\n") if problems else "None: every run answered as expected.\n",
         }
         for s in SCENARIOS:

@@ -6,7 +6,7 @@
 //   ro.regions = {{"eu", "postgresql://idem@db.eu/pay"}, {"us", "postgresql://idem@db.us.example/pay"}};
 //   ro.home = [](std::string_view k) { return k.starts_with("US") ? std::string("us") : std::string("eu"); };
 //   idem::regional_guard g(idem::options{}, ro);
-//   auto r = g.begin(idem::key("US42_PAY_v1"), fp);   // home us: the claim is decided there
+//   auto r = g.begin(idem::key("US42_PAY_v1"), fingerprint);  // home us: decided there
 //
 // How begin(k) is answered, in this order:
 //   1. k's home is this region: global_guard::begin on this region's cluster (schema idem_<self>),
