@@ -41,6 +41,13 @@
 #include "support/private_pg.hpp"
 #include "support/threads.hpp"
 
+#ifdef IDEM_TEST_CLI
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#endif
+
 extern "C" const char* __lsan_default_suppressions() { return "leak:libpqxx\n"; }
 
 namespace {
@@ -114,6 +121,22 @@ protected:
             if (r.name == name) return r.uri;
         return {};
     }
+
+#ifdef IDEM_TEST_CLI
+    /// Runs `idem regions SUB --region a=... --region b=... --region c=... EXTRA`: exit status and stdout.
+    std::pair<int, std::string> cli(const std::string& sub, const std::string& extra = {}) {
+        std::string cmd = std::string(IDEM_TEST_CLI) + " regions " + sub;
+        for (const auto& r : rs_) cmd += " --region '" + r.name + "=" + r.uri + "'";
+        cmd += " " + extra + " 2>&1";
+        std::FILE* p = ::popen(cmd.c_str(), "r");
+        if (p == nullptr) return {-1, "popen failed"};
+        std::string out;
+        std::array<char, 4096> buf;
+        while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+        const int st = ::pclose(p);
+        return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+    }
+#endif
 
     std::array<std::unique_ptr<idem_test::private_server>, 3> servers_;
     std::vector<idem::region> rs_;
@@ -329,6 +352,22 @@ TEST_F(Regions, ReplicationStoppedAndResumedIsReportedAndCatchesUp) {
     EXPECT_NE(text.find("idem_region_replication_up{from=\"a\",to=\"b\",side=\"outgoing\"} 0"), std::string::npos) << text;
     EXPECT_NE(text.find("idem_region_replication_lag_bytes{from=\"a\",to=\"b\"} "), std::string::npos) << text;
     EXPECT_EQ(row_status("b", "a", "a-lag-0"), "");
+#ifdef IDEM_TEST_CLI
+    {
+        const auto [code, out] = cli("status", "--json");
+        EXPECT_EQ(code, 1) << "a link is down: exit 1\n" << out;
+        const auto j = nlohmann::json::parse(out);
+        EXPECT_FALSE(j.at("ok").get<bool>());
+        int down = 0;
+        for (const auto& l : j.at("links"))
+            if (!l.at("up").get<bool>()) {
+                ++down;
+                EXPECT_EQ(l.at("from"), "a");
+                EXPECT_EQ(l.at("to"), "b");
+            }
+        EXPECT_EQ(down, 2) << "the stopped link, as a (outgoing) and b (incoming) see it\n" << out;
+    }
+#endif
     exec("b", "ALTER SUBSCRIPTION idem_a_to_b ENABLE");
     ASSERT_TRUE(arrives("b", "a", "a-lag-" + std::to_string(n - 1), "SUCCESS"));
     EXPECT_EQ(row_status("b", "a", "a-lag-0"), "SUCCESS");
@@ -341,6 +380,23 @@ TEST_F(Regions, ReplicationStoppedAndResumedIsReportedAndCatchesUp) {
     EXPECT_EQ(lag, 0);
     const auto v = idem::verify_regions(rs_, home_rule);
     EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+#ifdef IDEM_TEST_CLI
+    {
+        const auto [code, out] = cli("verify", "--home-prefix - --json");
+        EXPECT_EQ(code, 0) << out;
+        const auto j = nlohmann::json::parse(out);
+        EXPECT_EQ(j.at("records").get<std::uint64_t>(), static_cast<std::uint64_t>(n));
+        EXPECT_GT(j.at("replica_rows").get<std::uint64_t>(), 0u);
+        // A key decided outside its home is a violation: under the rule "the key up to '-lag' names
+        // its home", every record's home is "a-" ... which is no region.
+        const auto [bad, bad_out] = cli("verify", "--home-prefix lag --json");
+        EXPECT_EQ(bad, 1) << bad_out;
+        EXPECT_NE(bad_out.find("but its home is 'a-'"), std::string::npos) << bad_out;
+        const auto [usage, usage_out] = cli("status", "--region Bad=postgresql://x");
+        EXPECT_EQ(usage, 2) << usage_out;
+        EXPECT_NE(usage_out.find("'Bad'"), std::string::npos) << usage_out;
+    }
+#endif
 }
 
 TEST_F(Regions, BadInputIsRefusedByName) {

@@ -42,6 +42,7 @@ command add_verify(CLI::App& root);        // verify.cpp
 command add_stats(CLI::App& root);         // stats.cpp
 command add_prune(CLI::App& root);         // prune.cpp
 command add_import(CLI::App& root);        // import.cpp
+command add_regions(CLI::App& root);       // regions.cpp (PostgreSQL builds)
 
 /// Formats a number for messages: whole numbers without a fraction or exponent, others in %g.
 template <class T>

@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
     commands.push_back(add_stats(app));
     commands.push_back(add_prune(app));
     commands.push_back(add_import(app));
+#ifdef IDEM_HAVE_POSTGRES
+    commands.push_back(add_regions(app));
+#endif
     commands.push_back(add_drill_worker(app));
 
     try {

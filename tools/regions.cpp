@@ -1,0 +1,189 @@
+// tools/regions.cpp: `idem regions setup|status|verify --region NAME=URI ...` (PostgreSQL builds):
+// the operator's side of idem/regions.hpp.
+//
+//   idem regions setup  --region eu=postgresql://... --region us=postgresql://... [--synchronous]
+//   idem regions status --region eu=... --region us=... [--json]
+//   idem regions verify --region eu=... --region us=... [--home-prefix SEP] [--json]
+//
+// setup: idem::setup_regions (schemas, publications, subscriptions; --synchronous names every
+// home's subscriptions in its synchronous_standby_names). status: every cluster's replication
+// links (idem::replication_link): exit 1 when one is down. verify: idem::verify_regions; the home
+// rule is "the key up to the first SEP names its region" (--home-prefix '-': "eu-PAY-1" is eu's);
+// without --home-prefix, which region decided a key is not checked (every other check runs).
+// Exit codes: 0 done / every link up / no violation, 1 a link down / violations (listed), 2 bad
+// command line, 3 a cluster could not be reached or set up.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "idem/regions.hpp"
+#include "report.hpp"
+
+namespace idem::tool {
+namespace {
+
+struct regions_config {
+    std::vector<std::string> region_args;  ///< NAME=URI
+    bool synchronous = false;
+    bool json = false;
+    std::string home_prefix;  ///< verify: the separator ending a key's region name; empty: not checked
+};
+
+std::vector<idem::region> parse_regions(const std::vector<std::string>& args) {
+    std::vector<idem::region> rs;
+    for (const std::string& a : args) {
+        const auto eq = a.find('=');
+        rs.push_back({a.substr(0, eq), a.substr(eq + 1)});
+    }
+    return rs;
+}
+
+CLI::Validator region_check() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            const auto eq = text.find('=');
+            if (eq == std::string::npos || eq + 1 == text.size())
+                return "'" + text + "' is not NAME=URI (a region's name and its cluster's connection string)";
+            if (!idem::detail::regions::valid_name(text.substr(0, eq)))
+                return "region name '" + text.substr(0, eq) +
+                       "' is not 1 to 24 characters of a-z and 0-9 starting with a letter";
+            return {};
+        },
+        "NAME=URI");
+}
+
+int run_setup(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    idem::setup_regions(rs, c.synchronous ? idem::replication_mode::synchronous : idem::replication_mode::asynchronous);
+    std::cout << "idem regions setup: " << rs.size() << " regions, "
+              << (c.synchronous ? "synchronous (each home's commit waits for one other region's subscriber)"
+                                : "asynchronous")
+              << "; every initial copy done\n";
+    return exit_ok;
+}
+
+int run_status(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    idem::detail::regions::check_regions(rs);
+    std::vector<idem::replication_link> all;
+    for (const idem::region& r : rs) {
+        try {
+            const auto conn = idem::detail::regions::connect(r.uri, std::chrono::seconds(10), "idem-regions-status");
+            const auto links = idem::detail::regions::read_links(*conn, r.name);
+            for (const auto& l : links)  // each link once: as its home sees it (the lag), plus the subscriber's view
+                all.push_back(l);
+        } catch (const std::exception& e) {
+            throw idem::error(errc::store_unavailable, "region '" + r.name + "': " + e.what());
+        }
+    }
+    bool ok = true;
+    for (const auto& l : all) ok = ok && l.up;
+    if (c.json) {
+        json j = json::object();
+        j["command"] = "regions status";
+        j["ok"] = ok;
+        json links = json::array();
+        for (const auto& l : all)
+            links.push_back({{"from", l.from},
+                             {"to", l.to},
+                             {"side", l.lag_bytes >= 0 ? "outgoing" : "incoming"},
+                             {"up", l.up},
+                             {"lag_bytes", l.lag_bytes},
+                             {"lag_ms", l.lag_ms},
+                             {"heard_ms", l.heard_ms},
+                             {"synchronous", l.synchronous}});
+        j["links"] = links;
+        std::cout << json_line(j) << std::endl;
+    } else {
+        std::cout << "idem regions status: " << rs.size() << " regions\n\n";
+        table t;
+        for (const auto& l : all) {
+            const bool out = l.lag_bytes >= 0;
+            t.row(l.from + " -> " + l.to + (out ? " (at " + l.from + ")" : " (at " + l.to + ")"), l.up ? "up" : "DOWN",
+                  out ? "lag " + grouped(static_cast<std::uint64_t>(l.lag_bytes)) + " bytes, " + std::to_string(l.lag_ms) +
+                            " ms" + (l.synchronous ? ", synchronous" : "")
+                      : (l.heard_ms >= 0 ? "last heard " + std::to_string(l.heard_ms) + " ms ago" : "not running"));
+        }
+        t.print(std::cout);
+        std::cout << '\n' << (ok ? "PASS: every replication link is up." : "FAIL: a replication link is down.") << '\n';
+    }
+    return ok ? exit_ok : exit_violation;
+}
+
+int run_verify_regions(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    std::function<std::string(std::string_view)> home;
+    if (!c.home_prefix.empty()) {
+        home = [sep = c.home_prefix](std::string_view k) { return std::string(k.substr(0, k.find(sep))); };
+    }
+    const auto r = idem::verify_regions(rs, home);  // without a rule, which region decided a key is not checked
+    std::vector<std::string> all = r.violations;
+    std::uint64_t keys = 0;
+    for (const auto& [name, h] : r.homes) {
+        keys += h.keys;
+        for (const auto& v : h.violations) all.push_back("region '" + name + "': " + v);
+    }
+    const bool ok = all.empty();
+    if (c.json) {
+        json j = json::object();
+        j["command"] = "regions verify";
+        j["ok"] = ok;
+        j["keys"] = keys;
+        j["records"] = r.records;
+        j["replica_rows"] = r.replica_rows;
+        j["violations"] = std::uint64_t{all.size()};
+        j["violation_list"] = all;
+        std::cout << json_line(j) << std::endl;
+    } else {
+        std::cout << "idem regions verify: " << rs.size() << " regions\n\n";
+        table t;
+        t.row("keys", grouped(keys), "(audit trails, in their homes)");
+        t.row("records", grouped(r.records));
+        t.row("replica rows", grouped(r.replica_rows), "(audit rows of the replicas compared with their homes')");
+        t.row("violations", grouped(all.size()));
+        t.print(std::cout);
+        std::cout << '\n' << (ok ? "PASS: every key has one trail, in its home region." : "FAIL:") << '\n';
+        for (const auto& v : all) std::cout << "  " << v << '\n';
+    }
+    return ok ? exit_ok : exit_violation;
+}
+
+}  // namespace
+
+command add_regions(CLI::App& root) {
+    auto c = std::make_shared<regions_config>();
+    CLI::App* app = root.add_subcommand("regions",
+                                        "Set up, watch and verify PostgreSQL clusters as regions of one key space");
+    app->require_subcommand(1);
+    app->footer(
+        "Exit codes: 0 done / every link up / no violation, 1 a link down / violations, 2 bad command line, "
+        "3 a cluster could not be reached or set up.");
+    auto regions = [&](CLI::App* sub) {
+        sub->add_option("--region", c->region_args, "A region: NAME=URI (name: a-z and 0-9; at least two)")
+            ->required()
+            ->check(region_check())
+            ->expected(2, 64);
+    };
+    CLI::App* setup = app->add_subcommand("setup", "Schemas, publications and subscriptions (idempotent)");
+    regions(setup);
+    setup->add_flag("--synchronous", c->synchronous,
+                    "Each home's commit waits for one other region's subscriber (synchronous_standby_names)");
+    CLI::App* status = app->add_subcommand("status", "Every replication link: up, lag in bytes and ms");
+    regions(status);
+    status->add_flag("--json", c->json, "Print one JSON object on stdout");
+    CLI::App* verify = app->add_subcommand("verify", "Every key has one trail, decided in its home; replicas agree");
+    regions(verify);
+    verify->add_option("--home-prefix", c->home_prefix,
+                       "The key up to this separator names its home region (without it, not checked)");
+    verify->add_flag("--json", c->json, "Print one JSON object on stdout");
+    return {app, [c, setup, status, verify] {
+                if (setup->parsed()) return run_setup(*c);
+                if (status->parsed()) return run_status(*c);
+                if (verify->parsed()) return run_verify_regions(*c);
+                return static_cast<int>(exit_usage);
+            }};
+}
+
+}  // namespace idem::tool
