@@ -399,6 +399,84 @@ TEST_F(Regions, ReplicationStoppedAndResumedIsReportedAndCatchesUp) {
 #endif
 }
 
+TEST_F(Regions, APlannedMoveHandsAKeySpaceToAnotherRegion) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    auto held_opts = fast();
+    held_opts.lease = 1500ms;  // a claim left PROCESSING at the fence, decided at the new home later
+    idem::regional_guard old_a(held_opts, opts("a"));
+    constexpr int decided = 20;
+    for (int i = 0; i < decided; ++i) {
+        auto r = old_a.begin(idem::key("a-moved-" + std::to_string(i)), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(static_cast<std::uint64_t>(100 + i)));
+    }
+    auto held = old_a.begin(idem::key("a-held"), 1);
+    ASSERT_EQ(held.status, idem::begin_status::acquired);
+
+    idem::move_home(rs_, "a", "a", "b");
+
+    // The old home is fenced: a process still on the old map is refused, never granted.
+    auto stale = old_a.begin(idem::key("a-after"), 1);
+    EXPECT_EQ(stale.status, idem::begin_status::store_unavailable);
+    EXPECT_NE(held.ticket.succeed(7), std::error_code{}) << "a completion sent to the fenced old home must fail";
+    EXPECT_EQ(row_status("a", "a", "a-after"), "");
+    EXPECT_EQ(row_status("b", "a", "a-after"), "");
+
+    // Every process on the new map: key space a is decided by b's cluster.
+    auto ro_b = opts("b");
+    ro_b.decided_at["a"] = "b";
+    auto ro_c = opts("c");
+    ro_c.decided_at["a"] = "b";
+    auto resolver_opts = fast();
+    std::atomic<int> asked{0};
+    resolver_opts.resolve = [&](const idem::expired_claim& c) {
+        asked.fetch_add(1);
+        EXPECT_EQ(c.key, "a-held");
+        return idem::resolver_answer{idem::resolution::succeeded, 77, {}};  // the effect was found: it ran
+    };
+    idem::regional_guard new_b(resolver_opts, ro_b);
+    idem::regional_guard new_c(fast(), ro_c);
+    auto dup = new_c.begin(idem::key("a-moved-3"), 1);
+    EXPECT_EQ(dup.status, idem::begin_status::succeeded);
+    EXPECT_EQ(dup.outcome, 103u);
+    EXPECT_EQ(new_b.begin(idem::key("a-moved-4"), 1).outcome, 104u);
+    auto fresh = new_c.begin(idem::key("a-after"), 1);
+    ASSERT_EQ(fresh.status, idem::begin_status::acquired);
+    ASSERT_FALSE(fresh.ticket.succeed(5));
+    EXPECT_EQ(row_status("b", "a", "a-after"), "SUCCESS") << "decided by b's cluster";
+    // The decision flows from b now, to c and to the old home a (its replica of the key space).
+    EXPECT_TRUE(arrives("a", "a", "a-after", "SUCCESS"));
+    EXPECT_TRUE(arrives("c", "a", "a-after", "SUCCESS"));
+    // The claim held at the fence: its lease runs out at b, b's compensation asks the resolver once.
+    std::size_t resolved = 0;
+    for (int i = 0; i < 100 && resolved == 0; ++i) {
+        resolved = new_b.region_guard("a").compensate();
+        if (resolved == 0) std::this_thread::sleep_for(100ms);  // the lease is on the server's clock
+    }
+    EXPECT_EQ(resolved, 1u);
+    EXPECT_EQ(asked.load(), 1);
+    EXPECT_EQ(row_status("b", "a", "a-held"), "SUCCESS");
+    ASSERT_TRUE(arrives("a", "a", "a-held", "SUCCESS"));
+    ASSERT_TRUE(arrives("c", "a", "a-held", "SUCCESS"));
+    const auto v = idem::verify_regions(rs_, home_rule, {{"a", "b"}});
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+    EXPECT_EQ(v.records, static_cast<std::uint64_t>(decided + 2));
+#ifdef IDEM_TEST_CLI
+    {
+        const auto [code, out] = cli("verify", "--home-prefix - --decided-at a=b --json");
+        EXPECT_EQ(code, 0) << out;
+        // Moving it again where it is already decided is refused by name.
+        const auto [again, again_out] = cli("move", "--space a --from b --to b");
+        EXPECT_EQ(again, 3) << again_out;
+        EXPECT_NE(again_out.find("already decided at 'b'"), std::string::npos) << again_out;
+    }
+#endif
+    // The trail of a key decided before the move continues at b with higher sequence numbers.
+    const auto trail = new_b.audit(idem::key("a-held"));
+    ASSERT_EQ(trail.size(), 2u);
+    EXPECT_LT(trail[0].sequence, trail[1].sequence);
+}
+
 TEST_F(Regions, BadInputIsRefusedByName) {
     auto bad = opts("b");
     bad.regions[2].name = "C_1";

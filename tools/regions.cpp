@@ -3,16 +3,19 @@
 //
 //   idem regions setup  --region eu=postgresql://... --region us=postgresql://... [--synchronous]
 //   idem regions status --region eu=... --region us=... [--json]
-//   idem regions verify --region eu=... --region us=... [--home-prefix SEP] [--json]
+//   idem regions verify --region eu=... --region us=... [--home-prefix SEP] [--decided-at SPACE=REGION] [--json]
+//   idem regions move   --region eu=... --region us=... --space eu --from eu --to us
 //
 // setup: idem::setup_regions (schemas, publications, subscriptions; --synchronous names every
 // home's subscriptions in its synchronous_standby_names). status: every cluster's replication
 // links (idem::replication_link): exit 1 when one is down. verify: idem::verify_regions; the home
 // rule is "the key up to the first SEP names its region" (--home-prefix '-': "eu-PAY-1" is eu's);
 // without --home-prefix, which region decided a key is not checked (every other check runs).
+// move: idem::move_home, a planned move of a key space's deciding to another region's cluster.
 // Exit codes: 0 done / every link up / no violation, 1 a link down / violations (listed), 2 bad
 // command line, 3 a cluster could not be reached or set up.
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +31,16 @@ struct regions_config {
     std::vector<std::string> region_args;  ///< NAME=URI
     bool synchronous = false;
     bool json = false;
-    std::string home_prefix;  ///< verify: the separator ending a key's region name; empty: not checked
+    std::string home_prefix;              ///< verify: the separator ending a key's region name; empty: not checked
+    std::vector<std::string> decided_at;  ///< SPACE=REGION: key spaces decided by another region after a move
+    std::string space, from, to;          ///< move
 };
+
+std::map<std::string, std::string> parse_moves(const std::vector<std::string>& args) {
+    std::map<std::string, std::string> m;
+    for (const std::string& a : args) m[a.substr(0, a.find('='))] = a.substr(a.find('=') + 1);
+    return m;
+}
 
 std::vector<idem::region> parse_regions(const std::vector<std::string>& args) {
     std::vector<idem::region> rs;
@@ -61,6 +72,15 @@ int run_setup(const regions_config& c) {
               << (c.synchronous ? "synchronous (each home's commit waits for one other region's subscriber)"
                                 : "asynchronous")
               << "; every initial copy done\n";
+    return exit_ok;
+}
+
+int run_move(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    idem::move_home(rs, c.space, c.from, c.to);
+    std::cout << "idem regions move: key space '" << c.space << "' is decided by region '" << c.to << "' now; region '"
+              << c.from << "' refuses it (fenced). Give every process decided_at['" << c.space << "'] = '" << c.to
+              << "' (idem regions verify --decided-at " << c.space << "=" << c.to << ")\n";
     return exit_ok;
 }
 
@@ -118,7 +138,8 @@ int run_verify_regions(const regions_config& c) {
     if (!c.home_prefix.empty()) {
         home = [sep = c.home_prefix](std::string_view k) { return std::string(k.substr(0, k.find(sep))); };
     }
-    const auto r = idem::verify_regions(rs, home);  // without a rule, which region decided a key is not checked
+    // Without a rule, which key space a key was decided in is not checked.
+    const auto r = idem::verify_regions(rs, home, parse_moves(c.decided_at));
     std::vector<std::string> all = r.violations;
     std::uint64_t keys = 0;
     for (const auto& [name, h] : r.homes) {
@@ -170,6 +191,17 @@ command add_regions(CLI::App& root) {
     regions(setup);
     setup->add_flag("--synchronous", c->synchronous,
                     "Each home's commit waits for one other region's subscriber (synchronous_standby_names)");
+    CLI::App* move = app->add_subcommand("move", "Hand a key space to another region's cluster (planned: both running)");
+    regions(move);
+    auto region_name = CLI::Validator(
+        [](std::string& text) -> std::string {
+            return idem::detail::regions::valid_name(text) ? std::string()
+                                                           : "'" + text + "' is not a region name (a-z, 0-9)";
+        },
+        "NAME");
+    move->add_option("--space", c->space, "The key space (named by its home region)")->required()->check(region_name);
+    move->add_option("--from", c->from, "The region whose cluster decides it now")->required()->check(region_name);
+    move->add_option("--to", c->to, "The region whose cluster will decide it")->required()->check(region_name);
     CLI::App* status = app->add_subcommand("status", "Every replication link: up, lag in bytes and ms");
     regions(status);
     status->add_flag("--json", c->json, "Print one JSON object on stdout");
@@ -177,9 +209,12 @@ command add_regions(CLI::App& root) {
     regions(verify);
     verify->add_option("--home-prefix", c->home_prefix,
                        "The key up to this separator names its home region (without it, not checked)");
+    verify->add_option("--decided-at", c->decided_at, "SPACE=REGION: a key space moved to another region's cluster")
+        ->check(region_check());
     verify->add_flag("--json", c->json, "Print one JSON object on stdout");
-    return {app, [c, setup, status, verify] {
+    return {app, [c, setup, move, status, verify] {
                 if (setup->parsed()) return run_setup(*c);
+                if (move->parsed()) return run_move(*c);
                 if (status->parsed()) return run_status(*c);
                 if (verify->parsed()) return run_verify_regions(*c);
                 return static_cast<int>(exit_usage);

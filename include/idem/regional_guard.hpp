@@ -39,6 +39,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -56,10 +57,15 @@ struct regional_options {
     std::string self;
     /// Every region, with its cluster's connection string as this process reaches it.
     std::vector<region> regions;
-    /// The home rule: the region whose cluster decides a key. It must give the same answer for a
-    /// key in every process of every region, and name a region of `regions` (a key it maps
-    /// elsewhere, or for which it throws, is answered invalid_key).
+    /// The home rule: the key space of a key, named by the region that is its home. It must give
+    /// the same answer for a key in every process of every region, and name a region of `regions`
+    /// (a key it maps elsewhere, or for which it throws, is answered invalid_key).
     std::function<std::string(std::string_view key)> home;
+    /// Key spaces decided by another region's cluster than their own, after a move (move_home() in
+    /// regions.hpp): {"eu", "us"} once eu's keys are decided by us's cluster. A key space not
+    /// named here is decided by its own region's cluster. Every process must be given the same
+    /// map after a move; one still on the old map is refused by the fenced old home (never granted).
+    std::map<std::string, std::string> decided_at;
     /// The global guard of this region's home keys.
     global_options local;
     /// The global guards of foreign homes (one per foreign region). Their prune_interval is forced
@@ -102,19 +108,26 @@ public:
         self_ = index_of(ro_.self);
         if (self_ == npos)
             throw error(errc::invalid_argument, "regional guard: self region '" + ro_.self + "' is not one of the regions");
+        for (const auto& [space, at] : ro_.decided_at)
+            if (index_of(space) == npos || index_of(at) == npos)
+                throw error(errc::invalid_argument, "regional guard: decided_at maps key space '" + space + "' to region '" +
+                                                        at + "'; both must be regions");
         readers_.resize(ro_.regions.size());
         for (std::size_t i = 0; i < ro_.regions.size(); ++i) {
-            const region& r = ro_.regions[i];
-            const std::string schema = dr::schema_of(r.name);
-            if (i == self_) {
-                guards_.push_back(std::make_unique<global_guard>(dr::with_schema(r.uri, schema), opts, ro_.local));
+            // Key space i (the keys whose home rule names region i), decided by region d's cluster.
+            const std::string schema = dr::schema_of(ro_.regions[i].name);
+            const auto moved = ro_.decided_at.find(ro_.regions[i].name);
+            const std::size_t d = moved == ro_.decided_at.end() ? i : index_of(moved->second);
+            const std::string at = dr::with_schema(ro_.regions[d].uri, schema);
+            if (d == self_) {
+                guards_.push_back(std::make_unique<global_guard>(at, opts, ro_.local));
                 continue;
             }
             options fo = opts;
-            fo.resolve = nullptr;  // the home's own processes compensate
+            fo.resolve = nullptr;  // the deciding region's own processes compensate
             global_options fg = ro_.forward;
             fg.prune_interval = std::chrono::milliseconds::zero();
-            guards_.push_back(std::make_unique<global_guard>(dr::with_schema(r.uri, schema), fo, fg));
+            guards_.push_back(std::make_unique<global_guard>(at, fo, fg));
             readers_[i] = std::make_unique<dr::replica_reader>(dr::with_schema(ro_.regions[self_].uri, schema),
                                                                ro_.replica_connections, ro_.local.call_deadline);
         }
@@ -131,8 +144,8 @@ public:
             unroutable_.fetch_add(1, std::memory_order_relaxed);  // statistics
             return {begin_status::invalid_key, global_ticket(), 0, 0};
         }
-        if (h == self_) return guards_[h]->begin(k, fingerprint);
-        foreign_.fetch_add(1, std::memory_order_relaxed);  // statistics
+        if (!readers_[h]) return guards_[h]->begin(k, fingerprint);  // decided here
+        foreign_.fetch_add(1, std::memory_order_relaxed);            // statistics
         return guards_[h]->begin_via(k, fingerprint,
                                      [r = readers_[h].get()](const key& kk) noexcept { return r->read(kk); });
     }

@@ -262,6 +262,137 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
     }
 }
 
+/// Moves the deciding of key space `space` (the keys whose home rule names it) from region
+/// `from`'s cluster, which decides it now, to region `to`'s, while both run: a planned move.
+///   1. Fence: on `from`, a trigger refuses every write of idem_<space>'s records and audit rows
+///      (SQLSTATE 55000, naming `to`). Creating it waits for the transactions writing them; after
+///      its commit no claim or completion can commit there: a process still sending this key
+///      space's claims to `from` gets store_unavailable, never a grant. (Batch rows stay writable:
+///      the in-doubt probe of a batch in flight at the fence still answers.)
+///   2. Catch up: a marker batch row written on `from` after the fence, awaited in `to`'s replica
+///      (at most `timeout`): replication applies a home's commits in order, so `to` then holds
+///      every record and audit row `from` ever committed for the key space. Every other region's
+///      replica is awaited too, for at most `timeout` (a region that does not answer is skipped: it
+///      answers fewer duplicates from its replica until its refresh, never a wrong one).
+///   3. Hand over: `from`'s publication drops the schema and its subscribers refresh; `to`'s
+///      audit sequence is set past every replicated row, scope::global's index is created there,
+///      `to`'s publication adds the schema and every other region (`from` included) refreshes its
+///      subscription to `to` without a copy (each already holds every row).
+/// Afterwards give every process regional_options::decided_at[space] = to. Claims still PROCESSING
+/// at the fence are decided at `to`, by compensation of `to`'s processes once their leases
+/// expired (their owners' completions are refused by the fence). Throws idem::error:
+/// invalid_argument (names), store_unavailable (a cluster cannot be reached, `to` did not catch
+/// up in time: nothing was handed over, the fence stays and the move can be run again),
+/// store_error (anything the server refused).
+inline void move_home(const std::vector<region>& rs, const std::string& space, const std::string& from,
+                      const std::string& to, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    namespace dr = detail::regions;
+    dr::check_regions(rs);
+    auto find = [&](const std::string& name) -> const region& {
+        for (const region& r : rs)
+            if (r.name == name) return r;
+        throw error(errc::invalid_argument, "move_home: no region '" + name + "'");
+    };
+    const region& src = find(from);
+    (void)find(to);
+    (void)find(space);
+    if (from == to)
+        throw error(errc::invalid_argument, "move_home: key space '" + space + "' is already decided at '" + to + "'");
+    const std::string schema = dr::schema_of(space);
+    const auto deadline = std::chrono::milliseconds(30000);
+    auto fail = [](const std::string& step, const std::exception& e) {
+        return error(errc::store_error, "move_home: " + step + ": " + e.what());
+    };
+    std::unique_ptr<pqxx::connection> sc;
+    try {
+        sc = dr::connect(src.uri, deadline, "idem-regions-move");
+    } catch (const std::exception& e) {
+        throw error(errc::store_unavailable, "move_home: region '" + from + "': " + e.what());
+    }
+    const std::int64_t marker =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    try {  // 1. the fence, then the marker after it
+        pqxx::work w(*sc);
+        w.exec("CREATE OR REPLACE FUNCTION " + schema +
+               ".idem_moved() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN "
+               "RAISE EXCEPTION 'idem: key space " +
+               space + " is decided in region " + to +
+               " now (moved); this cluster no longer decides it' USING ERRCODE = '55000'; END $f$");
+        for (const char* table : {"idempotent_record", "idempotent_audit"}) {
+            w.exec("DROP TRIGGER IF EXISTS idem_moved ON " + schema + "." + table);
+            w.exec("CREATE TRIGGER idem_moved BEFORE INSERT OR UPDATE OR DELETE ON " + schema + "." + table +
+                   " FOR EACH ROW EXECUTE FUNCTION " + schema + ".idem_moved()");
+        }
+        w.commit();
+        pqxx::work m(*sc);
+        m.exec_params("INSERT INTO " + schema + ".idempotent_batch (batch_id, committed_time) VALUES ($1, 0)", -marker);
+        m.commit();
+    } catch (const std::exception& e) {
+        throw fail("fence on region '" + from + "'", e);
+    }
+    // 2. every replica up to the marker (`to`'s required)
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (const region& r : rs) {
+        if (r.name == from) continue;
+        bool there = false;
+        try {
+            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
+            while (!there) {
+                pqxx::nontransaction n(*c);
+                there = !n.exec_params("SELECT 1 FROM " + schema + ".idempotent_batch WHERE batch_id = $1", -marker).empty();
+                if (there || std::chrono::steady_clock::now() >= until) break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the replica
+            }
+        } catch (const std::exception&) {
+            there = false;
+        }
+        if (!there && r.name == to)
+            throw error(errc::store_unavailable,
+                        "move_home: region '" + to + "' did not receive every decision of key space '" + space +
+                            "' within " + std::to_string(timeout.count()) + " ms; nothing handed over (the fence on '" +
+                            from + "' stays; run again)");
+    }
+    // 3. hand over
+    try {
+        pqxx::nontransaction n(*sc);
+        n.exec("ALTER PUBLICATION " + dr::publication_of(from) + " DROP TABLES IN SCHEMA " + schema);
+    } catch (const std::exception& e) {
+        throw fail("publication of region '" + from + "'", e);
+    }
+    for (const region& r : rs) {
+        try {
+            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
+            pqxx::nontransaction n(*c);
+            if (r.name != from)
+                n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(from, r.name) +
+                       " REFRESH PUBLICATION WITH (copy_data = false)");
+            if (r.name == to) {
+                n.exec("SELECT setval(pg_get_serial_sequence('" + schema +
+                       ".idempotent_audit', 'sequence'), "
+                       "(SELECT COALESCE(max(sequence), 0) + 1 FROM " +
+                       schema + ".idempotent_audit), false)");
+                n.exec("SET search_path = " + schema);
+                n.exec(std::string(detail::global::sql::processing_index));
+                n.exec("RESET search_path");
+                n.exec("ALTER PUBLICATION " + dr::publication_of(to) + " ADD TABLES IN SCHEMA " + schema);
+            }
+        } catch (const std::exception& e) {
+            if (r.name == to) throw fail("region '" + to + "' taking key space '" + space + "'", e);
+        }
+    }
+    for (const region& r : rs) {
+        if (r.name == to) continue;
+        try {
+            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
+            pqxx::nontransaction n(*c);
+            n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(to, r.name) +
+                   " REFRESH PUBLICATION WITH (copy_data = false)");
+        } catch (const std::exception& e) {
+            throw fail("region '" + r.name + "' subscribing to key space '" + space + "' at '" + to + "'", e);
+        }
+    }
+}
+
 /// What verify_regions found: each home's own verify() report, and the checks across regions.
 struct regions_verify_report {
     std::map<std::string, verify_report> homes;  ///< by region: verify() of its home schema on its cluster
@@ -284,6 +415,7 @@ struct regions_verify_report {
 /// of its home, behind by its lag; rows its home pruned are not compared). Reads only.
 inline regions_verify_report verify_regions(const std::vector<region>& rs,
                                             const std::function<std::string(std::string_view key)>& home,
+                                            const std::map<std::string, std::string>& decided_at = {},
                                             std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
     namespace dr = detail::regions;
     dr::check_regions(rs);
@@ -291,11 +423,16 @@ inline regions_verify_report verify_regions(const std::vector<region>& rs,
     static const std::string audit_rows =
         "SELECT sequence, idempotent_key, from_status, to_status, fencing_token, detail FROM idempotent_audit ORDER BY "
         "sequence";
-    for (const region& h : rs) {
-        const std::string schema = dr::schema_of(h.name);
+    for (const region& space : rs) {
+        const std::string schema = dr::schema_of(space.name);
+        const auto moved = decided_at.find(space.name);
+        const region* at = &space;
+        for (const region& r : rs)
+            if (moved != decided_at.end() && r.name == moved->second) at = &r;
+        const region& h = *at;  // the cluster deciding the key space
         {
             postgres_store st(dr::with_schema(h.uri, schema), deadline);
-            out.homes[h.name] = verify(st);
+            out.homes[space.name] = verify(st);
         }
         const auto hc = dr::connect(dr::with_schema(h.uri, schema), deadline, "idem-regions-verify");
         pqxx::nontransaction hn(*hc);
@@ -304,8 +441,8 @@ inline regions_verify_report verify_regions(const std::vector<region>& rs,
             if (!home) continue;
             const std::string k = row[0].c_str();
             const std::string want = home(k);
-            if (want != h.name)
-                out.violations.push_back("key '" + key::printable(k) + "' was decided in region '" + h.name +
+            if (want != space.name)
+                out.violations.push_back("key '" + key::printable(k) + "' was decided as key space '" + space.name +
                                          "', but its home is '" + want + "'");
         }
         std::map<std::int64_t, std::string> trail;
@@ -322,7 +459,7 @@ inline regions_verify_report verify_regions(const std::vector<region>& rs,
                 const std::string line = dr::joined(row, 1);
                 const auto it = trail.find(seq);
                 if (it != trail.end() && it->second != line)
-                    out.violations.push_back("region '" + s.name + "' replica of '" + h.name + "': audit row " +
+                    out.violations.push_back("region '" + s.name + "' replica of '" + space.name + "': audit row " +
                                              std::to_string(seq) + " is '" + line + "' there but '" + it->second +
                                              "' at home");
             }
