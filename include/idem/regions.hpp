@@ -25,10 +25,11 @@
 //     then costs a cross-region round trip, and a home that can reach no other region acknowledges
 //     nothing (its callers get store_unavailable) until one is back.
 //
-// Not built yet (docs/scaling.md, "Regions"): moving a key space's home to another region, planned
-// or after its region is lost. The takeover protocol is model-checked (verify/regions.pml) but not
-// implemented: until it is, the keys of a lost home region are refused (store_unavailable) in the
-// other regions, never granted there; their decisions already replicated are still answered.
+// Moving a key space to another region's cluster while both run is move_home() (a fence on the old
+// one first). Not built yet (docs/scaling.md, "Regions"): taking a key space over after its region
+// is lost. That protocol is model-checked (verify/regions.pml) but not implemented: until it is, the
+// keys of a lost home region are refused (store_unavailable) in the other regions, never granted
+// there; their decisions already replicated are still answered.
 #pragma once
 
 #include <chrono>
