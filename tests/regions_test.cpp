@@ -11,6 +11,10 @@
 //     fault_proxy.hpp): the home's keys' first claims are refused (store_unavailable, and no row
 //     at the home), the duplicates already replicated are still answered, the region's own keys
 //     still decided; after the partition heals the refused key is claimed.
+//   * A home blackholed (packets vanish) and then killed with SIGKILL while three regions race on its
+//     keys: every key executed once, commits in doubt resolved, verify_regions clean.
+//   * A planned move of a key space to another region (move_home): the old home fenced, the new
+//     one decides, the claim held across the fence resolved there.
 //   * Synchronous mode: with every subscription to a home stopped, the home acknowledges nothing
 //     (store_unavailable); once one region subscribes again, it does, and the decision is there.
 //   * Replication stopped and resumed: the home reports the stopped link down with a lag in
@@ -282,6 +286,92 @@ TEST_F(Regions, APartitionRefusesForeignFirstClaimsAndStillAnswersArrivedDuplica
     }
     EXPECT_EQ(st, idem::begin_status::acquired) << "the claim refused during the partition is granted after it";
     EXPECT_EQ(row_status("a", "a", "a-new"), "SUCCESS");
+}
+
+TEST_F(Regions, AHomeBlackholedThenKilledMidRaceRunsEachKeyOnce) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    // Every region's process reaches home a's cluster through a proxy of its own (a's own process
+    // too: a blackhole then stalls every caller of a's keys at once, as a network fault at a would).
+    std::vector<std::unique_ptr<idem_test::fault_proxy>> to_a;
+    std::vector<std::unique_ptr<idem::regional_guard>> gs;
+    for (const char* self : {"a", "b", "c"}) {
+        to_a.push_back(std::make_unique<idem_test::fault_proxy>(port_of(uri_of("a"))));
+        auto rs = rs_;
+        rs[0].uri = "postgresql://postgres@127.0.0.1:" + std::to_string(to_a.back()->port()) + "/postgres";
+        gs.push_back(std::make_unique<idem::regional_guard>(fast(), opts(self, rs)));
+    }
+    constexpr int keys = 300, per_region = 3;
+    std::vector<std::atomic<int>> ledger(keys);
+    std::atomic<int> executed{0}, unavailable{0};
+    std::atomic<bool> racing{true};
+    std::atomic<int> at_blackhole{-1}, at_kill{-1};
+    std::thread faults([&] {
+        auto wait_for = [&](int n) {  // progress, not time: the faults land mid-race
+            while (racing.load() && executed.load() < n) std::this_thread::sleep_for(5ms);
+        };
+        wait_for(30);
+        at_blackhole = executed.load();
+        for (auto& p : to_a) p->blackhole();  // packets vanish: calls hang until the watchdog cuts them
+        std::this_thread::sleep_for(1500ms);  // the fault's length
+        for (auto& p : to_a) p->heal();
+        wait_for(at_blackhole.load() + 30);
+        at_kill = executed.load();
+        EXPECT_TRUE(servers_[0]->crash()) << "kill -9 of home a's cluster";
+        std::this_thread::sleep_for(1000ms);  // the outage's length
+        EXPECT_TRUE(servers_[0]->resume());
+    });
+    idem_test::run_on_latch(3 * per_region, [&](std::size_t t) {
+        idem::regional_guard& g = *gs[t % 3];
+        std::vector<int> left(keys);
+        for (int i = 0; i < keys; ++i) left[i] = i;
+        std::shuffle(left.begin(), left.end(), std::mt19937(static_cast<unsigned>(t) + 7));
+        const auto until = std::chrono::steady_clock::now() + 180s;
+        while (!left.empty() && std::chrono::steady_clock::now() < until) {
+            std::vector<int> again;
+            for (const int i : left) {
+                auto r = g.begin(idem::key("a-storm-" + std::to_string(i)), 1);
+                if (r.status == idem::begin_status::acquired) {
+                    ledger[i].fetch_add(1);
+                    executed.fetch_add(1);
+                    (void)r.ticket.succeed(static_cast<std::uint64_t>(i));  // queued again if the home is down
+                } else if (r.status == idem::begin_status::succeeded) {
+                    EXPECT_EQ(r.outcome, static_cast<std::uint64_t>(i));
+                } else {
+                    if (r.status == idem::begin_status::store_unavailable) unavailable.fetch_add(1);
+                    EXPECT_TRUE(r.status == idem::begin_status::in_progress ||
+                                r.status == idem::begin_status::store_unavailable ||
+                                r.status == idem::begin_status::in_doubt)
+                        << idem::to_string(r.status);
+                    again.push_back(i);
+                }
+            }
+            left = std::move(again);
+        }
+        EXPECT_TRUE(left.empty()) << left.size() << " keys never answered succeeded";
+    });
+    racing = false;
+    faults.join();
+    for (int i = 0; i < keys; ++i)
+        EXPECT_EQ(ledger[i].load(), 1) << "a-storm-" << i << " ran " << ledger[i].load() << " times";
+    // Both faults landed mid-race, and were felt by the stores' callers.
+    EXPECT_LT(at_blackhole.load(), keys);
+    EXPECT_LT(at_kill.load(), keys);
+    std::uint64_t errors = 0, in_doubt = 0;
+    for (const auto& g : gs)
+        for (const auto& [name, st] : g->snapshot().regions) {
+            errors += st.store_errors;
+            in_doubt += st.commits_in_doubt;
+        }
+    EXPECT_GT(errors, 0u);
+    gs.clear();
+    ASSERT_TRUE(arrives("b", "a", "a-storm-" + std::to_string(keys - 1), "SUCCESS"));
+    const auto v = idem::verify_regions(rs_, home_rule);
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+    std::printf(
+        "storm: %d keys, 9 threads in 3 regions; blackhole at %d executions, kill -9 at %d; %d store_unavailable "
+        "answers, %llu store errors, %llu commits in doubt\n",
+        keys, at_blackhole.load(), at_kill.load(), unavailable.load(), static_cast<unsigned long long>(errors),
+        static_cast<unsigned long long>(in_doubt));
 }
 
 TEST_F(Regions, SynchronousModeAcknowledgesOnlyWhatAnotherRegionHolds) {
