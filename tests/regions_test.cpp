@@ -502,6 +502,17 @@ TEST_F(Regions, APlannedMoveHandsAKeySpaceToAnotherRegion) {
     }
     auto held = old_a.begin(idem::key("a-held"), 1);
     ASSERT_EQ(held.status, idem::begin_status::acquired);
+    {
+        // A process given the new map before the move: b's copy of key space a is a replica, and its
+        // guard refuses the write (store_unavailable), never a grant beside a's.
+        auto early = opts("c");
+        early.decided_at["a"] = "b";
+        idem::regional_guard too_early(fast(), early);
+        EXPECT_EQ(too_early.begin(idem::key("a-early"), 1).status, idem::begin_status::store_unavailable);
+        EXPECT_EQ(row_status("b", "a", "a-early"), "");
+        EXPECT_THROW(exec("c", "INSERT INTO idem_a.idem_schema (version) VALUES (99)"), std::exception)
+            << "a replica refuses a local write";
+    }
 
     idem::move_home(rs_, "a", "a", "b");
 
@@ -539,7 +550,7 @@ TEST_F(Regions, APlannedMoveHandsAKeySpaceToAnotherRegion) {
     EXPECT_TRUE(arrives("c", "a", "a-after", "SUCCESS"));
     // The claim held at the fence: its lease runs out at b, b's compensation asks the resolver once.
     std::size_t resolved = 0;
-    for (int i = 0; i < 100 && resolved == 0; ++i) {
+    for (int i = 0; i < 200 && resolved == 0; ++i) {  // the lease plus move_home's margin (5 s)
         resolved = new_b.region_guard("a").compensate();
         if (resolved == 0) std::this_thread::sleep_for(100ms);  // the lease is on the server's clock
     }
@@ -565,6 +576,21 @@ TEST_F(Regions, APlannedMoveHandsAKeySpaceToAnotherRegion) {
     const auto trail = new_b.audit(idem::key("a-held"));
     ASSERT_EQ(trail.size(), 2u);
     EXPECT_LT(trail[0].sequence, trail[1].sequence);
+    // Running the finished move again changes nothing; moving the key space back works (the guard
+    // the first move left on a is removed), and a decides it again.
+    idem::move_home(rs_, "a", "a", "b");
+    idem::move_home(rs_, "a", "b", "a");
+    EXPECT_EQ(new_c.begin(idem::key("a-back"), 1).status, idem::begin_status::store_unavailable)
+        << "c's process still sends key space a to b, which is fenced now";
+    idem::regional_guard back_c(fast(), opts("c"));
+    auto back = back_c.begin(idem::key("a-back"), 1);
+    ASSERT_EQ(back.status, idem::begin_status::acquired);
+    ASSERT_FALSE(back.ticket.succeed(6));
+    EXPECT_EQ(row_status("a", "a", "a-back"), "SUCCESS");
+    EXPECT_EQ(back_c.begin(idem::key("a-after"), 1).outcome, 5u) << "a decision made at b, answered after moving back";
+    ASSERT_TRUE(arrives("b", "a", "a-back", "SUCCESS"));
+    const auto v2 = idem::verify_regions(rs_, home_rule);
+    EXPECT_TRUE(v2.clean()) << (v2.violations.empty() ? "a home's verify" : v2.violations.front());
 }
 
 TEST_F(Regions, BadInputIsRefusedByName) {
@@ -582,6 +608,15 @@ TEST_F(Regions, BadInputIsRefusedByName) {
         ADD_FAILURE() << "a self region not among the regions must be refused";
     } catch (const idem::error& e) {
         EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    }
+    auto ordered = fast();
+    ordered.ordered_versions = true;
+    try {
+        idem::regional_guard g(ordered, opts("b"));
+        ADD_FAILURE() << "ordered versions across regions must be refused";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::invalid_argument);
+        EXPECT_NE(std::string(e.what()).find("ordered_versions"), std::string::npos) << e.what();
     }
     idem::setup_regions(rs_, idem::replication_mode::asynchronous);
     idem::regional_guard g(fast(), opts("b"));

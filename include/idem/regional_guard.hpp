@@ -104,6 +104,13 @@ public:
         dr::check_regions(ro_.regions);
         if (!ro_.home)
             throw error(errc::invalid_argument, "regional guard: regional_options::home (the home rule) is empty");
+        // Ordered versions keep their table (idempotent_version) in the key space's schema, which
+        // setup_regions neither creates on the replicas nor moves: its first row would stop every
+        // subscriber of the home. Refused until regions carry it.
+        if (opts.ordered_versions)
+            throw error(errc::invalid_argument,
+                        "regional guard: options.ordered_versions is not supported across regions (its version table is not "
+                        "replicated); order versions within one region's global_guard");
         if (ro_.replica_connections == 0)
             throw error(errc::invalid_argument, "regional guard: replica_connections must be at least 1");
         self_ = index_of(ro_.self);

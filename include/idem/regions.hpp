@@ -144,12 +144,15 @@ inline void check_regions(const std::vector<region>& rs) {
 ///   * in every cluster, a schema per region (names.hpp), with idem's tables; the schema of the
 ///     cluster's own region gets the schema version row and scope::global's index;
 ///   * in every cluster, the publication of its own region's schema;
+///   * on every copy of a key space the cluster does not decide, the replica guard (names.hpp): a
+///     trigger refusing local writes, so a process with a wrong map is refused, never granted;
 ///   * in every cluster, a subscription to every other region's publication, connecting with
 ///     `publisher(home, subscriber)` (default: home.uri; give it when the servers reach each other
 ///     by other addresses than this process does), whose initial copy is waited for (at most
 ///     `ready_timeout`);
-///   * synchronous mode: each cluster's synchronous_standby_names = 'ANY 1 (<its subscriptions>)'
-///     (ALTER SYSTEM and a reload). Asynchronous mode leaves the setting as it is.
+///   * synchronous mode, once every copy is done: each cluster's synchronous_standby_names =
+///     'ANY 1 (<its subscriptions>)' (ALTER SYSTEM and a reload). Asynchronous mode leaves it as
+///     it is.
 /// Needs a role that may create publications and subscriptions (superuser, or PostgreSQL 15's
 /// pg_create_subscription is 16+: superuser on 15), and wal_level = logical on every cluster.
 /// Throws idem::error: invalid_argument (names, wal_level), store_unavailable (a cluster cannot be
@@ -204,8 +207,33 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
             throw fail(rs[c], "publication " + pub, e);
         }
     }
+    // Which cluster decides each key space: the one whose publication publishes its schema (its own
+    // region's, unless move_home handed it over). Every other cluster's copy gets the replica guard.
+    std::vector<std::string> decider(rs.size());
+    for (std::size_t x = 0; x < rs.size(); ++x)
+        for (std::size_t c = 0; c < rs.size(); ++c) {
+            pqxx::nontransaction n(*cs[c]);
+            if (!n.exec_params(std::string(dr::publishes_sql), dr::publication_of(rs[c].name), dr::schema_of(rs[x].name))
+                     .empty())
+                decider[x] = rs[c].name;
+        }
+    for (std::size_t c = 0; c < rs.size(); ++c)
+        for (std::size_t x = 0; x < rs.size(); ++x) {
+            const std::string schema = dr::schema_of(rs[x].name);
+            try {
+                pqxx::work w(*cs[c]);
+                const bool here = decider[x] == rs[c].name;
+                for (const std::string& q :
+                     here ? dr::unguard_sql(schema)
+                          : dr::guard_sql(schema, rs[x].name,
+                                          decider[x].empty() ? "another region's cluster" : "region " + decider[x]))
+                    w.exec(q);
+                w.commit();
+            } catch (const std::exception& e) {
+                throw fail(rs[c], "replica guard of " + schema, e);
+            }
+        }
     for (std::size_t s = 0; s < rs.size(); ++s) {
-        std::string names;
         for (const region& h : rs) {
             if (h.name == rs[s].name) continue;
             const std::string sub = dr::subscription_of(h.name, rs[s].name);
@@ -224,17 +252,6 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
                 else n.exec("ALTER SUBSCRIPTION " + sub + " SET (synchronous_commit = 'local')");
             } catch (const std::exception& e) {
                 throw fail(rs[s], "subscription " + sub, e);
-            }
-        }
-        for (const region& x : rs)
-            if (x.name != rs[s].name) names += (names.empty() ? "" : ", ") + dr::subscription_of(rs[s].name, x.name);
-        if (mode == replication_mode::synchronous) {
-            try {
-                pqxx::nontransaction n(*cs[s]);
-                n.exec("ALTER SYSTEM SET synchronous_standby_names = " + dr::sql_literal("ANY 1 (" + names + ")"));
-                n.exec("SELECT pg_reload_conf()");
-            } catch (const std::exception& e) {
-                throw fail(rs[s], "synchronous_standby_names", e);
             }
         }
     }
@@ -261,32 +278,56 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
             std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling the server's copy state
         }
     }
+    // Synchronous mode only now: a subscriber whose table is still in its initial copy skips that
+    // table's changes in its apply worker and confirms their flush all the same, so a commit that
+    // waited for it would not be held by it.
+    if (mode == replication_mode::synchronous) {
+        for (std::size_t s = 0; s < rs.size(); ++s) {
+            std::string names;
+            for (const region& x : rs)
+                if (x.name != rs[s].name) names += (names.empty() ? "" : ", ") + dr::subscription_of(rs[s].name, x.name);
+            try {
+                pqxx::nontransaction n(*cs[s]);
+                n.exec("ALTER SYSTEM SET synchronous_standby_names = " + dr::sql_literal("ANY 1 (" + names + ")"));
+                n.exec("SELECT pg_reload_conf()");
+            } catch (const std::exception& e) {
+                throw fail(rs[s], "synchronous_standby_names", e);
+            }
+        }
+    }
 }
 
 /// Moves the deciding of key space `space` (the keys whose home rule names it) from region
 /// `from`'s cluster, which decides it now, to region `to`'s, while both run: a planned move.
-///   1. Fence: on `from`, a trigger refuses every write of idem_<space>'s records and audit rows
-///      (SQLSTATE 55000, naming `to`). Creating it waits for the transactions writing them; after
-///      its commit no claim or completion can commit there: a process still sending this key
-///      space's claims to `from` gets store_unavailable, never a grant. (Batch rows stay writable:
-///      the in-doubt probe of a batch in flight at the fence still answers.)
-///   2. Catch up: a marker batch row written on `from` after the fence, awaited in `to`'s replica
-///      (at most `timeout`): replication applies a home's commits in order, so `to` then holds
-///      every record and audit row `from` ever committed for the key space. Every other region's
-///      replica is awaited too, for at most `timeout` (a region that does not answer is skipped: it
-///      answers fewer duplicates from its replica until its refresh, never a wrong one).
-///   3. Hand over: `from`'s publication drops the schema and its subscribers refresh; `to`'s
-///      audit sequence is set past every replicated row, scope::global's index is created there,
-///      `to`'s publication adds the schema and every other region (`from` included) refreshes its
+///   1. Fence: on `from`, the replica guard (names.hpp) on idem_<space>: a trigger refusing every
+///      write of its records, audit rows and idem_schema (SQLSTATE 55000, naming `to`). Creating it
+///      waits for the transactions writing them; after its commit no claim, completion or
+///      compensation of the key space commits there: a process still sending them to `from` gets
+///      store_unavailable, never a grant. (Batch rows stay writable: the in-doubt probe of a batch
+///      in flight at the fence still answers.)
+///   2. Catch up: a marker batch row written on `from` after the fence, awaited in EVERY other
+///      region's replica (`to` first; at most `timeout` in all): replication applies a publisher's
+///      commits in order, so each then holds every row `from` ever committed for the key space.
+///      A region that does not catch up fails the move (store_unavailable, naming it): nothing is
+///      handed over, the fence stays, and the move can be run again.
+///   3. Hand over: `from`'s publication drops the schema and every other region refreshes its
+///      subscription to `from`; `to` sets its audit sequence past every row `from` numbered,
+///      creates scope::global's index, pushes the leases of claims still PROCESSING out by
+///      `lease_margin` (they were measured on `from`'s clock, and their owners can no longer renew
+///      them), and publishes the schema; every other region (`from` included) refreshes its
 ///      subscription to `to` without a copy (each already holds every row).
-/// Afterwards give every process regional_options::decided_at[space] = to. Claims still PROCESSING
-/// at the fence are decided at `to`, by compensation of `to`'s processes once their leases
-/// expired (their owners' completions are refused by the fence). Throws idem::error:
-/// invalid_argument (names), store_unavailable (a cluster cannot be reached, `to` did not catch
-/// up in time: nothing was handed over, the fence stays and the move can be run again),
-/// store_error (anything the server refused).
+///   4. Last, `to`'s replica guard is removed: `to` decides the key space from here on. Until then
+///      a process given the new map too early is refused there too.
+/// Each step reads the catalog (which publication publishes the schema), so a move that stopped
+/// half-way (a cluster unreachable) is finished by running it again with the same arguments, and
+/// moving a key space back removes the guard the earlier move left. Afterwards give every process
+/// regional_options::decided_at[space] = to. Claims still PROCESSING at the fence are decided at
+/// `to`, by compensation of `to`'s processes once their (pushed-out) leases expired. Throws
+/// idem::error: invalid_argument (names; `from` does not decide the key space), store_unavailable
+/// (a cluster cannot be reached, a region did not catch up), store_error (the server refused).
 inline void move_home(const std::vector<region>& rs, const std::string& space, const std::string& from,
-                      const std::string& to, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+                      const std::string& to, std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                      std::chrono::milliseconds lease_margin = std::chrono::seconds(5)) {
     namespace dr = detail::regions;
     dr::check_regions(rs);
     auto find = [&](const std::string& name) -> const region& {
@@ -294,104 +335,124 @@ inline void move_home(const std::vector<region>& rs, const std::string& space, c
             if (r.name == name) return r;
         throw error(errc::invalid_argument, "move_home: no region '" + name + "'");
     };
-    const region& src = find(from);
-    (void)find(to);
     (void)find(space);
+    (void)find(from);
+    (void)find(to);
     if (from == to)
         throw error(errc::invalid_argument, "move_home: key space '" + space + "' is already decided at '" + to + "'");
     const std::string schema = dr::schema_of(space);
     const auto deadline = std::chrono::milliseconds(30000);
-    auto fail = [](const std::string& step, const std::exception& e) {
-        return error(errc::store_error, "move_home: " + step + ": " + e.what());
-    };
-    std::unique_ptr<pqxx::connection> sc;
-    try {
-        sc = dr::connect(src.uri, deadline, "idem-regions-move");
-    } catch (const std::exception& e) {
-        throw error(errc::store_unavailable, "move_home: region '" + from + "': " + e.what());
-    }
-    const std::int64_t marker =
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-    try {  // 1. the fence, then the marker after it
-        pqxx::work w(*sc);
-        w.exec("CREATE OR REPLACE FUNCTION " + schema +
-               ".idem_moved() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN "
-               "RAISE EXCEPTION 'idem: key space " +
-               space + " is decided in region " + to +
-               " now (moved); this cluster no longer decides it' USING ERRCODE = '55000'; END $f$");
-        for (const char* table : {"idempotent_record", "idempotent_audit"}) {
-            w.exec("DROP TRIGGER IF EXISTS idem_moved ON " + schema + "." + table);
-            w.exec("CREATE TRIGGER idem_moved BEFORE INSERT OR UPDATE OR DELETE ON " + schema + "." + table +
-                   " FOR EACH ROW EXECUTE FUNCTION " + schema + ".idem_moved()");
+    std::map<std::string, std::unique_ptr<pqxx::connection>> cs;
+    for (const region& r : rs) {
+        try {
+            cs[r.name] = dr::connect(r.uri, deadline, "idem-regions-move");
+        } catch (const std::exception& e) {
+            throw error(errc::store_unavailable, "move_home: region '" + r.name + "': cannot connect: " + e.what());
         }
-        w.commit();
-        pqxx::work m(*sc);
-        m.exec_params("INSERT INTO " + schema + ".idempotent_batch (batch_id, committed_time) VALUES ($1, 0)", -marker);
-        m.commit();
-    } catch (const std::exception& e) {
-        throw fail("fence on region '" + from + "'", e);
     }
-    // 2. every replica up to the marker (`to`'s required)
-    const auto until = std::chrono::steady_clock::now() + timeout;
+    auto step = [&](const std::string& region_name, const std::string& what, const auto& body) {
+        try {
+            body(*cs[region_name]);
+        } catch (const error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw error(errc::store_error, "move_home: region '" + region_name + "': " + what + ": " + e.what());
+        }
+    };
+    auto publishes = [&](const std::string& r) {
+        pqxx::nontransaction n(*cs[r]);
+        return !n.exec_params(std::string(dr::publishes_sql), dr::publication_of(r), schema).empty();
+    };
+    const bool at_from = publishes(from);
+    if (!at_from && !publishes(to))
+        throw error(errc::invalid_argument, "move_home: region '" + from + "' does not decide key space '" + space +
+                                                "' (its publication does not publish " + schema + "), nor does '" + to +
+                                                "'");
+    if (at_from) {
+        // 1. the fence, then a marker after it
+        const std::int64_t marker = -std::chrono::duration_cast<std::chrono::microseconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count();
+        step(from, "fence", [&](pqxx::connection& c) {
+            pqxx::work w(c);
+            for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
+            w.commit();
+            pqxx::work m(c);
+            m.exec_params("INSERT INTO " + schema + ".idempotent_batch (batch_id, committed_time) VALUES ($1, 0)", marker);
+            m.commit();
+        });
+        // 2. every other replica up to the marker, `to` first
+        std::vector<std::string> order{to};
+        for (const region& r : rs)
+            if (r.name != from && r.name != to) order.push_back(r.name);
+        const auto until = std::chrono::steady_clock::now() + timeout;
+        for (const std::string& r : order) {
+            bool there = false;
+            step(r, "catching up", [&](pqxx::connection& c) {
+                for (;;) {
+                    pqxx::nontransaction n(c);
+                    there =
+                        !n.exec_params("SELECT 1 FROM " + schema + ".idempotent_batch WHERE batch_id = $1", marker).empty();
+                    if (there || std::chrono::steady_clock::now() >= until) return;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the replica
+                }
+            });
+            if (!there)
+                throw error(errc::store_unavailable,
+                            "move_home: region '" + r + "' did not receive every decision of key space '" + space +
+                                "' within " + std::to_string(timeout.count()) + " ms; nothing handed over (the fence on '" +
+                                from + "' stays; run the move again)");
+        }
+        // 3a. `from` stops publishing it; its subscribers drop it (they hold every row: step 2)
+        step(from, "publication", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            n.exec("ALTER PUBLICATION " + dr::publication_of(from) + " DROP TABLES IN SCHEMA " + schema);
+        });
+    }
     for (const region& r : rs) {
         if (r.name == from) continue;
-        bool there = false;
-        try {
-            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
-            while (!there) {
-                pqxx::nontransaction n(*c);
-                there = !n.exec_params("SELECT 1 FROM " + schema + ".idempotent_batch WHERE batch_id = $1", -marker).empty();
-                if (there || std::chrono::steady_clock::now() >= until) break;
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the replica
-            }
-        } catch (const std::exception&) {
-            there = false;
+        step(r.name, "refreshing its subscription to '" + from + "'", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(from, r.name) +
+                   " REFRESH PUBLICATION WITH (copy_data = false)");
+        });
+    }
+    // 3b. `to` takes it: the audit numbering continues past `from`'s, leases pushed out, published
+    std::int64_t numbered = 0;
+    step(from, "audit sequence", [&](pqxx::connection& c) {
+        pqxx::nontransaction n(c);
+        numbered = n.exec("SELECT last_value FROM " + schema + ".idempotent_audit_sequence_seq")[0][0].as<std::int64_t>();
+    });
+    step(to, "taking the key space", [&](pqxx::connection& c) {
+        pqxx::work w(c);
+        w.exec("SET LOCAL session_replication_role = replica");  // past its own replica guard, this transaction only
+        w.exec("SELECT setval(pg_get_serial_sequence('" + schema + ".idempotent_audit', 'sequence'), GREATEST(" +
+               std::to_string(numbered) + ", (SELECT COALESCE(max(sequence), 0) FROM " + schema +
+               ".idempotent_audit)) + 1, false)");
+        w.exec("SET LOCAL search_path = " + schema);
+        w.exec(std::string(detail::global::sql::processing_index));
+        w.exec("UPDATE idempotent_record SET lease_until = lease_until + " + std::to_string(lease_margin.count()) +
+               " WHERE status = 'PROCESSING'");
+        w.commit();
+        if (!publishes(to)) {
+            pqxx::nontransaction n(c);
+            n.exec("ALTER PUBLICATION " + dr::publication_of(to) + " ADD TABLES IN SCHEMA " + schema);
         }
-        if (!there && r.name == to)
-            throw error(errc::store_unavailable,
-                        "move_home: region '" + to + "' did not receive every decision of key space '" + space +
-                            "' within " + std::to_string(timeout.count()) + " ms; nothing handed over (the fence on '" +
-                            from + "' stays; run again)");
-    }
-    // 3. hand over
-    try {
-        pqxx::nontransaction n(*sc);
-        n.exec("ALTER PUBLICATION " + dr::publication_of(from) + " DROP TABLES IN SCHEMA " + schema);
-    } catch (const std::exception& e) {
-        throw fail("publication of region '" + from + "'", e);
-    }
-    for (const region& r : rs) {
-        try {
-            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
-            pqxx::nontransaction n(*c);
-            if (r.name != from)
-                n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(from, r.name) +
-                       " REFRESH PUBLICATION WITH (copy_data = false)");
-            if (r.name == to) {
-                n.exec("SELECT setval(pg_get_serial_sequence('" + schema +
-                       ".idempotent_audit', 'sequence'), "
-                       "(SELECT COALESCE(max(sequence), 0) + 1 FROM " +
-                       schema + ".idempotent_audit), false)");
-                n.exec("SET search_path = " + schema);
-                n.exec(std::string(detail::global::sql::processing_index));
-                n.exec("RESET search_path");
-                n.exec("ALTER PUBLICATION " + dr::publication_of(to) + " ADD TABLES IN SCHEMA " + schema);
-            }
-        } catch (const std::exception& e) {
-            if (r.name == to) throw fail("region '" + to + "' taking key space '" + space + "'", e);
-        }
-    }
+    });
     for (const region& r : rs) {
         if (r.name == to) continue;
-        try {
-            const auto c = dr::connect(r.uri, deadline, "idem-regions-move");
-            pqxx::nontransaction n(*c);
+        step(r.name, "subscribing to key space '" + space + "' at '" + to + "'", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
             n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(to, r.name) +
                    " REFRESH PUBLICATION WITH (copy_data = false)");
-        } catch (const std::exception& e) {
-            throw fail("region '" + r.name + "' subscribing to key space '" + space + "' at '" + to + "'", e);
-        }
+        });
     }
+    // 4. last: `to` decides it
+    step(to, "removing its replica guard", [&](pqxx::connection& c) {
+        pqxx::work w(c);
+        for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
+        w.commit();
+    });
 }
 
 /// What verify_regions found: each home's own verify() report, and the checks across regions.
@@ -413,7 +474,8 @@ struct regions_verify_report {
 /// schema idem_H on H's cluster (the state machine, fences, outcomes); every record there has home
 /// H by `home` (a key decided anywhere else is a violation; an empty `home` skips this check); and every other cluster's replica of
 /// idem_H holds only audit rows identical to H's rows of the same sequence (a replica is a prefix
-/// of its home, behind by its lag; rows its home pruned are not compared). Reads only.
+/// of its home, behind by its lag: a row past the home's last one was written at the replica;
+/// rows its home pruned are not compared). Reads only.
 inline regions_verify_report verify_regions(const std::vector<region>& rs,
                                             const std::function<std::string(std::string_view key)>& home,
                                             const std::map<std::string, std::string>& decided_at = {},
@@ -459,6 +521,10 @@ inline regions_verify_report verify_regions(const std::vector<region>& rs,
                 const auto seq = row[0].as<std::int64_t>();
                 const std::string line = dr::joined(row, 1);
                 const auto it = trail.find(seq);
+                if (it == trail.end() && !trail.empty() && seq > trail.rbegin()->first)
+                    out.violations.push_back("region '" + s.name + "' replica of '" + space.name + "': audit row " +
+                                             std::to_string(seq) + " ('" + line +
+                                             "') is past every row of the deciding cluster: written there, not replicated");
                 if (it != trail.end() && it->second != line)
                     out.violations.push_back("region '" + s.name + "' replica of '" + space.name + "': audit row " +
                                              std::to_string(seq) + " is '" + line + "' there but '" + it->second +

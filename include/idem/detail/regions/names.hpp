@@ -18,6 +18,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/detail/pg/sql.hpp"
 #include "idem/error.hpp"
@@ -74,6 +75,48 @@ inline void check_name(std::string_view n) {
     }
     return out + "'";
 }
+
+// The replica guard. A cluster that does not decide a key space holds its schema as a replica:
+// a trigger on the tables a decision writes (records, audit rows, and idem_schema, whose prune
+// horizon and pruned fence a prune writes) refuses every local write with SQLSTATE 55000, so a
+// process given a wrong map (a key space it thinks is decided here) is refused, never granted.
+// Replication writes through: the apply and table-sync workers run with session_replication_role =
+// replica, and a trigger created by CREATE TRIGGER (ENABLE, "origin") does not fire for them.
+// move_home() installs it on the old home first (the fence) and removes it on the new home last.
+// Batch rows stay writable: an in-doubt probe of a batch in flight at the fence still answers.
+inline constexpr const char* guarded_tables[] = {"idempotent_record", "idempotent_audit", "idem_schema"};
+
+/// The statements installing the replica guard on `schema` (key space `space`), naming `decider`
+/// (the region whose cluster decides it, or "another region" when unknown) in its message.
+[[nodiscard]] inline std::vector<std::string> guard_sql(const std::string& schema, std::string_view space,
+                                                        std::string_view decider) {
+    std::vector<std::string> out;
+    out.push_back("CREATE OR REPLACE FUNCTION " + schema +
+                  ".idem_replica() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN RAISE EXCEPTION "
+                  "'idem: key space " +
+                  std::string(space) + " is decided by " + std::string(decider) +
+                  "; this cluster holds a replica of it and refuses local writes' USING ERRCODE = '55000'; END $f$");
+    for (const char* t : guarded_tables) {
+        out.push_back("DROP TRIGGER IF EXISTS idem_replica ON " + schema + "." + t);
+        out.push_back("CREATE TRIGGER idem_replica BEFORE INSERT OR UPDATE OR DELETE ON " + schema + "." + t +
+                      " FOR EACH ROW EXECUTE FUNCTION " + schema + ".idem_replica()");
+    }
+    return out;
+}
+
+/// The statements removing it (the cluster decides the key space).
+[[nodiscard]] inline std::vector<std::string> unguard_sql(const std::string& schema) {
+    std::vector<std::string> out;
+    for (const char* t : guarded_tables) out.push_back("DROP TRIGGER IF EXISTS idem_replica ON " + schema + "." + t);
+    return out;
+}
+
+// Whether publication $1 publishes schema $2 (FOR TABLES IN SCHEMA): the cluster decides that key
+// space. The catalog, not a configuration, says which cluster decides what, so a move that
+// stopped half-way is resumed from where it stopped.
+inline constexpr std::string_view publishes_sql =
+    "SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid "
+    "JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $2";
 
 // Replication state, read on a subscriber: each incoming subscription, whether its apply worker
 // runs, and how long ago it last heard from its publisher.
