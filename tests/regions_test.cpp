@@ -14,7 +14,8 @@
 //   * A home blackholed (packets vanish) and then killed with SIGKILL while three regions race on its
 //     keys: every key executed once, commits in doubt resolved, verify_regions clean.
 //   * A planned move of a key space to another region (move_home): the old home fenced, the new
-//     one decides, the claim held across the fence resolved there.
+//     one decides, the claim held across the fence resolved there; a move a region cannot catch
+//     up with hands nothing over, and finishes when run again.
 //   * Synchronous mode: with every subscription to a home stopped, the home acknowledges nothing
 //     (store_unavailable); once one region subscribes again, it does, and the decision is there.
 //   * Replication stopped and resumed: the home reports the stopped link down with a lag in
@@ -591,6 +592,48 @@ TEST_F(Regions, APlannedMoveHandsAKeySpaceToAnotherRegion) {
     ASSERT_TRUE(arrives("b", "a", "a-back", "SUCCESS"));
     const auto v2 = idem::verify_regions(rs_, home_rule);
     EXPECT_TRUE(v2.clean()) << (v2.violations.empty() ? "a home's verify" : v2.violations.front());
+}
+
+TEST_F(Regions, AMoveThatCannotCatchUpHandsNothingOverAndFinishesWhenRunAgain) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    {
+        idem::regional_guard ga(fast(), opts("a"));
+        auto r = ga.begin(idem::key("a-before"), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(4));
+    }
+    // c stops receiving a's decisions: the move must not hand a's keys over past it.
+    exec("c", "ALTER SUBSCRIPTION idem_a_to_c DISABLE");
+    try {
+        idem::move_home(rs_, "a", "a", "b", 2000ms);
+        ADD_FAILURE() << "a move must fail while a region cannot catch up";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::store_unavailable);
+        EXPECT_NE(std::string(e.what()).find("region 'c'"), std::string::npos) << e.what();
+    }
+    // Nothing handed over: a still publishes its key space, b still refuses it, and a is fenced
+    // (a claim there is refused, never granted anywhere).
+    idem::regional_guard stale(fast(), opts("a"));
+    EXPECT_EQ(stale.begin(idem::key("a-between"), 1).status, idem::begin_status::store_unavailable);
+    auto ro_b = opts("b");
+    ro_b.decided_at["a"] = "b";
+    {
+        idem::regional_guard early(fast(), ro_b);
+        EXPECT_EQ(early.begin(idem::key("a-between"), 1).status, idem::begin_status::store_unavailable);
+    }
+    EXPECT_EQ(row_status("a", "a", "a-between"), "");
+    EXPECT_EQ(row_status("b", "a", "a-between"), "");
+    // c catches up; the same move, run again, finishes.
+    exec("c", "ALTER SUBSCRIPTION idem_a_to_c ENABLE");
+    idem::move_home(rs_, "a", "a", "b");
+    idem::regional_guard gb(fast(), ro_b);
+    EXPECT_EQ(gb.begin(idem::key("a-before"), 1).outcome, 4u);
+    auto r = gb.begin(idem::key("a-between"), 1);
+    ASSERT_EQ(r.status, idem::begin_status::acquired);
+    ASSERT_FALSE(r.ticket.succeed(8));
+    ASSERT_TRUE(arrives("c", "a", "a-between", "SUCCESS"));
+    const auto v = idem::verify_regions(rs_, home_rule, {{"a", "b"}});
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
 }
 
 TEST_F(Regions, BadInputIsRefusedByName) {
