@@ -32,6 +32,7 @@
 #include "idem/durable.hpp"
 #include "idem/global_guard.hpp"
 #include "idem/stores/postgres_store.hpp"
+#include "support/pg_settings.hpp"
 #include "support/private_pg.hpp"
 #include "support/server_crash_drill.hpp"
 #include "support/store_fixtures.hpp"
@@ -44,6 +45,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using idem_test::private_pair;
+using idem_test::reconfigure;
 using idem_test::row;
 
 std::vector<idem::store_row> claim_rows(const std::string& prefix, int n) {
@@ -86,8 +88,7 @@ TEST(Failover, RequireSynchronousStandby) {
         // A standby that is not synchronous protects nothing acknowledged: the standby itself, as a
         // server of its own after promotion, names none. Its exposure says so, and the requirement
         // is refused naming the setting.
-        ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "ALTER SYSTEM SET synchronous_standby_names = ''")), "");
-        ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "SELECT pg_reload_conf()")), "t");
+        ASSERT_TRUE(reconfigure(pair.primary_uri(), "synchronous_standby_names", "''", ""));
         idem::postgres_store s(pair.uri(), 2s);
         EXPECT_NE(s.failover_exposure().find("no synchronous standby"), std::string::npos) << s.failover_exposure();
         try {
@@ -106,8 +107,7 @@ TEST(Failover, RequireSynchronousStandby) {
             EXPECT_EQ(e.code(), idem::errc::invalid_argument) << e.what();
             EXPECT_NE(std::string(e.what()).find("synchronous_standby_names"), std::string::npos) << e.what();
         }
-        ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "ALTER SYSTEM SET synchronous_standby_names = 'idem_standby'")), "");
-        ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "SELECT pg_reload_conf()")), "t");
+        ASSERT_TRUE(reconfigure(pair.primary_uri(), "synchronous_standby_names", "'idem_standby'", "idem_standby"));
     }
     idem::postgres_store s(pair.uri(), 2s);
     EXPECT_NE(s.failover_exposure().find("synchronous standby 'idem_standby'"), std::string::npos) << s.failover_exposure();
@@ -118,8 +118,7 @@ TEST(Failover, RequireSynchronousStandby) {
         << "an acknowledged batch is not on the synchronous standby";
 
     // The standby is un-named behind the running store: the next batch commits nothing.
-    ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "ALTER SYSTEM SET synchronous_standby_names = ''")), "");
-    ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "SELECT pg_reload_conf()")), "t");
+    ASSERT_TRUE(reconfigure(pair.primary_uri(), "synchronous_standby_names", "''", ""));
     const auto second = claim_rows("RS", 2);
     try {
         s.apply(second, 2);
@@ -133,8 +132,7 @@ TEST(Failover, RequireSynchronousStandby) {
         trimmed(pair.psql(pair.primary_uri(), "SELECT count(*) FROM idempotent_record WHERE idempotent_key LIKE 'RS%'")),
         "0");
     // A standby is named again: the same batch goes through.
-    ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "ALTER SYSTEM SET synchronous_standby_names = 'idem_standby'")), "");
-    ASSERT_EQ(trimmed(pair.psql(pair.primary_uri(), "SELECT pg_reload_conf()")), "t");
+    ASSERT_TRUE(reconfigure(pair.primary_uri(), "synchronous_standby_names", "'idem_standby'", "idem_standby"));
     ASSERT_NO_THROW(s.apply(second, 2));
     EXPECT_TRUE(s.committed(2));
 

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "support/pg_database.hpp"
+#include "support/pg_settings.hpp"
 #include "support/private_pg.hpp"
 #include "support/store_fixtures.hpp"
 
@@ -51,30 +52,10 @@ using idem::durability;
 using idem::errc;
 using idem::record_state;
 namespace pg = idem::detail::pg;
+using idem_test::admin;
+using idem_test::fresh_setting;
+using idem_test::reconfigure;
 using idem_test::wait_for;
-
-/// Runs one statement as the administrator, on a connection of its own.
-void admin(const std::string& uri, const std::string& sql) {
-    pqxx::connection c(uri);
-    pqxx::nontransaction n(c);
-    n.exec(sql);
-}
-
-/// What a new session of the server says about `setting`.
-std::string fresh_setting(const std::string& uri, const std::string& setting) {
-    pqxx::connection c(uri);
-    pqxx::nontransaction n(c);
-    return n.exec_params("SELECT current_setting($1)", setting)[0][0].c_str();
-}
-
-/// ALTER SYSTEM SET setting = value (RESET when value is empty) and a reload; returns once a new
-/// session sees it. The postmaster signals every backend before it accepts that new session, and a
-/// backend applies the reload before the next statement it reads.
-bool reconfigure(const std::string& uri, const std::string& setting, const std::string& value, const std::string& expect) {
-    admin(uri, value.empty() ? "ALTER SYSTEM RESET " + setting : "ALTER SYSTEM SET " + setting + " = " + value);
-    admin(uri, "SELECT pg_reload_conf()");
-    return wait_for([&] { return fresh_setting(uri, setting) == expect; });
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
