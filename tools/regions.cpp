@@ -4,7 +4,11 @@
 //   idem regions setup  --region eu=postgresql://... --region us=postgresql://... [--synchronous]
 //   idem regions status --region eu=... --region us=... [--json]
 //   idem regions verify --region eu=... --region us=... [--home-prefix SEP] [--decided-at SPACE=REGION] [--json]
-//   idem regions move   --region eu=... --region us=... --space eu --from eu --to us
+//   idem regions move   --region eu=... --region us=... --space eu --from eu --to us [--witness w=URI]
+//   idem regions leases --region eu=... --region us=... [--witness w=URI] [--lease-ms N] [--margin-ms N]
+//                       [--call-deadline-ms N]
+//   idem regions takeover --region eu=... --region us=... --space eu --to us [--witness w=URI]
+//                         [--lease-ms N] [--margin-ms N] [--call-deadline-ms N] [--timeout-ms N] [--json]
 //
 // setup: idem::setup_regions (schemas, publications, subscriptions; --synchronous names every
 // home's subscriptions in its synchronous_standby_names). status: every cluster's replication
@@ -12,6 +16,10 @@
 // rule is "the key up to the first SEP names its region" (--home-prefix '-': "eu-PAY-1" is eu's);
 // without --home-prefix, which region decided a key is not checked (every other check runs).
 // move: idem::move_home, a planned move of a key space's deciding to another region's cluster.
+// leases: idem::setup_home_leases (lease stores in every cluster and witness, the lease fence).
+// takeover: idem::take_over, after the region deciding a key space is lost: waits until its lease
+// ran out at a majority of the lease stores, then takes it (exit 3 when it did not run out in
+// --timeout-ms: the old home may still decide). status also lists every lease store's rows.
 // Exit codes: 0 done / every link up / no violation, 1 a link down / violations (listed), 2 bad
 // command line, 3 a cluster could not be reached or set up.
 #include <iostream>
@@ -21,6 +29,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "idem/home_lease.hpp"
 #include "idem/regions.hpp"
 #include "report.hpp"
 
@@ -31,9 +40,11 @@ struct regions_config {
     std::vector<std::string> region_args;  ///< NAME=URI
     bool synchronous = false;
     bool json = false;
-    std::string home_prefix;              ///< verify: the separator ending a key's region name; empty: not checked
-    std::vector<std::string> decided_at;  ///< SPACE=REGION: key spaces decided by another region after a move
-    std::string space, from, to;          ///< move
+    std::string home_prefix;                ///< verify: the separator ending a key's region name; empty: not checked
+    std::vector<std::string> decided_at;    ///< SPACE=REGION: key spaces decided by another region after a move
+    std::string space, from, to;            ///< move, takeover
+    std::vector<std::string> witness_args;  ///< NAME=URI: lease stores without data
+    std::int64_t lease_ms = 10000, margin_ms = 2000, call_deadline_ms = 2000, timeout_ms = 60000;
 };
 
 std::map<std::string, std::string> parse_moves(const std::vector<std::string>& args) {
@@ -75,9 +86,64 @@ int run_setup(const regions_config& c) {
     return exit_ok;
 }
 
+idem::lease_options lease_opts(const regions_config& c) {
+    idem::lease_options lo;
+    lo.lease = std::chrono::milliseconds(c.lease_ms);
+    lo.margin = std::chrono::milliseconds(c.margin_ms);
+    lo.call_deadline = std::chrono::milliseconds(c.call_deadline_ms);
+    lo.witnesses = parse_regions(c.witness_args);
+    return lo;
+}
+
+int run_leases(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    idem::setup_home_leases(rs, lease_opts(c));
+    std::cout << "idem regions leases: " << rs.size() << " regions and " << c.witness_args.size()
+              << " witnesses hold home leases; every key space is decided only while its home's keepers hold its "
+                 "lease (give every regional_guard regional_options::leases)\n";
+    return exit_ok;
+}
+
+int run_takeover(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    const auto r = idem::take_over(rs, c.space, c.to, lease_opts(c), std::chrono::milliseconds(c.timeout_ms));
+    auto list = [](const std::vector<std::string>& v) {
+        std::string out;
+        for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+        return out.empty() ? std::string("none") : out;
+    };
+    if (c.json) {
+        json j = json::object();
+        j["command"] = "regions takeover";
+        j["space"] = c.space;
+        j["from"] = r.from;
+        j["to"] = c.to;
+        j["epoch"] = r.epoch;
+        j["accepted"] = r.accepted;
+        j["merged"] = r.merged;
+        j["fenced"] = r.fenced;
+        j["skipped"] = r.skipped;
+        j["records"] = r.records;
+        std::cout << json_line(j) << std::endl;
+    } else {
+        std::cout << "idem regions takeover: key space '" << c.space << "' taken from region '" << r.from << "' to '" << c.to
+                  << "' at epoch " << r.epoch << "\n\n";
+        table t;
+        t.row("lease stores that accepted", list(r.accepted));
+        t.row("copies merged into " + c.to, list(r.merged));
+        t.row("copies fenced from " + r.from, list(r.fenced));
+        t.row("regions not reached", list(r.skipped), "(rebuild them before they serve)");
+        t.row("records at " + c.to, grouped(r.records));
+        t.print(std::cout);
+        std::cout << "\nGive every process decided_at['" << c.space << "'] = '" << c.to << "'.\n";
+    }
+    return exit_ok;
+}
+
 int run_move(const regions_config& c) {
     const auto rs = parse_regions(c.region_args);
-    idem::move_home(rs, c.space, c.from, c.to);
+    idem::move_home(rs, c.space, c.from, c.to, std::chrono::seconds(60), std::chrono::seconds(5),
+                    parse_regions(c.witness_args));
     std::cout << "idem regions move: key space '" << c.space << "' is decided by region '" << c.to << "' now; region '"
               << c.from << "' refuses it (fenced). Give every process decided_at['" << c.space << "'] = '" << c.to
               << "' (idem regions verify --decided-at " << c.space << "=" << c.to << ")\n";
@@ -100,9 +166,27 @@ int run_status(const regions_config& c) {
     }
     bool ok = true;
     for (const auto& l : all) ok = ok && l.up;
+    std::vector<idem::lease_row> leases;
+    for (const idem::region& r : rs) {
+        const auto part = idem::read_leases(r);
+        leases.insert(leases.end(), part.begin(), part.end());
+    }
+    for (const idem::region& w : parse_regions(c.witness_args)) {
+        const auto part = idem::read_leases(w);
+        leases.insert(leases.end(), part.begin(), part.end());
+    }
     if (c.json) {
         json j = json::object();
         j["command"] = "regions status";
+        json ls = json::array();
+        for (const auto& l : leases)
+            ls.push_back({{"store", l.store},
+                          {"space", l.space},
+                          {"owner", l.owner},
+                          {"epoch", l.epoch},
+                          {"valid_ms", l.valid_ms},
+                          {"held_ms", l.held_ms}});
+        j["leases"] = ls;
         j["ok"] = ok;
         json links = json::array();
         for (const auto& l : all)
@@ -126,6 +210,10 @@ int run_status(const regions_config& c) {
                             " ms" + (l.synchronous ? ", synchronous" : "")
                       : (l.heard_ms >= 0 ? "last heard " + std::to_string(l.heard_ms) + " ms ago" : "not running"));
         }
+        for (const auto& l : leases)
+            t.row("lease " + l.space + " (at " + l.store + ")", "owner " + l.owner + ", epoch " + std::to_string(l.epoch),
+                  (l.valid_ms > 0 ? "valid " + std::to_string(l.valid_ms) + " ms more" : std::string("ran out")) +
+                      (l.held_ms > 0 ? "; decided here " + std::to_string(l.held_ms) + " ms more" : ""));
         t.print(std::cout);
         std::cout << '\n' << (ok ? "PASS: every replication link is up." : "FAIL: a replication link is down.") << '\n';
     }
@@ -202,9 +290,38 @@ command add_regions(CLI::App& root) {
     move->add_option("--space", c->space, "The key space (named by its home region)")->required()->check(region_name);
     move->add_option("--from", c->from, "The region whose cluster decides it now")->required()->check(region_name);
     move->add_option("--to", c->to, "The region whose cluster will decide it")->required()->check(region_name);
+    auto witnesses = [&](CLI::App* sub) {
+        sub->add_option("--witness", c->witness_args, "A lease store holding no data: NAME=URI")->check(region_check());
+    };
+    witnesses(move);
+    auto lease_flags = [&](CLI::App* sub) {
+        sub->add_option("--lease-ms", c->lease_ms, "How long one renewal holds (default 10000)")
+            ->check(CLI::Range(100, 3600000));
+        sub->add_option("--margin-ms", c->margin_ms, "The bound on clock skew between the servers (default 2000)")
+            ->check(CLI::Range(0, 3600000));
+        sub->add_option("--call-deadline-ms", c->call_deadline_ms,
+                        "Each statement to a lease store is cut after this long; under half the lease (default 2000)")
+            ->check(CLI::Range(10, 3600000));
+    };
+    CLI::App* leases = app->add_subcommand("leases",
+                                           "Home leases in every cluster and witness, and the lease fence (idempotent)");
+    regions(leases);
+    witnesses(leases);
+    lease_flags(leases);
+    CLI::App* takeover = app->add_subcommand("takeover",
+                                             "Take a lost region's key space over, once its lease ran out at a majority");
+    regions(takeover);
+    witnesses(takeover);
+    lease_flags(takeover);
+    takeover->add_option("--space", c->space, "The key space (named by its home region)")->required()->check(region_name);
+    takeover->add_option("--to", c->to, "The region whose cluster will decide it")->required()->check(region_name);
+    takeover->add_option("--timeout-ms", c->timeout_ms, "How long to wait for the lease to run out (default 60000)")
+        ->check(CLI::Range(0, 86400000));
+    takeover->add_flag("--json", c->json, "Print one JSON object on stdout");
     CLI::App* status = app->add_subcommand("status", "Every replication link: up, lag in bytes and ms");
     regions(status);
     status->add_flag("--json", c->json, "Print one JSON object on stdout");
+    witnesses(status);
     CLI::App* verify = app->add_subcommand("verify", "Every key has one trail, decided in its home; replicas agree");
     regions(verify);
     verify->add_option("--home-prefix", c->home_prefix,
@@ -212,9 +329,11 @@ command add_regions(CLI::App& root) {
     verify->add_option("--decided-at", c->decided_at, "SPACE=REGION: a key space moved to another region's cluster")
         ->check(region_check());
     verify->add_flag("--json", c->json, "Print one JSON object on stdout");
-    return {app, [c, setup, move, status, verify] {
+    return {app, [c, setup, move, leases, takeover, status, verify] {
                 if (setup->parsed()) return run_setup(*c);
                 if (move->parsed()) return run_move(*c);
+                if (leases->parsed()) return run_leases(*c);
+                if (takeover->parsed()) return run_takeover(*c);
                 if (status->parsed()) return run_status(*c);
                 if (verify->parsed()) return run_verify_regions(*c);
                 return static_cast<int>(exit_usage);

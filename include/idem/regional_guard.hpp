@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "idem/detail/regions/names.hpp"
 #include "idem/detail/regions/replica_reader.hpp"
 #include "idem/global_guard.hpp"
+#include "idem/home_lease.hpp"
 #include "idem/regions.hpp"
 
 namespace idem {
@@ -79,6 +81,11 @@ struct regional_options {
     }();
     /// Connections to this region's cluster reading each foreign home's replica.
     std::size_t replica_connections = 2;
+    /// Home leases (home_lease.hpp), when setup_home_leases ran: the guard runs a
+    /// home_lease_keeper renewing the leases of the key spaces this region decides, and answers a
+    /// claim of one of them store_unavailable, never "acquired", when the keeper's lease is no
+    /// longer valid as the claim returns (its cluster's fence refuses it before that).
+    std::optional<lease_options> leases;
 };
 
 /// Counters of a regional guard: each region's global guard, plus the routing.
@@ -89,6 +96,7 @@ struct regional_stats {
     std::uint64_t answered_by_replica = 0;                      ///< of those, duplicates answered from the replica
     std::uint64_t replica_errors = 0;                           ///< replica reads that failed (the home was asked instead)
     std::uint64_t unroutable = 0;                               ///< keys the home rule mapped to no configured region
+    std::uint64_t lease_refused = 0;  ///< claims won here but answered store_unavailable: the home lease had run out
 };
 
 class regional_guard : public detail::guard_contract<regional_guard> {
@@ -120,6 +128,7 @@ public:
             if (index_of(space) == npos || index_of(at) == npos)
                 throw error(errc::invalid_argument, "regional guard: decided_at maps key space '" + space + "' to region '" +
                                                         at + "'; both must be regions");
+        if (ro_.leases) keeper_ = std::make_unique<home_lease_keeper>(ro_.regions, ro_.self, *ro_.leases);
         readers_.resize(ro_.regions.size());
         for (std::size_t i = 0; i < ro_.regions.size(); ++i) {
             // Key space i (the keys whose home rule names region i), decided by region d's cluster.
@@ -152,8 +161,18 @@ public:
             unroutable_.fetch_add(1, std::memory_order_relaxed);  // statistics
             return {begin_status::invalid_key, global_ticket(), 0, 0};
         }
-        if (!readers_[h]) return guards_[h]->begin(k, fingerprint);  // decided here
-        foreign_.fetch_add(1, std::memory_order_relaxed);            // statistics
+        if (!readers_[h]) {  // decided here
+            auto r = guards_[h]->begin(k, fingerprint);
+            // The acknowledgement is fenced by the lease: a claim that committed while the lease was
+            // valid but returns after it ran out may already be decided again by a region that took
+            // the key space over. Dropping the ticket rolls the claim back (if the fence still lets it).
+            if (keeper_ && r.status == begin_status::acquired && !keeper_->valid(h)) [[unlikely]] {
+                lease_refused_.fetch_add(1, std::memory_order_relaxed);  // statistics
+                return {begin_status::store_unavailable, global_ticket(), 0, 0};
+            }
+            return r;
+        }
+        foreign_.fetch_add(1, std::memory_order_relaxed);  // statistics
         return guards_[h]->begin_via(k, fingerprint,
                                      [r = readers_[h].get()](const key& kk) noexcept { return r->read(kk); });
     }
@@ -212,6 +231,7 @@ public:
         }
         s.foreign_begins = foreign_.load(std::memory_order_relaxed);
         s.unroutable = unroutable_.load(std::memory_order_relaxed);
+        s.lease_refused = lease_refused_.load(std::memory_order_relaxed);
         for (const auto& r : readers_) {
             if (!r) continue;
             s.replica_reads += r->reads();
@@ -222,6 +242,8 @@ public:
     }
 
     [[nodiscard]] const regional_options& regional_opts() const noexcept { return ro_; }
+    /// The keeper of this region's home leases (null without regional_options::leases).
+    [[nodiscard]] const home_lease_keeper* lease_keeper() const noexcept { return keeper_.get(); }
 
 private:
     friend class detail::guard_contract<regional_guard>;
@@ -270,11 +292,12 @@ private:
 
     regional_options ro_;
     std::size_t self_ = npos;
+    std::unique_ptr<home_lease_keeper> keeper_;                              // before the guards: it renews before they open
     std::vector<std::unique_ptr<global_guard>> guards_;                      // by region index
     std::vector<std::unique_ptr<detail::regions::replica_reader>> readers_;  // by region index; null for self
     std::mutex status_m_;
-    std::unique_ptr<pqxx::connection> status_db_;            // under status_m_
-    std::atomic<std::uint64_t> foreign_{0}, unroutable_{0};  // statistics
+    std::unique_ptr<pqxx::connection> status_db_;                               // under status_m_
+    std::atomic<std::uint64_t> foreign_{0}, unroutable_{0}, lease_refused_{0};  // statistics
 };
 
 /// A regional guard's counters in the Prometheus text format: each region's global guard as
@@ -320,6 +343,7 @@ inline std::string to_prometheus(const regional_stats& s) {
     put("answered_by_replica_total", "Duplicates of foreign keys answered from the local replica.", s.answered_by_replica);
     put("replica_errors_total", "Replica reads that failed (the home was asked).", s.replica_errors);
     put("unroutable_total", "Keys the home rule mapped to no configured region.", s.unroutable);
+    put("lease_refused_total", "Claims won here answered store_unavailable: the home lease had run out.", s.lease_refused);
     return out;
 }
 

@@ -47,6 +47,7 @@
 #include "idem/detail/global/pg_sql.hpp"
 #include "idem/detail/pg/connection.hpp"
 #include "idem/detail/pg/schema.hpp"
+#include "idem/detail/regions/lease_sql.hpp"
 #include "idem/detail/regions/names.hpp"
 #include "idem/error.hpp"
 #include "idem/stores/postgres_store.hpp"
@@ -316,7 +317,11 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
 ///      `lease_margin` (they were measured on `from`'s clock, and their owners can no longer renew
 ///      them), and publishes the schema; every other region (`from` included) refreshes its
 ///      subscription to `to` without a copy (each already holds every row).
-///   4. Last, `to`'s replica guard is removed: `to` decides the key space from here on. Until then
+///   4. With home leases (home_lease.hpp): the lease goes to `to` at the next epoch on every
+///      region's cluster and every witness in `witnesses` (a majority must take it; `from`'s
+///      keepers then see the newer epoch and stop), and `to`'s keepers renew it from their next
+///      round: until then `to`'s lease fence refuses its claims, a pause of at most renew_every.
+///   5. Last, `to`'s replica guard is removed: `to` decides the key space from here on. Until then
 ///      a process given the new map too early is refused there too.
 /// Each step reads the catalog (which publication publishes the schema), so a move that stopped
 /// half-way (a cluster unreachable) is finished by running it again with the same arguments, and
@@ -327,7 +332,8 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
 /// (a cluster cannot be reached, a region did not catch up), store_error (the server refused).
 inline void move_home(const std::vector<region>& rs, const std::string& space, const std::string& from,
                       const std::string& to, std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                      std::chrono::milliseconds lease_margin = std::chrono::seconds(5)) {
+                      std::chrono::milliseconds lease_margin = std::chrono::seconds(5),
+                      const std::vector<region>& witnesses = {}) {
     namespace dr = detail::regions;
     dr::check_regions(rs);
     auto find = [&](const std::string& name) -> const region& {
@@ -447,7 +453,48 @@ inline void move_home(const std::vector<region>& rs, const std::string& space, c
                    " REFRESH PUBLICATION WITH (copy_data = false)");
         });
     }
-    // 4. last: `to` decides it
+    // 4. the home lease, if there are leases
+    bool leased = false;
+    step(to, "home lease", [&](pqxx::connection& c) {
+        pqxx::nontransaction n(c);
+        leased = !n.exec(std::string(dr::lease::installed)).empty();
+    });
+    if (leased) {
+        std::vector<std::string> names;
+        for (const region& r : rs) names.push_back(r.name);
+        for (const region& w : witnesses) {
+            names.push_back(w.name);
+            try {
+                cs[w.name] = dr::connect(w.uri, deadline, "idem-regions-move");
+            } catch (const std::exception&) {  // counted below: a majority must take it
+            }
+        }
+        std::int64_t newest = -1;
+        for (const std::string& r : names) {
+            if (!cs[r]) continue;
+            try {
+                pqxx::nontransaction n(*cs[r]);
+                const auto row = n.exec_params(std::string(dr::lease::epoch_of), space);
+                if (!row.empty() && !row[0][0].is_null()) newest = std::max(newest, row[0][0].as<std::int64_t>());
+            } catch (const std::exception&) {
+            }
+        }
+        std::size_t took = 0;
+        for (const std::string& r : names) {
+            if (!cs[r]) continue;
+            try {
+                pqxx::nontransaction n(*cs[r]);
+                n.exec_params(std::string(dr::lease::hand_over), space, to, newest + 1);
+                ++took;
+            } catch (const std::exception&) {
+            }
+        }
+        if (took < names.size() / 2 + 1)
+            throw error(errc::store_unavailable, "move_home: the home lease of key space '" + space + "' reached " +
+                                                     std::to_string(took) + " of " + std::to_string(names.size()) +
+                                                     " lease stores; a majority is needed; run the move again");
+    }
+    // 5. last: `to` decides it
     step(to, "removing its replica guard", [&](pqxx::connection& c) {
         pqxx::work w(c);
         for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
