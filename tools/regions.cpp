@@ -9,6 +9,7 @@
 //                       [--call-deadline-ms N]
 //   idem regions takeover --region eu=... --region us=... --space eu --to us [--witness w=URI]
 //                         [--lease-ms N] [--margin-ms N] [--call-deadline-ms N] [--timeout-ms N] [--json]
+//   idem regions rebuild --region eu=... --region us=... --name eu [--leases [--witness w=URI] [--lease-ms N] ...]
 //
 // setup: idem::setup_regions (schemas, publications, subscriptions; --synchronous names every
 // home's subscriptions in its synchronous_standby_names). status: every cluster's replication
@@ -19,17 +20,20 @@
 // leases: idem::setup_home_leases (lease stores in every cluster and witness, the lease fence).
 // takeover: idem::take_over, after the region deciding a key space is lost: waits until its lease
 // ran out at a majority of the lease stores, then takes it (exit 3 when it did not run out in
-// --timeout-ms: the old home may still decide). status also lists every lease store's rows.
+// --timeout-ms: the old home may still decide). rebuild: idem::rebuild_region, a region whose key
+// spaces were taken over (or a new cluster in place of a wiped one) gets every copy again from
+// the clusters deciding them. status also lists every lease store's rows.
 // Exit codes: 0 done / every link up / no violation, 1 a link down / violations (listed), 2 bad
 // command line, 3 a cluster could not be reached or set up.
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
-#include "idem/home_lease.hpp"
+#include "idem/takeover.hpp"
 #include "idem/regions.hpp"
 #include "report.hpp"
 
@@ -44,6 +48,8 @@ struct regions_config {
     std::vector<std::string> decided_at;    ///< SPACE=REGION: key spaces decided by another region after a move
     std::string space, from, to;            ///< move, takeover
     std::vector<std::string> witness_args;  ///< NAME=URI: lease stores without data
+    std::string name;                       ///< rebuild
+    bool leases = false;                    ///< rebuild: home leases are set up
     std::int64_t lease_ms = 10000, margin_ms = 2000, call_deadline_ms = 2000, timeout_ms = 60000;
 };
 
@@ -123,6 +129,7 @@ int run_takeover(const regions_config& c) {
         j["merged"] = r.merged;
         j["fenced"] = r.fenced;
         j["skipped"] = r.skipped;
+        j["rebuild"] = r.rebuild;
         j["records"] = r.records;
         std::cout << json_line(j) << std::endl;
     } else {
@@ -132,11 +139,23 @@ int run_takeover(const regions_config& c) {
         t.row("lease stores that accepted", list(r.accepted));
         t.row("copies merged into " + c.to, list(r.merged));
         t.row("copies fenced from " + r.from, list(r.fenced));
-        t.row("regions not reached", list(r.skipped), "(rebuild them before they serve)");
+        t.row("regions not reached", list(r.skipped));
+        t.row("copies to rebuild", list(r.rebuild), "(idem regions rebuild, before they serve)");
         t.row("records at " + c.to, grouped(r.records));
         t.print(std::cout);
         std::cout << "\nGive every process decided_at['" << c.space << "'] = '" << c.to << "'.\n";
     }
+    return exit_ok;
+}
+
+int run_rebuild(const regions_config& c) {
+    const auto rs = parse_regions(c.region_args);
+    std::optional<idem::lease_options> lo;
+    if (c.leases) lo = lease_opts(c);
+    const auto r = idem::rebuild_region(rs, c.name, lo);
+    std::cout << "idem regions rebuild: region '" << c.name << "' holds " << r.copied.size()
+              << " copies again, following the clusters that decide them (" << grouped(r.records)
+              << " records); it decides nothing until a key space is moved to it\n";
     return exit_ok;
 }
 
@@ -318,6 +337,13 @@ command add_regions(CLI::App& root) {
     takeover->add_option("--timeout-ms", c->timeout_ms, "How long to wait for the lease to run out (default 60000)")
         ->check(CLI::Range(0, 86400000));
     takeover->add_flag("--json", c->json, "Print one JSON object on stdout");
+    CLI::App* rebuild = app->add_subcommand(
+        "rebuild", "Give a region taken over (or a new cluster in its place) every copy again from their deciders");
+    regions(rebuild);
+    rebuild->add_option("--name", c->name, "The region to rebuild")->required()->check(region_name);
+    rebuild->add_flag("--leases", c->leases, "Home leases are set up: its lease store adopts the newest leases");
+    witnesses(rebuild);
+    lease_flags(rebuild);
     CLI::App* status = app->add_subcommand("status", "Every replication link: up, lag in bytes and ms");
     regions(status);
     status->add_flag("--json", c->json, "Print one JSON object on stdout");
@@ -329,11 +355,12 @@ command add_regions(CLI::App& root) {
     verify->add_option("--decided-at", c->decided_at, "SPACE=REGION: a key space moved to another region's cluster")
         ->check(region_check());
     verify->add_flag("--json", c->json, "Print one JSON object on stdout");
-    return {app, [c, setup, move, leases, takeover, status, verify] {
+    return {app, [c, setup, move, leases, takeover, rebuild, status, verify] {
                 if (setup->parsed()) return run_setup(*c);
                 if (move->parsed()) return run_move(*c);
                 if (leases->parsed()) return run_leases(*c);
                 if (takeover->parsed()) return run_takeover(*c);
+                if (rebuild->parsed()) return run_rebuild(*c);
                 if (status->parsed()) return run_status(*c);
                 if (verify->parsed()) return run_verify_regions(*c);
                 return static_cast<int>(exit_usage);

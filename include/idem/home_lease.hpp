@@ -1,12 +1,14 @@
 // idem/home_lease.hpp: home leases, so a key space can be taken over after its region is lost
 // (target idem::postgres; regions.hpp has the regions themselves).
 //
-//   idem::lease_options lo;                       // lease 10 s, margin 2 s
-//   idem::setup_home_leases(rs, lo);              // once, after setup_regions (or `idem regions leases`)
-//   ro.leases = lo;                               // every regional_guard: its home_lease_keeper renews
-//   ...                                           // region "eu" lost:
-//   idem::take_over(rs, "eu", "us", lo);          // or `idem regions takeover --space eu --to us`
-//   ro.decided_at["eu"] = "us";                   // then every process, as after move_home
+//   std::vector<idem::region> rs{{"eu", "postgresql://idem@db.eu/pay"}, {"us", "postgresql://idem@db.us/pay"},
+//                                {"ap", "postgresql://idem@db.ap/pay"}};
+//   idem::lease_options lo;                        // a lease of 10 s, a margin of 2 s for clock skew
+//   idem::setup_home_leases(rs, lo);               // once, after setup_regions (or `idem regions leases`)
+//   idem::home_lease_keeper keeper(rs, "eu", lo);  // what a regional_guard given ro.leases = lo runs
+//   if (keeper.valid("eu")) {
+//       // eu's processes may decide eu's keys now; take_over (takeover.hpp) moves them once eu is lost
+//   }
 //
 // The protocol (model-checked in verify/regions.pml; docs/scaling.md has the argument):
 //   * Lease stores: every region's cluster, and any witness (a PostgreSQL holding only leases),
@@ -54,7 +56,6 @@
 #include <vector>
 
 #include <pqxx/pqxx>
-#include <pqxx/tablewriter>
 
 #include "idem/detail/global/pg_sql.hpp"
 #include "idem/detail/pg/connection.hpp"
@@ -165,72 +166,14 @@ private:
     return out;
 }
 
-/// Merges `from`'s copy of `schema` (records, audit rows, batch rows) into `into`'s, past every
-/// trigger (replication's role): a record is replaced by a more advanced one (higher fence; at the
-/// same fence a final state over PROCESSING; then the later update), audit and batch rows missing
-/// are added. Every copy of a key space is a prefix of its home's commits, so the merge of two is
-/// the longer one, row by row. Returns the records `into` holds afterwards.
-inline std::uint64_t merge_copy(pqxx::connection& from, pqxx::connection& into, const std::string& schema) {
-    static constexpr const char* rec_cols =
-        "idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, created_time, "
-        "updated_time, payload";
-    static constexpr const char* audit_cols =
-        "sequence, idempotent_key, from_status, to_status, fencing_token, node, at_time, detail";
-    static constexpr const char* batch_cols = "batch_id, committed_time";
-    struct table {
-        const char* name;
-        const char* cols;
-        std::string merge;
-    };
-    const std::vector<table> tables{
-        {"idempotent_record", rec_cols,
-         std::string("INSERT INTO ") + schema + ".idempotent_record AS r (" + rec_cols + ") SELECT " + rec_cols +
-             " FROM idem_merge ON CONFLICT (idempotent_key) DO UPDATE SET biz_type = EXCLUDED.biz_type, status = "
-             "EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, lease_until = EXCLUDED.lease_until, outcome = "
-             "EXCLUDED.outcome, request_fingerprint = EXCLUDED.request_fingerprint, created_time = EXCLUDED.created_time, "
-             "updated_time = EXCLUDED.updated_time, payload = EXCLUDED.payload WHERE (EXCLUDED.fencing_token, "
-             "EXCLUDED.status <> 'PROCESSING', EXCLUDED.updated_time) > (r.fencing_token, r.status <> 'PROCESSING', "
-             "r.updated_time)"},
-        {"idempotent_audit", audit_cols,
-         std::string("INSERT INTO ") + schema + ".idempotent_audit (" + audit_cols + ") SELECT " + audit_cols +
-             " FROM idem_merge ON CONFLICT (sequence) DO NOTHING"},
-        {"idempotent_batch", batch_cols,
-         std::string("INSERT INTO ") + schema + ".idempotent_batch (" + batch_cols + ") SELECT " + batch_cols +
-             " FROM idem_merge ON CONFLICT (batch_id) DO NOTHING"},
-    };
-    pqxx::work w(into);
-    w.exec("SET LOCAL session_replication_role = replica");
-    pqxx::work r(from);
-    for (const table& t : tables) {
-        w.exec(std::string("CREATE TEMP TABLE idem_merge ON COMMIT DROP AS SELECT ") + t.cols + " FROM " + schema + "." +
-               t.name + " WITH NO DATA");
-        {
-            // COPY out of one server, line by line into the other (libpqxx 6.4's stream_to << stream_from
-            // doubles each line's newline; tablewriter's raw line is the one public way to pass a line on).
-            pqxx::stream_from in(r, std::string("(SELECT ") + t.cols + " FROM " + schema + "." + t.name + ")");
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-            pqxx::tablewriter out(w, "idem_merge");
-            std::string line;
-            while (in.get_raw_line(line)) out.write_raw_line(line);
-            out.complete();
-#pragma GCC diagnostic pop
-            in.complete();
-        }
-        w.exec(t.merge);
-        w.exec("DROP TABLE idem_merge");
-    }
-    const auto n = w.exec("SELECT count(*) FROM " + schema + ".idempotent_record")[0][0].as<std::uint64_t>();
-    r.commit();
-    w.commit();
-    return n;
-}
-
 }  // namespace detail::regions
 
 /// Sets up home leases on the regions' clusters (after setup_regions), idempotently:
 ///   * in every cluster and every witness, the lease tables (lease_sql.hpp) and a row per key space,
-///     owned by the region deciding it (the catalog says which), epoch 0, not yet renewed;
+///     owned by the region deciding it (the catalog says which), epoch 0, not yet renewed; a store
+///     set up later (a witness added, a cluster rebuilt) adopts the newest owner and epoch the
+///     others hold, valid for lease + margin from now (it must not vote "expired" for a renewal it
+///     may have accepted before);
 ///   * on every copy of every key space's records, the lease fence. From here on a cluster decides
 ///     a key space only while a keeper holds its lease: give every regional_guard
 ///     regional_options::leases = lo (their keepers renew before the guard's constructor returns).
@@ -240,46 +183,55 @@ inline void setup_home_leases(const std::vector<region>& rs, const lease_options
     namespace dr = detail::regions;
     dr::check_leases(rs, lo);
     const auto deadline = std::chrono::milliseconds(30000);
+    std::vector<region> stores = rs;
+    stores.insert(stores.end(), lo.witnesses.begin(), lo.witnesses.end());
     std::vector<std::unique_ptr<pqxx::connection>> cs;
-    std::vector<pqxx::connection*> raw;
-    for (const region& r : rs) {
+    for (const region& r : stores) {
         try {
             cs.push_back(dr::connect(r.uri, deadline, "idem-regions-leases"));
-        } catch (const std::exception& e) {
-            throw error(errc::store_unavailable, "home leases setup, region '" + r.name + "': cannot connect: " + e.what());
-        }
-        raw.push_back(cs.back().get());
-    }
-    const std::vector<std::string> decider = dr::deciders(rs, raw);
-    auto seed = [&](pqxx::connection& c, const std::string& name, bool data) {
-        try {
-            pqxx::work w(c);
+            pqxx::work w(*cs.back());
             w.exec(std::string(detail::pg::schema_lock));
             w.exec(std::string(dr::lease::ddl));
+            w.commit();
+        } catch (const std::exception& e) {
+            throw error(errc::store_unavailable, "home leases setup, '" + r.name + "': " + e.what());
+        }
+    }
+    std::vector<pqxx::connection*> raw;
+    for (std::size_t i = 0; i < rs.size(); ++i) raw.push_back(cs[i].get());
+    const std::vector<std::string> decider = dr::deciders(rs, raw);
+    // The newest owner and epoch any store holds: a store that lacks it (added or rebuilt since)
+    // adopts it rather than starting a key space over at epoch 0.
+    std::vector<std::pair<std::string, std::int64_t>> newest(rs.size(), {std::string(), -1});
+    for (auto& c : cs) {
+        pqxx::nontransaction n(*c);
+        for (const auto& row : n.exec("SELECT space, owner, epoch FROM idem__leases.home_lease"))
+            for (std::size_t x = 0; x < rs.size(); ++x)
+                if (rs[x].name == row[0].c_str() && row[2].as<std::int64_t>() > newest[x].second)
+                    newest[x] = {row[1].c_str(), row[2].as<std::int64_t>()};
+    }
+    for (std::size_t i = 0; i < stores.size(); ++i) {
+        try {
+            pqxx::work w(*cs[i]);
             for (std::size_t x = 0; x < rs.size(); ++x) {
-                if (decider[x].empty())
+                if (newest[x].second >= 0) {
+                    w.exec_params(std::string(dr::lease::adopt), rs[x].name, newest[x].first, newest[x].second,
+                                  dr::ms(lo.lease + lo.margin));
+                } else if (decider[x].empty()) {
                     throw error(errc::invalid_argument, "home leases setup: no cluster decides key space '" + rs[x].name +
                                                             "' (run setup_regions first)");
-                w.exec_params(std::string(dr::lease::seed), rs[x].name, decider[x]);
-                if (data)
+                } else {
+                    w.exec_params(std::string(dr::lease::seed), rs[x].name, decider[x]);
+                }
+                if (i < rs.size())  // a data cluster: the fence on its copy
                     for (const std::string& q : dr::lease::fence_sql(dr::schema_of(rs[x].name))) w.exec(q);
             }
             w.commit();
         } catch (const error&) {
             throw;
         } catch (const std::exception& e) {
-            throw error(errc::store_error, "home leases setup, '" + name + "': " + e.what());
+            throw error(errc::store_error, "home leases setup, '" + stores[i].name + "': " + e.what());
         }
-    };
-    for (std::size_t c = 0; c < rs.size(); ++c) seed(*cs[c], rs[c].name, true);
-    for (const region& w : lo.witnesses) {
-        std::unique_ptr<pqxx::connection> c;
-        try {
-            c = dr::connect(w.uri, deadline, "idem-regions-leases");
-        } catch (const std::exception& e) {
-            throw error(errc::store_unavailable, "home leases setup, witness '" + w.name + "': cannot connect: " + e.what());
-        }
-        seed(*c, w.name, false);
     }
 }
 
@@ -418,9 +370,13 @@ public:
             }
         } catch (const std::exception&) {  // unreachable: renew what we knew
         }
+        // A store that failed once is skipped for the rest of the round: a round must stay well
+        // within the lease however many key spaces this region decides.
+        std::vector<bool> failed(stores_.size(), false);
         for (auto& h : held_) {
             if (!h.fenced) {
                 for (std::size_t i = 0; i < stores_.size() && !h.fenced; ++i) {
+                    if (failed[i]) continue;
                     const auto t0 = std::chrono::steady_clock::now();
                     try {
                         const bool ok = stores_[i]->call([&](pqxx::connection& c) {
@@ -439,6 +395,7 @@ public:
                         });
                         if (newest > h.epoch) h.fenced = true;
                     } catch (const std::exception&) {  // this store is skipped this round
+                        failed[i] = true;
                     }
                 }
             }
@@ -458,7 +415,7 @@ public:
                 own.call([&](pqxx::connection& c) {
                     if (h.fenced) {
                         pqxx::nontransaction n(c);
-                        n.exec_params(std::string(dr::lease::drop), h.space);
+                        n.exec_params(std::string(dr::lease::drop), h.space, h.epoch);
                     } else if (view) {
                         const std::int64_t us = dr::server_time_us(c, *view);
                         pqxx::nontransaction n(c);
@@ -509,245 +466,5 @@ private:
     bool stop_ = false;
     std::thread thread_;  // last: starts after every member above is initialised
 };
-
-/// What take_over() did.
-struct takeover_report {
-    std::string from;                   ///< the region that owned the lease
-    std::int64_t epoch = 0;             ///< the new epoch
-    std::vector<std::string> accepted;  ///< lease stores that accepted the takeover
-    std::vector<std::string> merged;    ///< regions whose copies were merged into the taker's
-    std::vector<std::string> fenced;    ///< regions whose copies no longer follow the old home
-    std::vector<std::string> skipped;   ///< regions that could not be reached (rebuild them)
-    std::uint64_t records = 0;          ///< records of the key space at the taker afterwards
-};
-
-/// Takes key space `space` over to region `to` after the region deciding it is lost: waits (at
-/// most `timeout`) until a majority of the lease stores say its lease ran out by lo.margin, takes
-/// the lease there (epoch + 1), fences the copies (every reachable region's subscription to the
-/// old home disabled, the old home's copy guarded if it is reachable), merges the copies of the
-/// majority's regions into `to`'s and pushes the result to every other reachable region, then
-/// `to` publishes and decides the key space, with a view of the new lease written for its fence.
-/// Afterwards give every process regional_options::decided_at[space] = to (and leases); `to`'s
-/// keepers renew the lease from their next round. A region skipped (unreachable) still follows
-/// the old home: rebuild it (docs/scaling.md) before it serves again. Re-runnable: a takeover that
-/// stopped half-way is finished by running it again. Throws idem::error: invalid_argument (names;
-/// `to` already decides it with a valid lease), store_unavailable (the lease is still valid at a
-/// majority after `timeout`: the old home may still decide, nothing is taken over; a store or
-/// region needed cannot be reached), store_error (the server refused).
-inline takeover_report take_over(const std::vector<region>& rs, const std::string& space, const std::string& to,
-                                 const lease_options& lo, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-    namespace dr = detail::regions;
-    dr::check_leases(rs, lo);
-    auto index = [&](const std::string& name) {
-        for (std::size_t i = 0; i < rs.size(); ++i)
-            if (rs[i].name == name) return i;
-        throw error(errc::invalid_argument, "take_over: no region '" + name + "'");
-    };
-    (void)index(space);
-    const std::size_t ti = index(to);
-    const std::string schema = dr::schema_of(space);
-    std::vector<std::unique_ptr<dr::lease_store>> stores;
-    for (const region& r : rs) stores.push_back(std::make_unique<dr::lease_store>(r, lo.call_deadline));
-    for (const region& w : lo.witnesses) stores.push_back(std::make_unique<dr::lease_store>(w, lo.call_deadline));
-    const std::size_t majority = stores.size() / 2 + 1;
-    takeover_report rep;
-
-    // 1. A majority expired by the margin (or already ours at the newest epoch).
-    std::int64_t epoch = 0;
-    for (const auto until = std::chrono::steady_clock::now() + timeout;;) {
-        struct seen {
-            std::string owner;
-            std::int64_t epoch;
-            bool expired;
-            std::int64_t ms_left;
-        };
-        std::vector<std::optional<seen>> rows(stores.size());
-        std::int64_t newest = -1;
-        for (std::size_t i = 0; i < stores.size(); ++i) {
-            try {
-                rows[i] = stores[i]->call([&](pqxx::connection& c) -> std::optional<seen> {
-                    pqxx::nontransaction n(c);
-                    const auto r = n.exec_params(std::string(dr::lease::read), space, dr::ms(lo.margin));
-                    if (r.empty()) return std::nullopt;
-                    return seen{r[0][0].c_str(), r[0][1].as<std::int64_t>(), r[0][2].as<bool>(), r[0][3].as<std::int64_t>()};
-                });
-            } catch (const std::exception&) {
-            }
-            if (rows[i]) newest = std::max(newest, rows[i]->epoch);
-        }
-        if (newest < 0)
-            throw error(errc::store_unavailable, "take_over: key space '" + space +
-                                                     "': no lease store answered with its lease (setup_home_leases first)");
-        // The owner at the newest epoch is the one to take from; when that is `to` already, this is
-        // a re-run of a takeover that stopped half-way, and the old owner is the one a store still
-        // shows at an older epoch.
-        std::string owner;
-        for (const auto& r : rows)
-            if (r && r->epoch == newest) owner = r->owner;
-        epoch = owner == to ? newest : newest + 1;
-        rep.from = owner == to ? std::string() : owner;
-        for (const auto& r : rows)
-            if (r && owner == to && r->epoch < newest && r->owner != to) rep.from = r->owner;
-        if (rep.from.empty())
-            throw error(errc::invalid_argument, "take_over: key space '" + space + "' is already held by '" + to +
-                                                    "' (epoch " + std::to_string(newest) + ")");
-        std::size_t takeable = 0;
-        std::int64_t wait_ms = 0;
-        for (const auto& r : rows) {
-            if (!r) continue;
-            if ((r->epoch < epoch && r->expired) || (r->epoch == epoch && r->owner == to)) ++takeable;
-            else wait_ms = std::max(wait_ms, r->ms_left);
-        }
-        if (takeable >= majority) break;
-        if (std::chrono::steady_clock::now() >= until)
-            throw error(errc::store_unavailable,
-                        "take_over: key space '" + space + "': its lease (owner '" + rep.from +
-                            "') has not run out by the margin at " + std::to_string(stores.size() - takeable) + " of " +
-                            std::to_string(stores.size()) + " lease stores after " + std::to_string(timeout.count()) +
-                            " ms; the owner may still decide it, nothing taken over");
-        std::this_thread::sleep_for(
-            std::chrono::milliseconds(std::clamp<std::int64_t>(wait_ms, 20, 500)));  // the lease's own time
-    }
-    rep.epoch = epoch;
-    const std::size_t fi = index(rep.from);
-
-    // 2. The conditional writes: the lease is `to`'s at a majority.
-    std::vector<std::optional<std::chrono::steady_clock::time_point>> took(stores.size());
-    for (std::size_t i = 0; i < stores.size(); ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-            const bool ok = stores[i]->call([&](pqxx::connection& c) {
-                pqxx::nontransaction n(c);
-                return !n.exec_params(std::string(dr::lease::take), space, to, epoch, dr::ms(lo.lease), dr::ms(lo.margin))
-                            .empty();
-            });
-            if (ok) {
-                took[i] = t0;
-                rep.accepted.push_back(stores[i]->where().name);
-            }
-        } catch (const std::exception&) {
-        }
-    }
-    if (rep.accepted.size() < majority || !took[ti])
-        throw error(errc::store_unavailable, "take_over: key space '" + space + "': " + std::to_string(rep.accepted.size()) +
-                                                 " of " + std::to_string(stores.size()) + " lease stores accepted epoch " +
-                                                 std::to_string(epoch) +
-                                                 (took[ti] ? "" : " (not region '" + to + "' itself)") +
-                                                 "; a majority including '" + to + "' is needed; run the takeover again");
-
-    // 3. Fence the copies: nothing more of the old home arrives anywhere we read.
-    const auto deadline = std::chrono::milliseconds(30000);
-    std::vector<std::unique_ptr<pqxx::connection>> cs(rs.size());
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        try {
-            cs[i] = dr::connect(rs[i].uri, deadline, "idem-regions-takeover");
-        } catch (const std::exception&) {
-            rep.skipped.push_back(rs[i].name);
-        }
-    }
-    auto in_majority = [&](std::size_t i) { return took[i].has_value(); };
-    if (!cs[ti]) throw error(errc::store_unavailable, "take_over: region '" + to + "' cannot be reached");
-    auto step = [&](std::size_t i, const std::string& what, const auto& body) {
-        try {
-            body(*cs[i]);
-        } catch (const error&) {
-            throw;
-        } catch (const std::exception& e) {
-            throw error(errc::store_error, "take_over: region '" + rs[i].name + "': " + what + ": " + e.what());
-        }
-    };
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        if (!cs[i]) {
-            if (in_majority(i))
-                throw error(errc::store_unavailable,
-                            "take_over: region '" + rs[i].name +
-                                "' accepted the lease but cannot be reached to fence its copy; run the takeover again");
-            continue;
-        }
-        if (i == fi) {
-            step(i, "fencing the old home's copy", [&](pqxx::connection& c) {
-                pqxx::work w(c);
-                w.exec("SET LOCAL lock_timeout = " + std::to_string(timeout.count()));
-                for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
-                w.exec_params(std::string(dr::lease::drop), space);
-                w.commit();
-                pqxx::nontransaction n(c);
-                if (!n.exec_params(std::string(dr::publishes_sql), dr::publication_of(rs[i].name), schema).empty())
-                    n.exec("ALTER PUBLICATION " + dr::publication_of(rs[i].name) + " DROP TABLES IN SCHEMA " + schema);
-            });
-            rep.fenced.push_back(rs[i].name);
-            continue;
-        }
-        const std::string sub = dr::subscription_of(rs[fi].name, rs[i].name);
-        step(i, "stopping its subscription to '" + rs[fi].name + "'", [&](pqxx::connection& c) {
-            pqxx::nontransaction n(c);
-            n.exec("ALTER SUBSCRIPTION " + sub + " DISABLE");
-            for (const auto until = std::chrono::steady_clock::now() + timeout;;) {  // its apply worker gone
-                if (n.exec_params("SELECT 1 FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid "
-                                  "WHERE s.subname = $1 AND st.pid IS NOT NULL",
-                                  sub)
-                        .empty())
-                    break;
-                if (std::chrono::steady_clock::now() >= until)
-                    throw error(errc::store_unavailable, "take_over: region '" + rs[i].name + "': subscription " + sub +
-                                                             " still applies after " + std::to_string(timeout.count()) +
-                                                             " ms");
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the server's worker list
-            }
-        });
-        rep.fenced.push_back(rs[i].name);
-    }
-
-    // 4. Merge: the majority's copies into `to`'s, then `to`'s into every other reachable region.
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        if (i == ti || !cs[i] || !in_majority(i)) continue;
-        step(ti, "merging region '" + rs[i].name + "''s copy",
-             [&](pqxx::connection& c) { rep.records = dr::merge_copy(*cs[i], c, schema); });
-        rep.merged.push_back(rs[i].name);
-    }
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        if (i == ti || i == fi || !cs[i]) continue;
-        step(i, "receiving the merged copy", [&](pqxx::connection& c) { (void)dr::merge_copy(*cs[ti], c, schema); });
-    }
-
-    // 5. `to` decides it: numbering past every merged row, leases of held claims pushed out (they
-    // were measured on the old home's clock), published, the others subscribed without a copy,
-    // the view of the new lease for its fence, and last its replica guard removed.
-    step(ti, "taking the key space", [&](pqxx::connection& c) {
-        pqxx::work w(c);
-        w.exec("SET LOCAL session_replication_role = replica");
-        w.exec("SELECT setval(pg_get_serial_sequence('" + schema +
-               ".idempotent_audit', 'sequence'), (SELECT COALESCE(max(sequence), 0) FROM " + schema +
-               ".idempotent_audit) + 1, false)");
-        w.exec("SET LOCAL search_path = " + schema);
-        w.exec(std::string(detail::global::sql::processing_index));
-        w.exec("UPDATE idempotent_record SET lease_until = lease_until + " + std::to_string(lo.margin.count()) +
-               " WHERE status = 'PROCESSING'");
-        w.commit();
-        pqxx::nontransaction n(c);
-        if (n.exec_params(std::string(dr::publishes_sql), dr::publication_of(to), schema).empty())
-            n.exec("ALTER PUBLICATION " + dr::publication_of(to) + " ADD TABLES IN SCHEMA " + schema);
-    });
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        if (i == ti || i == fi || !cs[i]) continue;
-        step(i, "subscribing to key space '" + space + "' at '" + to + "'", [&](pqxx::connection& c) {
-            pqxx::nontransaction n(c);
-            n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(to, rs[i].name) +
-                   " REFRESH PUBLICATION WITH (copy_data = false)");
-        });
-    }
-    step(ti, "holding the new lease", [&](pqxx::connection& c) {
-        std::vector<std::chrono::steady_clock::time_point> at;
-        for (const auto& t : took)
-            if (t) at.push_back(*t);
-        std::sort(at.begin(), at.end(), std::greater<>());
-        const std::int64_t us = dr::server_time_us(c, at[majority - 1] + lo.lease);
-        pqxx::work w(c);
-        w.exec_params(std::string(dr::lease::hold), space, epoch, us);
-        for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
-        w.commit();
-    });
-    return rep;
-}
 
 }  // namespace idem

@@ -100,9 +100,17 @@ inline void check_regions(const std::vector<region>& rs) {
     }
 }
 
+/// A session of the regions' own administration (setup, moves, takeovers, leases, status). Its
+/// commits wait for no other region (synchronous_commit = local): they write catalogs, markers,
+/// lease rows and merged copies, and a commit that waited for a lost region's subscriber would
+/// wait for ever. What must be elsewhere before a step goes on is awaited by polling the other
+/// cluster.
 [[nodiscard]] inline std::unique_ptr<pqxx::connection> connect(const std::string& uri, std::chrono::milliseconds deadline,
                                                                std::string_view app) {
-    return std::make_unique<pqxx::connection>(pg::session_conninfo(uri, deadline, app));
+    auto c = std::make_unique<pqxx::connection>(pg::session_conninfo(uri, deadline, app));
+    pqxx::nontransaction n(*c);
+    n.exec("SET synchronous_commit = local");
+    return c;
 }
 
 /// A row's fields from `first` on, each followed by '|' (to compare rows as text).
@@ -480,19 +488,27 @@ inline void move_home(const std::vector<region>& rs, const std::string& space, c
             }
         }
         std::size_t took = 0;
+        bool at_to = false;
         for (const std::string& r : names) {
             if (!cs[r]) continue;
             try {
                 pqxx::nontransaction n(*cs[r]);
-                n.exec_params(std::string(dr::lease::hand_over), space, to, newest + 1);
-                ++took;
+                const auto row = n.exec_params(std::string(dr::lease::hand_over), space, to, newest + 1);
+                const bool ok = !row.empty() || !n.exec_params(
+                                                      "SELECT 1 FROM idem__leases.home_lease WHERE space = $1 "
+                                                      "AND owner = $2 AND epoch = $3",
+                                                      space, to, newest + 1)
+                                                     .empty();
+                took += ok ? 1 : 0;
+                at_to = at_to || (ok && r == to);
             } catch (const std::exception&) {
             }
         }
-        if (took < names.size() / 2 + 1)
+        if (took < names.size() / 2 + 1 || !at_to)
             throw error(errc::store_unavailable, "move_home: the home lease of key space '" + space + "' reached " +
                                                      std::to_string(took) + " of " + std::to_string(names.size()) +
-                                                     " lease stores; a majority is needed; run the move again");
+                                                     " lease stores (a majority, '" + to +
+                                                     "''s own among them, is needed); run the move again");
     }
     // 5. last: `to` decides it
     step(to, "removing its replica guard", [&](pqxx::connection& c) {

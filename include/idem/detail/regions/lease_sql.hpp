@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS idem__leases.held (
   epoch BIGINT NOT NULL,
   valid_until TIMESTAMPTZ NOT NULL
 );
-CREATE OR REPLACE FUNCTION idem__leases.fence() RETURNS trigger LANGUAGE plpgsql AS $f$
+CREATE OR REPLACE FUNCTION idem__leases.fence() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM idem__leases.held
                   WHERE space = substr(TG_TABLE_SCHEMA, 6) AND valid_until > clock_timestamp()) THEN
@@ -90,7 +91,7 @@ RETURNING 1
 // for; the new owner's keeper renews it. $1 space, $2 new owner, $3 new epoch.
 inline constexpr std::string_view hand_over =
     "UPDATE idem__leases.home_lease SET owner = $2, epoch = $3, lease_until = '-infinity' "
-    "WHERE space = $1 AND epoch < $3";
+    "WHERE space = $1 AND epoch < $3 RETURNING 1";
 
 // The highest epoch a store has for $1 space (NULL when it has no row).
 inline constexpr std::string_view epoch_of = "SELECT max(epoch) FROM idem__leases.home_lease WHERE space = $1";
@@ -114,7 +115,21 @@ ON CONFLICT (space) DO UPDATE
  WHERE h.epoch <= EXCLUDED.epoch
 )sql";
 
-// The view withdrawn: the lease was fenced (a higher epoch seen) or moved away. $1 space.
-inline constexpr std::string_view drop = "UPDATE idem__leases.held SET valid_until = '-infinity' WHERE space = $1";
+// The view withdrawn: the lease was fenced (a higher epoch seen) or moved away. $1 space, $2 the
+// epoch withdrawn: a newer view (the key space came back to this region) is kept.
+inline constexpr std::string_view drop =
+    "UPDATE idem__leases.held SET valid_until = '-infinity' WHERE space = $1 AND epoch <= $2";
+
+// A store that lacks a key space's row (a rebuilt or new cluster, a witness added later) gets the
+// newest owner and epoch the others hold, valid for lease + margin from now: it may have accepted
+// a renewal before it was lost, so it must not vote "expired" before that renewal could have run
+// out. $1 space, $2 owner, $3 epoch, $4 lease + margin in ms.
+inline constexpr std::string_view adopt = R"sql(
+INSERT INTO idem__leases.home_lease AS l (space, owner, epoch, lease_until)
+VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond')
+ON CONFLICT (space) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch,
+                                  lease_until = GREATEST(l.lease_until, EXCLUDED.lease_until)
+ WHERE l.epoch < EXCLUDED.epoch
+)sql";
 
 }  // namespace idem::detail::regions::lease

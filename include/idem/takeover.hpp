@@ -1,0 +1,612 @@
+// idem/takeover.hpp: taking a key space over after the region deciding it is lost, and bringing
+// a region back (target idem::postgres). The leases that make a takeover safe are home_lease.hpp's;
+// the protocol and its argument are there and in docs/scaling.md.
+//
+//   std::vector<idem::region> rs{{"eu", "postgresql://idem@db.eu/pay"}, {"us", "postgresql://idem@db.us/pay"},
+//                                {"ap", "postgresql://idem@db.ap/pay"}};
+//   idem::lease_options lo;                       // as given to setup_home_leases
+//   auto taken = idem::take_over(rs, "eu", "us", lo);  // eu lost: us decides eu's keys once eu's lease ran out
+//   // every process: decided_at["eu"] = "us". Then, each copy that follows no one, once it answers
+//   // again (eu's cluster back, or a new one given eu's URI):
+//   for (const std::string& r : taken.rebuild) idem::rebuild_region(rs, r, lo);
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <pqxx/pqxx>
+#include <pqxx/tablewriter>
+
+#include "idem/home_lease.hpp"
+
+namespace idem {
+
+namespace detail::regions {
+
+/// Merges `from`'s copy of `schema` (records, audit rows, batch rows) into `into`'s, past every
+/// trigger (replication's role): a record is replaced by a more advanced one (higher fence; at the
+/// same fence a final state over PROCESSING; then the later update), audit and batch rows missing
+/// are added. Every copy of a key space is a prefix of its home's commits, so the merge of two is
+/// the longer one, row by row. Returns the records `into` holds afterwards.
+inline std::uint64_t merge_copy(pqxx::connection& from, pqxx::connection& into, const std::string& schema) {
+    static constexpr const char* rec_cols =
+        "idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, created_time, "
+        "updated_time, payload";
+    static constexpr const char* audit_cols =
+        "sequence, idempotent_key, from_status, to_status, fencing_token, node, at_time, detail";
+    static constexpr const char* batch_cols = "batch_id, committed_time";
+    struct table {
+        const char* name;
+        const char* cols;
+        std::string merge;
+    };
+    const std::vector<table> tables{
+        {"idempotent_record", rec_cols,
+         std::string("INSERT INTO ") + schema + ".idempotent_record AS r (" + rec_cols + ") SELECT " + rec_cols +
+             " FROM idem_merge ON CONFLICT (idempotent_key) DO UPDATE SET biz_type = EXCLUDED.biz_type, status = "
+             "EXCLUDED.status, fencing_token = EXCLUDED.fencing_token, lease_until = EXCLUDED.lease_until, outcome = "
+             "EXCLUDED.outcome, request_fingerprint = EXCLUDED.request_fingerprint, created_time = EXCLUDED.created_time, "
+             "updated_time = EXCLUDED.updated_time, payload = EXCLUDED.payload WHERE (EXCLUDED.fencing_token, "
+             "EXCLUDED.status <> 'PROCESSING', EXCLUDED.updated_time) > (r.fencing_token, r.status <> 'PROCESSING', "
+             "r.updated_time)"},
+        {"idempotent_audit", audit_cols,
+         std::string("INSERT INTO ") + schema + ".idempotent_audit (" + audit_cols + ") SELECT " + audit_cols +
+             " FROM idem_merge ON CONFLICT (sequence) DO NOTHING"},
+        {"idempotent_batch", batch_cols,
+         std::string("INSERT INTO ") + schema + ".idempotent_batch (" + batch_cols + ") SELECT " + batch_cols +
+             " FROM idem_merge ON CONFLICT (batch_id) DO NOTHING"},
+    };
+    pqxx::work w(into);
+    w.exec("SET LOCAL session_replication_role = replica");
+    pqxx::work r(from);
+    for (const table& t : tables) {
+        w.exec(std::string("CREATE TEMP TABLE idem_merge ON COMMIT DROP AS SELECT ") + t.cols + " FROM " + schema + "." +
+               t.name + " WITH NO DATA");
+        {
+            // COPY out of one server, line by line into the other (libpqxx 6.4's stream_to << stream_from
+            // doubles each line's newline; tablewriter's raw line is the one public way to pass a line on).
+            pqxx::stream_from in(r, std::string("(SELECT ") + t.cols + " FROM " + schema + "." + t.name + ")");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+            pqxx::tablewriter out(w, "idem_merge");
+            std::string line;
+            while (in.get_raw_line(line)) out.write_raw_line(line);
+            out.complete();
+#pragma GCC diagnostic pop
+            in.complete();
+        }
+        w.exec(t.merge);
+        w.exec("DROP TABLE idem_merge");
+    }
+    const auto n = w.exec("SELECT count(*) FROM " + schema + ".idempotent_record")[0][0].as<std::uint64_t>();
+    r.commit();
+    w.commit();
+    return n;
+}
+
+}  // namespace detail::regions
+
+/// What take_over() did.
+struct takeover_report {
+    std::string from;                   ///< the region that owned the lease
+    std::int64_t epoch = 0;             ///< the new epoch
+    std::vector<std::string> accepted;  ///< lease stores that accepted the takeover
+    std::vector<std::string> merged;    ///< regions whose copies were merged into the taker's
+    std::vector<std::string> fenced;    ///< regions whose copies no longer follow the old home
+    std::vector<std::string> skipped;   ///< regions that could not be reached
+    /// Regions whose copies of the key space follow no one now (the old home's, the unreachable
+    /// ones, any that had stopped following before): rebuild_region() each before it serves.
+    /// Empty when the takeover had been completed before (a re-run).
+    std::vector<std::string> rebuild;
+    std::uint64_t records = 0;  ///< records of the key space at the taker afterwards
+};
+
+/// Takes key space `space` over to region `to` after the region deciding it is lost: waits (at
+/// most `timeout`) until a majority of the lease stores say its lease ran out by lo.margin, takes
+/// the lease there (epoch + 1), fences the copies (every reachable region's subscription to the
+/// old home disabled, the old home's copy guarded if it is reachable), merges the copies of the
+/// majority's regions into `to`'s and pushes the result to every other reachable region, then
+/// `to` publishes and decides the key space, with a view of the new lease written for its fence.
+/// Afterwards give every process regional_options::decided_at[space] = to (and leases); `to`'s
+/// keepers renew the lease from their next round. A region skipped (unreachable) still follows
+/// the old home: rebuild it (docs/scaling.md) before it serves again. Re-runnable: a takeover that
+/// stopped half-way is finished by running it again. Throws idem::error: invalid_argument (names;
+/// `to` already decides it with a valid lease), store_unavailable (the lease is still valid at a
+/// majority after `timeout`: the old home may still decide, nothing is taken over; a store or
+/// region needed cannot be reached), store_error (the server refused).
+inline takeover_report take_over(const std::vector<region>& rs, const std::string& space, const std::string& to,
+                                 const lease_options& lo, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    namespace dr = detail::regions;
+    dr::check_leases(rs, lo);
+    auto index = [&](const std::string& name) {
+        for (std::size_t i = 0; i < rs.size(); ++i)
+            if (rs[i].name == name) return i;
+        throw error(errc::invalid_argument, "take_over: no region '" + name + "'");
+    };
+    (void)index(space);
+    const std::size_t ti = index(to);
+    const std::string schema = dr::schema_of(space);
+    std::vector<std::unique_ptr<dr::lease_store>> stores;
+    for (const region& r : rs) stores.push_back(std::make_unique<dr::lease_store>(r, lo.call_deadline));
+    for (const region& w : lo.witnesses) stores.push_back(std::make_unique<dr::lease_store>(w, lo.call_deadline));
+    const std::size_t majority = stores.size() / 2 + 1;
+    takeover_report rep;
+
+    // 1. A majority expired by the margin (or already ours at the newest epoch).
+    std::int64_t epoch = 0;
+    for (const auto until = std::chrono::steady_clock::now() + timeout;;) {
+        struct seen {
+            std::string owner;
+            std::int64_t epoch;
+            bool expired;
+            std::int64_t ms_left;
+        };
+        std::vector<std::optional<seen>> rows(stores.size());
+        std::int64_t newest = -1;
+        for (std::size_t i = 0; i < stores.size(); ++i) {
+            try {
+                rows[i] = stores[i]->call([&](pqxx::connection& c) -> std::optional<seen> {
+                    pqxx::nontransaction n(c);
+                    const auto r = n.exec_params(std::string(dr::lease::read), space, dr::ms(lo.margin));
+                    if (r.empty()) return std::nullopt;
+                    return seen{r[0][0].c_str(), r[0][1].as<std::int64_t>(), r[0][2].as<bool>(), r[0][3].as<std::int64_t>()};
+                });
+            } catch (const std::exception&) {
+            }
+            if (rows[i]) newest = std::max(newest, rows[i]->epoch);
+        }
+        if (newest < 0)
+            throw error(errc::store_unavailable, "take_over: key space '" + space +
+                                                     "': no lease store answered with its lease (setup_home_leases first)");
+        // The owner at the newest epoch is the one to take from; when that is `to` already, this is
+        // a re-run of a takeover that stopped half-way, and the old owner is the one a store still
+        // shows at an older epoch.
+        std::string owner;
+        for (const auto& r : rows)
+            if (r && r->epoch == newest) owner = r->owner;
+        epoch = owner == to ? newest : newest + 1;
+        rep.from = owner == to ? std::string() : owner;
+        for (const auto& r : rows)
+            if (r && owner == to && r->epoch < newest && r->owner != to) rep.from = r->owner;
+        if (rep.from.empty())
+            throw error(errc::invalid_argument, "take_over: key space '" + space + "' is already held by '" + to +
+                                                    "' (epoch " + std::to_string(newest) + ")");
+        std::size_t takeable = 0;
+        std::int64_t wait_ms = 0;
+        for (const auto& r : rows) {
+            if (!r) continue;
+            if ((r->epoch < epoch && r->expired) || (r->epoch == epoch && r->owner == to)) ++takeable;
+            else wait_ms = std::max(wait_ms, r->ms_left);
+        }
+        if (takeable >= majority) break;
+        if (std::chrono::steady_clock::now() >= until)
+            throw error(errc::store_unavailable,
+                        "take_over: key space '" + space + "': its lease (owner '" + rep.from +
+                            "') has not run out by the margin at " + std::to_string(stores.size() - takeable) + " of " +
+                            std::to_string(stores.size()) + " lease stores after " + std::to_string(timeout.count()) +
+                            " ms; the owner may still decide it, nothing taken over");
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::clamp<std::int64_t>(wait_ms, 20, 500)));  // the lease's own time
+    }
+    rep.epoch = epoch;
+    const std::size_t fi = index(rep.from);
+
+    // 2. The conditional writes: the lease is `to`'s at a majority.
+    std::vector<std::optional<std::chrono::steady_clock::time_point>> took(stores.size());
+    for (std::size_t i = 0; i < stores.size(); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            const bool ok = stores[i]->call([&](pqxx::connection& c) {
+                pqxx::nontransaction n(c);
+                return !n.exec_params(std::string(dr::lease::take), space, to, epoch, dr::ms(lo.lease), dr::ms(lo.margin))
+                            .empty();
+            });
+            if (ok) {
+                took[i] = t0;
+                rep.accepted.push_back(stores[i]->where().name);
+            }
+        } catch (const std::exception&) {
+        }
+    }
+    if (rep.accepted.size() < majority || !took[ti])
+        throw error(errc::store_unavailable, "take_over: key space '" + space + "': " + std::to_string(rep.accepted.size()) +
+                                                 " of " + std::to_string(stores.size()) + " lease stores accepted epoch " +
+                                                 std::to_string(epoch) +
+                                                 (took[ti] ? "" : " (not region '" + to + "' itself)") +
+                                                 "; a majority including '" + to + "' is needed; run the takeover again");
+
+    // 3. Fence the copies: nothing more of the old home arrives anywhere we read.
+    const auto deadline = std::chrono::milliseconds(30000);
+    std::vector<std::unique_ptr<pqxx::connection>> cs(rs.size());
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+        try {
+            cs[i] = dr::connect(rs[i].uri, deadline, "idem-regions-takeover");
+        } catch (const std::exception&) {
+            rep.skipped.push_back(rs[i].name);
+        }
+    }
+    auto in_majority = [&](std::size_t i) { return took[i].has_value(); };
+    if (!cs[ti]) throw error(errc::store_unavailable, "take_over: region '" + to + "' cannot be reached");
+    auto step = [&](std::size_t i, const std::string& what, const auto& body) {
+        try {
+            body(*cs[i]);
+        } catch (const error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw error(errc::store_error, "take_over: region '" + rs[i].name + "': " + what + ": " + e.what());
+        }
+    };
+    // Whether region i's copy follows the old home (its subscription to it carries the key space):
+    // only such a copy is a prefix of what the old home decided. A copy that stopped following at an
+    // earlier takeover (an old home not rebuilt since) holds what it wrote alone, and is never merged.
+    auto follows = [&](std::size_t i) {
+        bool yes = false;
+        step(i, "its copy", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            yes = !n.exec_params(
+                        "SELECT 1 FROM pg_subscription s JOIN pg_subscription_rel sr ON sr.srsubid = s.oid "
+                        "JOIN pg_class c ON c.oid = sr.srrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace "
+                        "WHERE s.subname = $1 AND ns.nspname = $2 AND c.relname = 'idempotent_record'",
+                        dr::subscription_of(rs[fi].name, rs[i].name), schema)
+                       .empty();
+        });
+        return yes;
+    };
+    bool completed = false;  // a re-run after `to` published the key space: it decides it already
+    step(ti, "catalog", [&](pqxx::connection& c) {
+        pqxx::nontransaction n(c);
+        completed = !n.exec_params(std::string(dr::publishes_sql), dr::publication_of(to), schema).empty();
+    });
+    std::vector<bool> following(rs.size(), false);
+    for (std::size_t i = 0; i < rs.size(); ++i) following[i] = i != fi && cs[i] && !completed && follows(i);
+    if (!completed && !following[ti])
+        throw error(errc::store_unavailable, "take_over: region '" + to + "''s copy of key space '" + space +
+                                                 "' does not follow '" + rs[fi].name +
+                                                 "' (rebuild it first, rebuild_region); nothing fenced or merged");
+    if (!completed) {
+        // The old home first, when it answers: its commits waiting for a subscriber are ended
+        // (they were never acknowledged: the subscribers are about to stop), then its copy guarded
+        // (creating the trigger waits for every transaction writing the tables) and unpublished.
+        if (cs[fi]) {
+            step(fi, "fencing the old home's copy", [&](pqxx::connection& c) {
+                {
+                    pqxx::nontransaction k(c);
+                    k.exec(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
+                        "pid <> pg_backend_pid()");
+                }
+                pqxx::work w(c);
+                w.exec("SET LOCAL lock_timeout = " + std::to_string(timeout.count()));
+                for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
+                w.exec_params(std::string(dr::lease::drop), space, epoch - 1);
+                w.commit();
+                pqxx::nontransaction n(c);
+                if (!n.exec_params(std::string(dr::publishes_sql), dr::publication_of(rs[fi].name), schema).empty())
+                    n.exec("ALTER PUBLICATION " + dr::publication_of(rs[fi].name) + " DROP TABLES IN SCHEMA " + schema);
+            });
+            rep.fenced.push_back(rs[fi].name);
+        } else if (in_majority(fi)) {
+            throw error(errc::store_unavailable, "take_over: region '" + rs[fi].name +
+                                                     "' accepted the lease but cannot be reached to fence its copy; run "
+                                                     "the takeover again");
+        }
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+            if (i == fi || !cs[i]) continue;
+            const std::string sub = dr::subscription_of(rs[fi].name, rs[i].name);
+            step(i, "stopping its subscription to '" + rs[fi].name + "'", [&](pqxx::connection& c) {
+                pqxx::nontransaction n(c);
+                if (n.exec_params("SELECT 1 FROM pg_subscription WHERE subname = $1", sub).empty()) return;
+                n.exec("ALTER SUBSCRIPTION " + sub + " DISABLE");
+                for (const auto until = std::chrono::steady_clock::now() + timeout;;) {  // its apply worker gone
+                    if (n.exec_params("SELECT 1 FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid "
+                                      "WHERE s.subname = $1 AND st.pid IS NOT NULL",
+                                      sub)
+                            .empty())
+                        break;
+                    if (std::chrono::steady_clock::now() >= until)
+                        throw error(errc::store_unavailable, "take_over: region '" + rs[i].name + "': subscription " + sub +
+                                                                 " still applies after " + std::to_string(timeout.count()) +
+                                                                 " ms");
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the server's worker list
+                }
+            });
+            rep.fenced.push_back(rs[i].name);
+        }
+        for (std::size_t i = 0; i < rs.size(); ++i)
+            if (i != ti && in_majority(i) && i != fi && !following[i])
+                throw error(errc::store_unavailable,
+                            "take_over: region '" + rs[i].name + "' accepted the lease but its copy of key space '" + space +
+                                "' does not follow '" + rs[fi].name + "' (rebuild it first, rebuild_region)");
+
+        // 4. Merge: the majority's copies (the old home's own, and those following it) into `to`'s,
+        // then `to`'s into every other reachable copy that follows the old home.
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+            if (i == ti || !cs[i] || !in_majority(i)) continue;
+            step(ti, "merging region '" + rs[i].name + "''s copy",
+                 [&](pqxx::connection& c) { rep.records = dr::merge_copy(*cs[i], c, schema); });
+            rep.merged.push_back(rs[i].name);
+        }
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+            if (i == ti || !following[i]) continue;
+            step(i, "receiving the merged copy", [&](pqxx::connection& c) { (void)dr::merge_copy(*cs[ti], c, schema); });
+        }
+
+        // 5. `to` decides it: numbering past every merged row, leases of held claims pushed out
+        // (they were measured on the old home's clock), published, the copies that follow
+        // subscribed without a copy, the view of the new lease for its fence, and last its
+        // replica guard removed.
+        step(ti, "taking the key space", [&](pqxx::connection& c) {
+            pqxx::work w(c);
+            w.exec("SET LOCAL session_replication_role = replica");
+            w.exec("SELECT setval(pg_get_serial_sequence('" + schema +
+                   ".idempotent_audit', 'sequence'), (SELECT COALESCE(max(sequence), 0) FROM " + schema +
+                   ".idempotent_audit) + 1, false)");
+            w.exec("SET LOCAL search_path = " + schema);
+            w.exec(std::string(detail::global::sql::processing_index));
+            w.exec("UPDATE idempotent_record SET lease_until = lease_until + " + std::to_string(lo.margin.count()) +
+                   " WHERE status = 'PROCESSING'");
+            w.commit();
+            pqxx::nontransaction n(c);
+            n.exec("ALTER PUBLICATION " + dr::publication_of(to) + " ADD TABLES IN SCHEMA " + schema);
+        });
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+            if (i == ti || !following[i]) continue;
+            step(i, "subscribing to key space '" + space + "' at '" + to + "'", [&](pqxx::connection& c) {
+                pqxx::nontransaction n(c);
+                n.exec("ALTER SUBSCRIPTION " + dr::subscription_of(to, rs[i].name) +
+                       " REFRESH PUBLICATION WITH (copy_data = false)");
+            });
+        }
+        for (std::size_t i = 0; i < rs.size(); ++i)
+            if (i != ti && !following[i]) rep.rebuild.push_back(rs[i].name);
+    }
+    if (!rep.merged.empty() || completed) {
+        step(ti, "records", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            rep.records = n.exec("SELECT count(*) FROM " + schema + ".idempotent_record")[0][0].as<std::uint64_t>();
+        });
+    }
+    step(ti, "holding the new lease", [&](pqxx::connection& c) {
+        std::vector<std::chrono::steady_clock::time_point> at;
+        for (const auto& t : took)
+            if (t) at.push_back(*t);
+        std::sort(at.begin(), at.end(), std::greater<>());
+        const std::int64_t us = dr::server_time_us(c, at[majority - 1] + lo.lease);
+        pqxx::work w(c);
+        w.exec_params(std::string(dr::lease::hold), space, epoch, us);
+        for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
+        w.commit();
+    });
+    return rep;
+}
+
+/// What rebuild_region() did.
+struct rebuild_report {
+    std::vector<std::string> copied;  ///< key spaces whose copies were rebuilt from their deciders
+    std::uint64_t records = 0;        ///< records the rebuilt copies hold
+};
+
+/// Brings region `name` back after its key spaces were taken over (its cluster returned, stale),
+/// or gives a new, empty cluster the place of a wiped one (`rs` names the new URI): every key
+/// space must be decided by another region's cluster now (take_over first). Then, on `name`'s
+/// cluster: idem's schemas, nothing published, the replica guard (and, with leases, the lease
+/// fence) on every copy, the copies emptied and copied again from the clusters deciding them
+/// (new subscriptions, the old ones and their slots dropped), and its lease store rows set to the
+/// newest owner and epoch the others hold, valid for lease + margin from now (a rebuilt store
+/// must not vote "expired" for a lease it may have accepted before it was lost). Every other
+/// region's subscription to `name` is made again, empty (nothing to copy: it decides nothing), so
+/// a later move back works. Waits for every copy (at most `ready_timeout`). `publisher` as for
+/// setup_regions. Throws idem::error: invalid_argument (names; a key space decided by no other
+/// region), store_unavailable (a cluster cannot be reached; a copy did not finish), store_error.
+inline rebuild_report rebuild_region(
+    const std::vector<region>& rs, const std::string& name, const std::optional<lease_options>& lo = std::nullopt,
+    const std::function<std::string(const region& home, const region& subscriber)>& publisher = {},
+    std::chrono::milliseconds ready_timeout = std::chrono::seconds(120)) {
+    namespace dr = detail::regions;
+    if (lo) dr::check_leases(rs, *lo);
+    else dr::check_regions(rs);
+    std::size_t ri = rs.size();
+    for (std::size_t i = 0; i < rs.size(); ++i)
+        if (rs[i].name == name) ri = i;
+    if (ri == rs.size()) throw error(errc::invalid_argument, "rebuild_region: no region '" + name + "'");
+    const auto deadline = std::chrono::milliseconds(30000);
+    std::vector<std::unique_ptr<pqxx::connection>> cs;
+    std::vector<pqxx::connection*> others;
+    for (const region& r : rs) {
+        try {
+            cs.push_back(dr::connect(r.uri, deadline, "idem-regions-rebuild"));
+        } catch (const std::exception& e) {
+            throw error(errc::store_unavailable, "rebuild_region: region '" + r.name + "': cannot connect: " + e.what());
+        }
+        others.push_back(r.name == name ? nullptr : cs.back().get());
+    }
+    const std::vector<std::string> decider = dr::deciders(rs, others);  // the rebuilt cluster's catalog is not asked
+    for (std::size_t x = 0; x < rs.size(); ++x)
+        if (decider[x].empty())
+            throw error(errc::invalid_argument, "rebuild_region: key space '" + rs[x].name +
+                                                    "' is decided by no region but '" + name +
+                                                    "'; take it over first (take_over), or it is lost with it");
+    auto step = [&](std::size_t i, const std::string& what, const auto& body) {
+        try {
+            body(*cs[i]);
+        } catch (const error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw error(errc::store_error, "rebuild_region: region '" + rs[i].name + "': " + what + ": " + e.what());
+        }
+    };
+    // A subscription dropped without its publisher's help (the slot may be gone with a wiped
+    // cluster), then its slot dropped at the publisher when it is still there.
+    auto drop_subscription = [&](std::size_t at, std::size_t publisher_at, const std::string& sub) {
+        step(at, "dropping subscription " + sub, [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            if (n.exec_params("SELECT 1 FROM pg_subscription WHERE subname = $1", sub).empty()) return;
+            n.exec("ALTER SUBSCRIPTION " + sub + " DISABLE");
+            n.exec("ALTER SUBSCRIPTION " + sub + " SET (slot_name = NONE)");
+            n.exec("DROP SUBSCRIPTION " + sub);
+        });
+        step(publisher_at, "dropping slot " + sub, [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            for (const auto until = std::chrono::steady_clock::now() + deadline;;) {
+                const auto r = n.exec_params("SELECT active FROM pg_replication_slots WHERE slot_name = $1", sub);
+                if (r.empty()) return;
+                if (!r[0][0].as<bool>()) break;
+                if (std::chrono::steady_clock::now() >= until)
+                    throw error(errc::store_unavailable, "rebuild_region: slot " + sub + " stays in use");
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its walsender exits
+            }
+            n.exec_params("SELECT pg_drop_replication_slot($1)", sub);
+        });
+    };
+    auto create_subscription = [&](std::size_t at, std::size_t home, bool copy) {
+        const std::string sub = dr::subscription_of(rs[home].name, rs[at].name);
+        step(at, "subscription " + sub, [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            n.exec("CREATE SUBSCRIPTION " + sub + " CONNECTION " +
+                   dr::sql_literal(publisher ? publisher(rs[home], rs[at]) : rs[home].uri) + " PUBLICATION " +
+                   dr::publication_of(rs[home].name) +
+                   " WITH (synchronous_commit = 'local', copy_data = " + (copy ? "true" : "false") + ")");
+        });
+    };
+    // 1. It publishes nothing, and every copy it holds refuses local writes (the replica guard,
+    // and with leases the lease fence). Its commits left waiting for a subscriber the takeover
+    // stopped were never acknowledged: they are ended. They hold locks the guard needs, and a
+    // waiting transaction would hold up the creation of the new slots at it (a slot waits for every
+    // running transaction), so it waits for no standby until its subscribers are back (step 2).
+    rebuild_report rep;
+    const std::string pub = dr::publication_of(name);
+    std::string standbys;  // its synchronous_standby_names, set again after step 2
+    step(ri, "guarding its copies", [&](pqxx::connection& c) {
+        {
+            pqxx::nontransaction k(c);
+            standbys = k.exec("SHOW synchronous_standby_names")[0][0].c_str();
+            k.exec(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
+                "pid <> pg_backend_pid()");
+            if (!standbys.empty()) {
+                k.exec("ALTER SYSTEM SET synchronous_standby_names = ''");
+                k.exec("SELECT pg_reload_conf()");
+            }
+            for (const auto until = std::chrono::steady_clock::now() + ready_timeout;;) {
+                // what committed between the ending and the reload is released by the reload
+                if (k.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
+                           "pid <> pg_backend_pid()")
+                        .empty())
+                    break;
+                if (std::chrono::steady_clock::now() >= until)
+                    throw error(errc::store_unavailable,
+                                "rebuild_region: region '" + name + "': commits still wait for a synchronous standby");
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the reload reaching the backends
+            }
+        }
+        {
+            pqxx::nontransaction n(c);
+            if (n.exec_params("SELECT 1 FROM pg_publication WHERE pubname = $1", pub).empty())
+                n.exec("CREATE PUBLICATION " + pub);
+            for (std::size_t x = 0; x < rs.size(); ++x)
+                if (!n.exec_params(std::string(dr::publishes_sql), pub, dr::schema_of(rs[x].name)).empty())
+                    n.exec("ALTER PUBLICATION " + pub + " DROP TABLES IN SCHEMA " + dr::schema_of(rs[x].name));
+        }
+        for (std::size_t x = 0; x < rs.size(); ++x) {
+            const std::string schema = dr::schema_of(rs[x].name);
+            pqxx::work w(c);
+            w.exec("SET LOCAL lock_timeout = " + std::to_string(ready_timeout.count()));
+            w.exec(std::string(detail::pg::schema_lock));
+            w.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
+            w.exec("SET LOCAL search_path = " + schema);
+            w.exec(std::string(detail::pg::schema_ddl));
+            for (const std::string& q : dr::guard_sql(schema, rs[x].name, "region " + decider[x])) w.exec(q);
+            if (lo) {
+                w.exec(std::string(dr::lease::ddl));
+                for (const std::string& q : dr::lease::fence_sql(schema)) w.exec(q);
+            }
+            w.commit();
+        }
+    });
+    // 2. The others' subscriptions to it made again, empty (it publishes nothing): its walsenders
+    // stream again, so a commit of its own processes (a batch row) waits no longer.
+    for (std::size_t h = 0; h < rs.size(); ++h) {
+        if (h == ri) continue;
+        drop_subscription(h, ri, dr::subscription_of(name, rs[h].name));
+        create_subscription(h, ri, false);
+    }
+    if (!standbys.empty())
+        step(ri, "synchronous_standby_names", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            n.exec("ALTER SYSTEM SET synchronous_standby_names = " + dr::sql_literal(standbys));
+            n.exec("SELECT pg_reload_conf()");
+        });
+    // 3. Its own subscriptions dropped (a change applied after the emptying would collide with the
+    // new copy), the copies emptied, and subscribed again with a copy.
+    for (std::size_t h = 0; h < rs.size(); ++h)
+        if (h != ri) drop_subscription(ri, h, dr::subscription_of(rs[h].name, name));
+    step(ri, "emptying its copies", [&](pqxx::connection& c) {
+        for (std::size_t x = 0; x < rs.size(); ++x) {
+            pqxx::work w(c);
+            w.exec("SET LOCAL lock_timeout = " + std::to_string(ready_timeout.count()));
+            const std::string schema = dr::schema_of(rs[x].name);
+            w.exec("TRUNCATE " + schema + ".idempotent_record, " + schema + ".idempotent_audit, " + schema +
+                   ".idempotent_batch, " + schema + ".idem_schema");
+            w.commit();
+            rep.copied.push_back(rs[x].name);
+        }
+    });
+    for (std::size_t h = 0; h < rs.size(); ++h)
+        if (h != ri) create_subscription(ri, h, true);
+    // 4. Every copy done.
+    for (const auto until = std::chrono::steady_clock::now() + ready_timeout;;) {
+        std::int64_t pending = 0;
+        step(ri, "initial copy", [&](pqxx::connection& c) {
+            pqxx::nontransaction n(c);
+            pending = n.exec(
+                           "SELECT count(*) FROM pg_subscription_rel sr JOIN pg_subscription s ON s.oid = sr.srsubid "
+                           "WHERE left(s.subname, 5) = 'idem_' AND sr.srsubstate <> 'r'")[0][0]
+                          .as<std::int64_t>();
+        });
+        if (pending == 0) break;
+        if (std::chrono::steady_clock::now() >= until)
+            throw error(errc::store_unavailable, "rebuild_region: region '" + name + "': " + std::to_string(pending) +
+                                                     " table copies not done after " +
+                                                     std::to_string(ready_timeout.count()) + " ms");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling the server's copy state
+    }
+    step(ri, "records", [&](pqxx::connection& c) {
+        pqxx::nontransaction n(c);
+        for (const region& x : rs)
+            rep.records +=
+                n.exec("SELECT count(*) FROM " + dr::schema_of(x.name) + ".idempotent_record")[0][0].as<std::uint64_t>();
+    });
+    // 5. Its lease store: the newest owner and epoch, pessimistically valid.
+    if (lo) {
+        for (const region& x : rs) {
+            std::string owner;
+            std::int64_t epoch = -1;
+            for (std::size_t i = 0; i < rs.size(); ++i) {
+                if (i == ri) continue;
+                pqxx::nontransaction n(*cs[i]);
+                const auto r = n.exec_params("SELECT owner, epoch FROM idem__leases.home_lease WHERE space = $1", x.name);
+                if (!r.empty() && r[0][1].as<std::int64_t>() > epoch) {
+                    owner = r[0][0].c_str();
+                    epoch = r[0][1].as<std::int64_t>();
+                }
+            }
+            if (epoch < 0) continue;
+            step(ri, "lease store", [&](pqxx::connection& c) {
+                pqxx::work w(c);
+                w.exec_params(std::string(dr::lease::adopt), x.name, owner, epoch, dr::ms(lo->lease + lo->margin));
+                w.exec_params(std::string(dr::lease::drop), x.name, epoch);
+                w.commit();
+            });
+        }
+    }
+    return rep;
+}
+
+}  // namespace idem
