@@ -13,6 +13,8 @@
 //     new keys are granted at b and replicated to c; once the partition heals, a's keeper sees the
 //     newer epoch and a grants nothing more. Half of a's acknowledged decisions are only in c's
 //     copy (b's subscription stopped first): the takeover must merge them.
+//   * Two regions and a witness (a lease store without data): the witness's vote makes the
+//     majority with which b takes a's key space over; a, healed, is fenced by the witness's epoch.
 //   * Bad input: unknown regions, more than four lease stores, a call deadline too long for the lease.
 //
 // Needs the PostgreSQL 15 server binaries and root or the postgres user; FAILS, never skips, when a
@@ -336,6 +338,59 @@ TEST_F(Takeover, ALostHomeIsTakenOverAfterItsLeaseAndNothingItAcknowledgedRunsAg
     const auto v = idem::verify_regions(rs_, idem_test::home_rule, {{"a", "b"}});
     EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
     EXPECT_GT(v.replica_rows, 0u);
+}
+
+TEST_F(Takeover, TwoRegionsAndAWitnessTakeOverALostHomeWithTheWitnessVote) {
+    // Two data regions, a and b; c's cluster is only a witness (a lease store holding no data).
+    // a is cut off from b and from the witness; b takes a's key space over with the votes of b and
+    // the witness. Synchronous mode: everything a acknowledged is in b's copy.
+    idem_test::fault_proxy to_a(port_of(uri_of("a"))), a_to_b(port_of(uri_of("b"))), a_to_w(port_of(uri_of("c")));
+    const std::vector<idem::region> two{{"a", uri_of("a")}, {"b", uri_of("b")}};
+    idem::setup_regions(two, idem::replication_mode::synchronous, [&](const idem::region& home, const idem::region&) {
+        return home.name == "a" ? via(to_a) : home.uri;
+    });
+    auto lo = short_leases();
+    lo.witnesses = {{"w", uri_of("c")}};
+    idem::setup_home_leases(two, lo);
+    EXPECT_EQ(idem::read_leases(lo.witnesses[0]).size(), 2u) << "the witness holds a lease row per key space";
+
+    auto inside = two;
+    inside[1].uri = via(a_to_b);
+    auto roa = opts("a", inside);
+    roa.leases = lo;
+    roa.leases->witnesses = {{"w", via(a_to_w)}};
+    auto ga = std::make_unique<idem::regional_guard>(fast(), roa);
+    ASSERT_TRUE(ga->lease_keeper()->valid("a"));
+    EXPECT_EQ(ga->lease_keeper()->majority(), 2u);
+    for (int i = 0; i < 10; ++i) {
+        auto r = ga->begin(idem::key("a-w-" + std::to_string(i)), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(10 + i));
+    }
+    to_a.partition();
+    a_to_b.partition();
+    a_to_w.partition();
+    ASSERT_TRUE(wait_for([&] { return !ga->lease_keeper()->valid("a"); }, 20s));
+    auto outside = two;
+    outside[0].uri = via(to_a);
+    const auto rep = idem::take_over(outside, "a", "b", lo, 30000ms);
+    EXPECT_EQ(rep.epoch, 1);
+    EXPECT_EQ(rep.accepted, (std::vector<std::string>{"b", "w"}));
+    EXPECT_EQ(rep.rebuild, std::vector<std::string>{"a"});
+    auto rob = opts("b", outside);
+    rob.decided_at["a"] = "b";
+    rob.leases = lo;
+    idem::regional_guard gb(fast(), rob);
+    ASSERT_TRUE(gb.lease_keeper()->valid("a")) << "b's keeper holds a's key space with b's and the witness's votes";
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(gb.begin(idem::key("a-w-" + std::to_string(i)), 1).outcome, 10u + i);
+    auto fresh = gb.begin(idem::key("a-w-new"), 1);
+    ASSERT_EQ(fresh.status, idem::begin_status::acquired);
+    ASSERT_FALSE(fresh.ticket.succeed(99));
+    a_to_b.heal();
+    a_to_w.heal();
+    ASSERT_TRUE(wait_for([&] { return lease_of(*ga, "a").fenced; }, 20s)) << "the witness's epoch did not fence a";
+    EXPECT_EQ(ga->begin(idem::key("a-w-late"), 1).status, idem::begin_status::store_unavailable);
+    EXPECT_EQ(row_status("a", "a", "a-w-late"), "");
 }
 
 TEST(TakeoverInput, BadOptionsAreRefusedByName) {

@@ -30,6 +30,19 @@ namespace idem {
 
 namespace detail::regions {
 
+/// Runs `body` on region `r`'s connection; a failure that is not already an idem::error becomes
+/// store_error naming the function, the region and the step.
+template <class Body>
+void on_region(const char* fn, const region& r, pqxx::connection& c, const std::string& what, const Body& body) {
+    try {
+        body(c);
+    } catch (const error&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw error(errc::store_error, std::string(fn) + ": region '" + r.name + "': " + what + ": " + e.what());
+    }
+}
+
 /// Merges `from`'s copy of `schema` (records, audit rows, batch rows) into `into`'s, past every
 /// trigger (replication's role): a record is replaced by a more advanced one (higher fence; at the
 /// same fence a final state over PROCESSING; then the later update), audit and batch rows missing
@@ -235,13 +248,7 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
     auto in_majority = [&](std::size_t i) { return took[i].has_value(); };
     if (!cs[ti]) throw error(errc::store_unavailable, "take_over: region '" + to + "' cannot be reached");
     auto step = [&](std::size_t i, const std::string& what, const auto& body) {
-        try {
-            body(*cs[i]);
-        } catch (const error&) {
-            throw;
-        } catch (const std::exception& e) {
-            throw error(errc::store_error, "take_over: region '" + rs[i].name + "': " + what + ": " + e.what());
-        }
+        dr::on_region("take_over", rs[i], *cs[i], what, body);
     };
     // Whether region i's copy follows the old home (its subscription to it carries the key space):
     // only such a copy is a prefix of what the old home decided. A copy that stopped following at an
@@ -434,13 +441,7 @@ inline rebuild_report rebuild_region(
                                                     "' is decided by no region but '" + name +
                                                     "'; take it over first (take_over), or it is lost with it");
     auto step = [&](std::size_t i, const std::string& what, const auto& body) {
-        try {
-            body(*cs[i]);
-        } catch (const error&) {
-            throw;
-        } catch (const std::exception& e) {
-            throw error(errc::store_error, "rebuild_region: region '" + rs[i].name + "': " + what + ": " + e.what());
-        }
+        dr::on_region("rebuild_region", rs[i], *cs[i], what, body);
     };
     // A subscription dropped without its publisher's help (the slot may be gone with a wiped
     // cluster), then its slot dropped at the publisher when it is still there.
