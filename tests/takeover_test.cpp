@@ -13,6 +13,8 @@
 //     new keys are granted at b and replicated to c; once the partition heals, a's keeper sees the
 //     newer epoch and a grants nothing more. Half of a's acknowledged decisions are only in c's
 //     copy (b's subscription stopped first): the takeover must merge them.
+//   * A region wiped (its cluster killed for good): b takes its key space over, a new empty cluster
+//     takes its name and is rebuilt from the others; it answers a's old decisions from its copy.
 //   * Two regions and a witness (a lease store without data): the witness's vote makes the
 //     majority with which b takes a's key space over; a, healed, is fenced by the witness's epoch.
 //   * Bad input: unknown regions, more than four lease stores, a call deadline too long for the lease.
@@ -391,6 +393,61 @@ TEST_F(Takeover, TwoRegionsAndAWitnessTakeOverALostHomeWithTheWitnessVote) {
     ASSERT_TRUE(wait_for([&] { return lease_of(*ga, "a").fenced; }, 20s)) << "the witness's epoch did not fence a";
     EXPECT_EQ(ga->begin(idem::key("a-w-late"), 1).status, idem::begin_status::store_unavailable);
     EXPECT_EQ(row_status("a", "a", "a-w-late"), "");
+}
+
+TEST_F(Takeover, AWipedRegionIsRebuiltFromTheOthersOnANewCluster) {
+    // a decides 12 keys, then its cluster dies for good (SIGKILL; never started again). b takes its
+    // key space over; a new, empty cluster takes a's name (a new URI) and is rebuilt from b and c.
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    const auto lo = short_leases();
+    idem::setup_home_leases(rs_, lo);
+    {
+        auto roa = opts("a");
+        roa.leases = lo;
+        idem::regional_guard ga(fast(), roa);
+        for (int i = 0; i < 12; ++i) {
+            auto r = ga.begin(idem::key("a-wipe-" + std::to_string(i)), 1);
+            ASSERT_EQ(r.status, idem::begin_status::acquired);
+            ASSERT_FALSE(r.ticket.succeed(40 + i));
+        }
+    }
+    for (const char* on : {"b", "c"}) ASSERT_TRUE(arrives(on, "a", "a-wipe-11", "SUCCESS"));
+    ASSERT_TRUE(servers_[0]->crash());
+    const auto rep = idem::take_over(rs_, "a", "b", lo, 30000ms);
+    EXPECT_EQ(rep.skipped, std::vector<std::string>{"a"});
+
+    idem_test::private_server fresh(conf);
+    ASSERT_FALSE(fresh.uri().empty()) << "the replacement cluster did not start";
+    auto rs = rs_;
+    rs[0].uri = fresh.uri();
+    const auto rebuilt = idem::rebuild_region(rs, "a", lo);
+    EXPECT_EQ(rebuilt.copied.size(), 3u);
+    EXPECT_GE(rebuilt.records, 12u);
+    auto roa = opts("a", rs);
+    roa.decided_at["a"] = "b";
+    roa.leases = lo;
+    idem::regional_guard ga(fast(), roa);
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(ga.begin(idem::key("a-wipe-" + std::to_string(i)), 1).outcome, 40u + i) << i;
+    EXPECT_EQ(ga.snapshot().answered_by_replica, 12u) << "the new cluster's copy answers a's duplicates";
+    // A new key of a's goes to b, whose own processes hold the lease (without them b's fence
+    // refuses: the takeover's view runs out after one lease).
+    auto rob = opts("b", rs);
+    rob.decided_at["a"] = "b";
+    rob.leases = lo;
+    idem::regional_guard gb(fast(), rob);
+    ASSERT_TRUE(gb.lease_keeper()->valid("a"));
+    auto r = ga.begin(idem::key("a-wipe-new"), 1);
+    ASSERT_EQ(r.status, idem::begin_status::acquired);
+    ASSERT_FALSE(r.ticket.succeed(77));
+    ASSERT_TRUE(wait_for([&] {
+        pqxx::connection c(fresh.uri());
+        pqxx::nontransaction n(c);
+        return !n.exec("SELECT 1 FROM idem_a.idempotent_record WHERE idempotent_key = 'a-wipe-new' AND status = 'SUCCESS'")
+                    .empty();
+    })) << "the new cluster does not follow b's decisions of a's keys";
+    const auto v = idem::verify_regions(rs, idem_test::home_rule, {{"a", "b"}});
+    EXPECT_TRUE(v.clean()) << (v.violations.empty() ? "a home's verify" : v.violations.front());
+    EXPECT_GT(v.replica_rows, 0u);
 }
 
 TEST(TakeoverInput, BadOptionsAreRefusedByName) {
