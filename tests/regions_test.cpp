@@ -41,6 +41,7 @@
 #include <pqxx/pqxx>
 
 #include "idem/regional_guard.hpp"
+#include "idem/move_home.hpp"
 #include "idem/regions.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/private_pg.hpp"

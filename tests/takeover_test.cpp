@@ -33,7 +33,9 @@
 
 #include "idem/takeover.hpp"
 #include "idem/regional_guard.hpp"
+#include "idem/move_home.hpp"
 #include "idem/regions.hpp"
+#include "idem/rebuild_region.hpp"
 #include "idem/verify.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/regions_fixture.hpp"

@@ -34,7 +34,9 @@
 
 #include "command.hpp"
 #include "idem/takeover.hpp"
+#include "idem/move_home.hpp"
 #include "idem/regions.hpp"
+#include "idem/rebuild_region.hpp"
 #include "report.hpp"
 
 namespace idem::tool {

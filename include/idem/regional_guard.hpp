@@ -31,8 +31,8 @@
 // Not guaranteed: a foreign key's decision pruned at its home (past the window) may still be
 // answered here from the replica until the prune arrives: keep the retention of every region's
 // window the same. A duplicate whose decision has not arrived yet costs the cross-region round
-// trip. After a planned move (move_home, regions.hpp) every process needs the new decided_at map;
-// taking over a lost region's keys is not built yet (regions.hpp).
+// trip. After a planned move (move_home.hpp) or a takeover (takeover.hpp) every process needs the
+// new decided_at map.
 //
 // Thread-safety: every member may be called from any thread concurrently.
 #pragma once
