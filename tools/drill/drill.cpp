@@ -75,6 +75,7 @@
 #include "command.hpp"
 #include "drill/files.hpp"
 #include "drill/process.hpp"
+#include "drill/regions_drill.hpp"
 #include "drill/report_line.hpp"
 #include "prometheus_file.hpp"
 #include "idem/verify.hpp"
@@ -100,6 +101,7 @@ struct drill_config {
     std::string second_writer;  ///< "", "same" or "disjoint": a second worker on the same SQLite file
     bool delete_file = false;   ///< delete the SQLite file under a running worker, after the checks
     std::string prometheus;     ///< --prometheus FILE; empty: none
+    regions_drill_config regions;  ///< --region given: the regions drill (regions_drill.cpp)
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -902,7 +904,46 @@ command add_drill(CLI::App& root) {
                   "SQLite: after the checks, delete the database file under a running worker; nothing asked for "
                   "after the deletion may be confirmed (the path must not exist before the drill)");
     app->add_option("--prometheus", c->prometheus, prometheus_option_help)->type_name("FILE");
-    return {app, [c] { return run_drill(*c); }};
+    auto* region = app->add_option("--region", c->regions.regions,
+                                   "The regions drill (PostgreSQL): NAME=URI of each region's cluster on loopback, 3 or 4 "
+                                   "times; the drill sets regions up in them with fault-injecting proxies between them, "
+                                   "runs --cycles cycles of faults and kills, and drops what it set up")
+                       ->type_name("NAME=URI");
+    app->add_flag("--synchronous", c->regions.synchronous,
+                  "Regions drill: synchronous replication between regions, and a region lost, taken over and rebuilt")
+        ->needs(region);
+    app->add_option("--rtt-ms", c->regions.rtt_ms, "Regions drill: round trip injected between regions, in ms")
+        ->check(in_range(0.0, 1000.0, "milliseconds"))
+        ->capture_default_str()
+        ->needs(region);
+    app->add_option("--home-lease-ms", c->regions.home_lease_ms, "Regions drill: the home leases' length, in ms")
+        ->check(in_range(500.0, 60'000.0, "milliseconds"))
+        ->capture_default_str()
+        ->needs(region);
+    return {app, [c, app] {
+                if (c->regions.regions.empty()) return run_drill(*c);
+#ifdef IDEM_HAVE_POSTGRES
+                for (const char* alone : {"--store", "--workers", "--second-writer", "--delete-file", "--lease-ms"})
+                    if (app->count(alone) > 0) {
+                        std::cerr << alone << ": not an option of the regions drill (--region)\n";
+                        return int{exit_usage};
+                    }
+                regions_drill_config r = c->regions;
+                r.seed = c->seed;
+                r.json = c->json;
+                r.keep = c->keep;
+                r.prometheus = c->prometheus;
+                if (app->count("--cycles") > 0) r.cycles = c->cycles;
+                if (app->count("--keys") > 0) r.keys = c->keys;
+                if (app->count("--threads") > 0) r.threads = c->threads;
+                if (app->count("--kill-min-ms") > 0) r.kill_min_ms = c->kill_min_ms;
+                if (app->count("--kill-max-ms") > 0) r.kill_max_ms = c->kill_max_ms;
+                return run_regions_drill(r);
+#else
+                std::cerr << "--region: the regions drill needs the PostgreSQL build of idem\n";
+                return int{exit_usage};
+#endif
+            }};
 }
 
 }  // namespace idem::tool

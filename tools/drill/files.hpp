@@ -45,6 +45,17 @@ inline std::string make_line(char tag, std::string_view key, std::uint64_t outco
     return std::string(buf, static_cast<std::size_t>(n));
 }
 
+/// The home rule of a regions drill (`idem drill --region ...`): a key "<prefix><region>-<serial>..."
+/// belongs to <region>. Throws invalid_argument for a key of another shape (a regional guard
+/// answers such a key invalid_key).
+inline std::string home_of(std::string_view key, std::string_view prefix) {
+    const std::size_t dash = key.starts_with(prefix) ? key.find('-', prefix.size()) : std::string_view::npos;
+    if (dash == std::string_view::npos || dash == prefix.size())
+        throw idem::error(idem::errc::invalid_argument,
+                          "key '" + std::string(key) + "' is not '" + std::string(prefix) + "<region>-<serial>'");
+    return std::string(key.substr(prefix.size(), dash - prefix.size()));
+}
+
 struct entry {
     char tag = 0;
     std::string key;

@@ -64,6 +64,9 @@
 #if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
 #include "idem/global_guard.hpp"
 #endif
+#ifdef IDEM_HAVE_POSTGRES
+#include "idem/regional_guard.hpp"
+#endif
 
 namespace idem::tool {
 namespace {
@@ -81,6 +84,13 @@ struct worker_config {
     bool stop_on_unavailable = false;  ///< report each OK claim and ack; stop at the first failed commit
     double sync_timeout_ms = 10'000;   ///< store_options::sync_timeout
     bool hold = false;                 ///< after "done", keep the store open until killed (the file stays held)
+    // --scope regional (`idem drill --region ...`): this worker's region, every region as it reaches
+    // them (NAME=URI), key spaces moved by a takeover (SPACE=REGION), and the home leases.
+    std::string self;
+    std::vector<std::string> regions;
+    std::vector<std::string> decided_at;
+    double home_lease_ms = 0;  ///< 0: no home leases
+    double home_margin_ms = 0;
 };
 
 /// Steady-clock time in ns (CLOCK_MONOTONIC on Linux: comparable between processes).
@@ -354,7 +364,11 @@ int run_worker(const worker_config& c) {
 /// the renewed lease, or another worker's compensation could find the claim expired and not executed.
 inline constexpr std::chrono::milliseconds global_min_lease{2000};
 
-int run_worker_global(const worker_config& c) {
+/// The racing worker of global and regional scope: `open(opts)` opens the guard (a global_guard on
+/// the shared store, or a regional_guard in this worker's region) and returns it with its
+/// compensation, run once at start; `extra(g)` is what the "done" line adds.
+template <class Guard, class Open, class Extra>
+int run_racing_worker(const worker_config& c, Open open, Extra extra) {
     std::vector<drill::request> reqs = drill::read_requests(c.requests);
     for (const drill::request& r : reqs)
         if (r.key.size() > drill::max_key || !r.key.starts_with(c.prefix))
@@ -380,13 +394,10 @@ int run_worker_global(const worker_config& c) {
         if (const auto out = follower->effect(k)) return {idem::resolution::succeeded, *out};
         return {idem::resolution::not_executed, 0};
     };
-    idem::global_options go;
-    go.call_deadline = postgres_call_deadline;
-    go.wait_timeout = std::chrono::seconds(10);
+    const std::chrono::nanoseconds lease = opts.lease;
     const auto t0 = std::chrono::steady_clock::now();
-    auto g = std::make_unique<idem::global_guard>(c.store, std::move(opts), go);
+    auto [g, compensated] = open(std::move(opts));
     const auto open_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-    const std::size_t compensated = g->compensate();
     std::printf(
         "ready recovery_ns=%lld records=0 processing=0 compensated_at_open=%zu compensated_after_wait=0 "
         "waited_ms=0 pending=0\n",
@@ -415,7 +426,7 @@ int run_worker_global(const worker_config& c) {
             case idem::begin_status::acquired: {
                 // Fence the effect: renew the claim first. A refused renewal means the claim was
                 // compensated (this worker stalled past its lease): the key is someone else's now.
-                if (const std::error_code ec = r.ticket.extend(g->opts().lease)) {
+                if (const std::error_code ec = r.ticket.extend(lease)) {
                     ++fenced_out;
                     if (ec != idem::errc::stale_ticket) ++n.unavailable;
                     return false;
@@ -468,13 +479,80 @@ int run_worker_global(const worker_config& c) {
     for (unsigned t = 0; t < c.threads; ++t) threads.emplace_back(work);
     for (auto& t : threads) t.join();
 
-    const idem::global_stats s = g->snapshot();
-    print_done(reqs.size(), n,
-               " fenced_out=" + std::to_string(fenced_out.load()) + " compensated=" + std::to_string(s.compensated));
+    print_done(reqs.size(), n, " fenced_out=" + std::to_string(fenced_out.load()) + extra(*g));
     problem.report();
     g.reset();
     return n.unexpected == 0 && n.replay_mismatches == 0 ? exit_ok : exit_violation;
 }
+
+int run_worker_global(const worker_config& c) {
+    return run_racing_worker<idem::global_guard>(
+        c,
+        [&](idem::options opts) {
+            idem::global_options go;
+            go.call_deadline = postgres_call_deadline;
+            go.wait_timeout = std::chrono::seconds(10);
+            auto g = std::make_unique<idem::global_guard>(c.store, std::move(opts), go);
+            const std::size_t compensated = g->compensate();
+            return std::pair{std::move(g), compensated};
+        },
+        [](idem::global_guard& g) { return " compensated=" + std::to_string(g.snapshot().compensated); });
+}
+#ifdef IDEM_HAVE_POSTGRES
+/// --scope regional: one process of region --self, racing the other regions' workers on the same
+/// keys through an idem::regional_guard (each key decided in its home region: drill::home_of).
+int run_worker_regional(const worker_config& c) {
+    idem::regional_options ro;
+    ro.self = c.self;
+    for (const std::string& a : c.regions) {
+        const auto eq = a.find('=');
+        if (eq == std::string::npos) throw idem::error(idem::errc::invalid_argument, "--region '" + a + "' is not NAME=URI");
+        ro.regions.push_back({a.substr(0, eq), a.substr(eq + 1)});
+    }
+    for (const std::string& a : c.decided_at) {
+        const auto eq = a.find('=');
+        if (eq == std::string::npos)
+            throw idem::error(idem::errc::invalid_argument, "--decided-at '" + a + "' is not SPACE=REGION");
+        ro.decided_at[a.substr(0, eq)] = a.substr(eq + 1);
+    }
+    ro.home = [prefix = c.prefix](std::string_view k) { return drill::home_of(k, prefix); };
+    ro.local.call_deadline = postgres_call_deadline;
+    ro.local.wait_timeout = std::chrono::seconds(10);
+    ro.forward.call_deadline = std::chrono::seconds(2);
+    ro.forward.wait_timeout = std::chrono::seconds(5);
+    ro.forward.max_backoff = std::chrono::milliseconds(200);
+    if (c.home_lease_ms > 0) {
+        idem::lease_options lo;
+        lo.lease = std::chrono::milliseconds(static_cast<std::int64_t>(c.home_lease_ms));
+        lo.margin = std::chrono::milliseconds(static_cast<std::int64_t>(c.home_margin_ms));
+        lo.call_deadline = lo.lease / 4;
+        ro.leases = lo;
+    }
+    // The key spaces this worker's region decides: their guards compensate (the others forward).
+    std::vector<std::string> decided;
+    for (const idem::region& r : ro.regions) {
+        const auto moved = ro.decided_at.find(r.name);
+        if ((moved == ro.decided_at.end() ? r.name : moved->second) == c.self) decided.push_back(r.name);
+    }
+    return run_racing_worker<idem::regional_guard>(
+        c,
+        [&](idem::options opts) {
+            auto g = std::make_unique<idem::regional_guard>(std::move(opts), ro);
+            std::size_t compensated = 0;
+            for (const std::string& space : decided) compensated += g->region_guard(space).compensate();
+            return std::pair{std::move(g), compensated};
+        },
+        [decided](idem::regional_guard& g) {
+            const idem::regional_stats s = g.snapshot();
+            std::uint64_t compensated = 0;
+            for (const auto& [name, gs] : s.regions)
+                if (std::find(decided.begin(), decided.end(), name) != decided.end()) compensated += gs.compensated;
+            return " compensated=" + std::to_string(compensated) + " foreign=" + std::to_string(s.foreign_begins) +
+                   " by_replica=" + std::to_string(s.answered_by_replica) + " lease_refused=" +
+                   std::to_string(s.lease_refused);
+        });
+}
+#endif
 #endif
 
 }  // namespace
@@ -490,13 +568,25 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--prefix", c->prefix, "Key prefix of this drill")->required();
     app->add_option("--threads", c->threads)->check(in_range(1u, 256u, "worker threads"));
     app->add_option("--lease-ms", c->lease_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
-    app->add_option("--scope", c->scope)->check(CLI::IsMember({"process", "global"}));
+    app->add_option("--scope", c->scope)->check(CLI::IsMember({"process", "global", "regional"}));
+    app->add_option("--self", c->self, "regional: this worker's region");
+    app->add_option("--region", c->regions, "regional: every region, NAME=URI as this worker reaches it");
+    app->add_option("--decided-at", c->decided_at, "regional: SPACE=REGION, a key space taken over");
+    app->add_option("--home-lease-ms", c->home_lease_ms)->check(in_range(0.0, 600'000.0, "milliseconds"));
+    app->add_option("--home-margin-ms", c->home_margin_ms)->check(in_range(0.0, 600'000.0, "milliseconds"));
     app->add_option("--worker-index", c->worker_index);
     app->add_flag("--stop-on-unavailable", c->stop_on_unavailable,
                   "Report each OK claim and ack with its call time; stop at the first failed commit");
     app->add_flag("--hold", c->hold, "After 'done', keep the store open until killed");
     app->add_option("--sync-timeout-ms", c->sync_timeout_ms)->check(in_range(1.0, 600'000.0, "milliseconds"));
     return {app, [c]() -> int {
+                if (c->scope == "regional") {
+#ifdef IDEM_HAVE_POSTGRES
+                    return run_worker_regional(*c);
+#else
+                    throw idem::error(idem::errc::invalid_argument, "--scope regional needs the PostgreSQL store");
+#endif
+                }
                 if (c->scope == "global") {
 #if defined(IDEM_HAVE_POSTGRES) || defined(IDEM_HAVE_MYSQL)
                     if (!arbitrates(*parse_store(c->store)))
