@@ -237,12 +237,13 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
                                                  (took[ti] ? "" : " (not region '" + to + "' itself)") +
                                                  "; a majority including '" + to + "' is needed; run the takeover again");
 
-    // 3. Fence the copies: nothing more of the old home arrives anywhere we read.
-    const auto deadline = std::chrono::milliseconds(30000);
+    // 3. Fence the copies: nothing more of the old home arrives anywhere we read. A region is given
+    // the lease stores' call deadline to answer the connection (a lost one is skipped, not waited
+    // for 30 s); the statements that follow are bounded by their own lock timeouts.
     std::vector<std::unique_ptr<pqxx::connection>> cs(rs.size());
     for (std::size_t i = 0; i < rs.size(); ++i) {
         try {
-            cs[i] = dr::connect(rs[i].uri, deadline, "idem-regions-takeover");
+            cs[i] = dr::connect(rs[i].uri, lo.call_deadline, "idem-regions-takeover");
         } catch (const std::exception&) {
             rep.skipped.push_back(rs[i].name);
         }
@@ -313,6 +314,14 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
                 pqxx::nontransaction n(c);
                 if (n.exec_params("SELECT 1 FROM pg_subscription WHERE subname = $1", sub).empty()) return;
                 n.exec("ALTER SUBSCRIPTION " + sub + " DISABLE");
+                // A disabled subscription's apply worker stops only once it reads its catalog again,
+                // which one blocked on a silent publisher (a lost home behind a dead network) does
+                // after wal_receiver_timeout (a minute by default). It is ended instead: it applies
+                // whole transactions, so ending it loses nothing; disabled, it is not started again.
+                n.exec_params(
+                    "SELECT pg_terminate_backend(st.pid) FROM pg_stat_subscription st JOIN pg_subscription s ON "
+                    "s.oid = st.subid WHERE s.subname = $1 AND st.pid IS NOT NULL",
+                    sub);
                 for (const auto until = std::chrono::steady_clock::now() + timeout;;) {  // its apply worker gone
                     if (n.exec_params("SELECT 1 FROM pg_stat_subscription st JOIN pg_subscription s ON s.oid = st.subid "
                                       "WHERE s.subname = $1 AND st.pid IS NOT NULL",

@@ -101,7 +101,11 @@ protected:
 #ifdef IDEM_TEST_CLI
     /// Runs `idem regions SUB --region a=... --region b=... --region c=... EXTRA`: exit status and stdout.
     std::pair<int, std::string> cli(const std::string& sub, const std::string& extra = {}) {
-        std::string cmd = std::string(IDEM_TEST_CLI) + " regions " + sub;
+        return run_cli("regions " + sub, extra);
+    }
+    /// Runs `idem WORDS --region a=... --region b=... --region c=... EXTRA`: exit status and output.
+    std::pair<int, std::string> run_cli(const std::string& words, const std::string& extra) {
+        std::string cmd = std::string(IDEM_TEST_CLI) + " " + words;
         for (const auto& r : rs_) cmd += " --region '" + r.name + "=" + r.uri + "'";
         cmd += " " + extra + " 2>&1";
         std::FILE* p = ::popen(cmd.c_str(), "r");

@@ -98,9 +98,9 @@ struct drill_config {
     double kill_min_ms = 50;
     double kill_max_ms = 500;
     bool keep = false;
-    std::string second_writer;  ///< "", "same" or "disjoint": a second worker on the same SQLite file
-    bool delete_file = false;   ///< delete the SQLite file under a running worker, after the checks
-    std::string prometheus;     ///< --prometheus FILE; empty: none
+    std::string second_writer;     ///< "", "same" or "disjoint": a second worker on the same SQLite file
+    bool delete_file = false;      ///< delete the SQLite file under a running worker, after the checks
+    std::string prometheus;        ///< --prometheus FILE; empty: none
     regions_drill_config regions;  ///< --region given: the regions drill (regions_drill.cpp)
 };
 
@@ -920,6 +920,10 @@ command add_drill(CLI::App& root) {
         ->check(in_range(500.0, 60'000.0, "milliseconds"))
         ->capture_default_str()
         ->needs(region);
+    app->add_flag("--no-guard", c->regions.no_guard,
+                  "Regions drill, negative control: the workers run every request without idem; the checks must fail")
+        ->needs(region)
+        ->group("");  // hidden: for the tests that show the checks can fail
     return {app, [c, app] {
                 if (c->regions.regions.empty()) return run_drill(*c);
 #ifdef IDEM_HAVE_POSTGRES

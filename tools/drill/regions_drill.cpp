@@ -34,7 +34,7 @@
 //   - every key issued is SUCCESS, with the outcome of its one effect; no SUCCESS lacks an effect
 //   - idem::verify_regions: one trail per key, decided by its space's decider, replicas prefixes
 //   - no worker gave an answer a regional guard must never give
-// Afterwards the drill drops what it set up in the clusters (not with --keep, nor after a failure).
+// Afterwards the drill drops what it set up in the clusters (not with --keep), so it can run again.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -126,39 +126,74 @@ void exec(const std::string& uri, const std::string& sql) {
 
 /// What idem set up in a cluster, dropped (the wipe of a lost region; the drill's clean-up). The
 /// subscriptions first, without their slots (their publishers may be unreachable), then the slots
-/// no one streams from, the publications, the schemas, and synchronous_standby_names.
+/// no one streams from, the publications, the schemas, and synchronous_standby_names. Sessions in
+/// the way are ended: a killed worker's backend still waiting for a synchronous standby holds its
+/// locks until it is ended (it notices its client is gone only when it writes to it), and so does
+/// a walsender or a session whose client is behind a blackholed path.
 void drop_regions(const std::string& uri, const std::vector<std::string>& names) {
     pqxx::connection c(uri);
     pqxx::nontransaction n(c);
     n.exec("SET synchronous_commit = local");
-    n.exec("SET lock_timeout = '10s'");  // a lock held by a session not ended below fails the drill, not hangs it
-    // idem's sessions first: a killed worker's backend still waiting for a synchronous standby holds
-    // its locks until it is ended (it notices its client is gone only when it writes to it).
-    n.exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
-           "left(application_name, 5) = 'idem-'");
+    n.exec("SET lock_timeout = '2s'");
+    static const std::string end_holders =
+        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_class k ON k.oid = l.relation JOIN pg_namespace s "
+        "ON s.oid = k.relnamespace WHERE left(s.nspname, 5) = 'idem_' AND l.pid <> pg_backend_pid()";
+    // A statement, again after ending the sessions holding locks on idem's tables (bounded); the
+    // error names the statement and the sessions still in the way.
+    auto run = [&](const std::string& sql) {
+        for (int attempt = 1;; ++attempt) {
+            try {
+                n.exec(sql);
+                return;
+            } catch (const pqxx::sql_error& e) {
+                if (e.sqlstate() != "55P03" || attempt == 5) {
+                    std::string holders;
+                    try {
+                        for (const auto& r : n.exec(
+                                 "SELECT DISTINCT a.pid, a.backend_type, a.application_name, a.state, a.wait_event FROM "
+                                 "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.pid <> pg_backend_pid() AND "
+                                 "l.granted AND l.relation IS NOT NULL"))
+                            holders += std::string(holders.empty() ? "" : "; ") + r[0].c_str() + " " + r[1].c_str() + " '" +
+                                       r[2].c_str() + "' " + r[3].c_str() + " " + r[4].c_str();
+                    } catch (const std::exception&) {
+                    }
+                    throw idem::error(idem::errc::store_error,
+                                      "'" + sql + "': " + e.what() +
+                                          (holders.empty() ? "" : " (locks held by: " + holders + ")"));
+                }
+                n.exec(end_holders);
+            }
+        }
+    };
+    n.exec(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
+        "left(application_name, 5) = 'idem-'");
+    n.exec(end_holders);
     for (const auto& row : n.exec("SELECT subname FROM pg_subscription WHERE left(subname, 5) = 'idem_'")) {
-        const std::string s = row[0].c_str();
-        n.exec("ALTER SUBSCRIPTION " + s + " DISABLE");
-        n.exec("ALTER SUBSCRIPTION " + s + " SET (slot_name = NONE)");
-        n.exec("DROP SUBSCRIPTION " + s);
+        const std::string sub = row[0].c_str();
+        run("ALTER SUBSCRIPTION " + sub + " DISABLE");
+        run("ALTER SUBSCRIPTION " + sub + " SET (slot_name = NONE)");
+        run("DROP SUBSCRIPTION " + sub);
     }
-    n.exec("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' AND "
-           "active_pid IS NOT NULL");
+    n.exec(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' AND "
+        "active_pid IS NOT NULL");
     for (int i = 0; i < 100; ++i) {  // a terminated walsender releases its slot shortly after: bounded polling
         const auto r = n.exec("SELECT count(*) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' AND active");
         if (r[0][0].as<int>() == 0) break;
         std::this_thread::sleep_for(50ms);  // polling the server, an external process
-        n.exec("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' "
-               "AND active_pid IS NOT NULL");
+        n.exec(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' "
+            "AND active_pid IS NOT NULL");
     }
-    n.exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' "
-           "AND NOT active");
+    run("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE left(slot_name, 5) = 'idem_' AND NOT "
+        "active");
     for (const std::string& r : names) {
-        n.exec("DROP PUBLICATION IF EXISTS " + detail::regions::publication_of(r));
-        n.exec("DROP SCHEMA IF EXISTS " + detail::regions::schema_of(r) + " CASCADE");
+        run("DROP PUBLICATION IF EXISTS " + detail::regions::publication_of(r));
+        run("DROP SCHEMA IF EXISTS " + detail::regions::schema_of(r) + " CASCADE");
     }
-    n.exec("DROP SCHEMA IF EXISTS idem__leases CASCADE");
-    n.exec("ALTER SYSTEM RESET synchronous_standby_names");
+    run("DROP SCHEMA IF EXISTS idem__leases CASCADE");
+    run("ALTER SYSTEM RESET synchronous_standby_names");
     n.exec("SELECT pg_reload_conf()");
 }
 
@@ -181,6 +216,12 @@ void reconnect(fault_proxy& p) {
     p.partition();
     p.heal();
 }
+
+/// "12.3 s": how long a phase of the drill took, for its line in the report.
+std::string took_since(clock_type::time_point t0) {
+    return fixed(std::chrono::duration<double>(clock_type::now() - t0).count(), 1) + " s";
+}
+std::string seconds_since(clock_type::time_point t0) { return " (" + took_since(t0) + ")"; }
 
 struct fault {
     std::string what;  ///< for the report
@@ -208,8 +249,9 @@ int run_regions_drill(const regions_drill_config& c) {
         const auto eq = a.find('=');
         const std::string name = eq == std::string::npos ? a : a.substr(0, eq);
         if (eq == std::string::npos || !dr::valid_name(name) || name.size() > 10) {
-            std::cerr << "--region: '" << a
-                      << "' is not NAME=URI with a region name of 1 to 10 characters of a-z and 0-9 starting with a letter\n";
+            std::cerr
+                << "--region: '" << a
+                << "' is not NAME=URI with a region name of 1 to 10 characters of a-z and 0-9 starting with a letter\n";
             return exit_usage;
         }
         const auto e = loopback(a.substr(eq + 1));
@@ -223,6 +265,12 @@ int run_regions_drill(const regions_drill_config& c) {
             std::cerr << "--region: region '" << name << "' is named twice\n";
             return exit_usage;
         }
+        for (std::size_t i = 0; i < ends.size(); ++i)
+            if (ends[i].port == e->port) {
+                std::cerr << "--region: regions " << names[i] << " and " << name << " name the same cluster (port "
+                          << e->port << "); each region needs a cluster of its own\n";
+                return exit_usage;
+            }
         direct.push_back({name, a.substr(eq + 1)});
         ends.push_back(*e);
         names.push_back(name);
@@ -254,7 +302,8 @@ int run_regions_drill(const regions_drill_config& c) {
     std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
                        "/idem-drill-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr)
-        throw idem::error(idem::errc::store_error, "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
+        throw idem::error(idem::errc::store_error,
+                          "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
     const std::string dir = tmpl;
     const std::string ledger_path = dir + "/ledger", acks_path = dir + "/acks";
     std::mt19937_64 rng(c.seed);
@@ -266,8 +315,8 @@ int run_regions_drill(const regions_drill_config& c) {
     const std::size_t n = direct.size();
     if (!c.json)
         std::cerr << "idem drill: " << c.cycles << " cycles across " << n << " regions ("
-                  << (c.synchronous ? "synchronous" : "asynchronous") << "), seed " << c.seed << ", drill directory "
-                  << dir << '\n';
+                  << (c.synchronous ? "synchronous" : "asynchronous") << "), seed " << c.seed << ", drill directory " << dir
+                  << '\n';
 
     // The proxies: path[i][j] carries region i's traffic to region j's cluster; op[j] the drill's.
     std::vector<std::vector<std::unique_ptr<fault_proxy>>> path(n);
@@ -350,14 +399,33 @@ int run_regions_drill(const regions_drill_config& c) {
         return reqs;
     };
     auto worker_args = [&](std::size_t i, const std::string& req_path) {
-        std::vector<std::string> a{"drill-worker", "--scope", "regional", "--store", direct[i].uri, "--self", names[i],
-                                   "--ledger", ledger_path, "--acks", acks_path, "--requests", req_path, "--prefix", prefix,
-                                   "--threads", std::to_string(c.threads), "--worker-index", std::to_string(i),
-                                   "--home-lease-ms", std::to_string(lo.lease.count()), "--home-margin-ms",
+        std::vector<std::string> a{"drill-worker",
+                                   "--scope",
+                                   "regional",
+                                   "--store",
+                                   direct[i].uri,
+                                   "--self",
+                                   names[i],
+                                   "--ledger",
+                                   ledger_path,
+                                   "--acks",
+                                   acks_path,
+                                   "--requests",
+                                   req_path,
+                                   "--prefix",
+                                   prefix,
+                                   "--threads",
+                                   std::to_string(c.threads),
+                                   "--worker-index",
+                                   std::to_string(i),
+                                   "--home-lease-ms",
+                                   std::to_string(lo.lease.count()),
+                                   "--home-margin-ms",
                                    std::to_string(lo.margin.count())};
         for (std::size_t j = 0; j < n; ++j)
             a.insert(a.end(), {"--region", names[j] + "=" + (i == j ? direct[j].uri : ends[j].at(path[i][j]->port()))});
         for (const auto& [space, at] : decided_at) a.insert(a.end(), {"--decided-at", space + "=" + at});
+        if (c.no_guard) a.push_back("--no-guard");
         return a;
     };
     auto sample_lag = [&] {
@@ -522,12 +590,13 @@ int run_regions_drill(const regions_drill_config& c) {
     for (std::size_t i = 0; i < n; ++i) everyone[i] = i;
     for (unsigned k = 0; k < c.cycles && failures.empty(); ++k) {
         fault f = make_fault(k);
-        fault_log.push_back("cycle " + std::to_string(k + 1) + ": " + f.what);
+        const auto t0 = clock_type::now();
         try {
             cycle("cycle-" + std::to_string(k + 1), everyone, make_requests(c.keys, names), &f, true, 180s);
         } catch (const std::exception& e) {
             failures.push_back("cycle " + std::to_string(k + 1) + " (" + f.what + "): " + e.what());
         }
+        fault_log.push_back("cycle " + std::to_string(k + 1) + ": " + f.what + seconds_since(t0));
     }
 
     // Synchronous mode: a region lost with its disks, taken over, wiped, and rebuilt.
@@ -547,17 +616,22 @@ int run_regions_drill(const regions_drill_config& c) {
                 }
         };
         cut.heal = [] {};  // L stays lost until it is rebuilt
-        fault_log.push_back("lost region: " + cut.what);
+        std::string step = "the takeover";
+        std::string times;
         try {
             // While every worker runs, L disappears; the takeover waits for L's lease, L's own
             // worker keeps asking (its grants are refused once its lease ran out), the others' ask
             // for L's keys in vain (refused store_unavailable, never granted) until they die.
             cycle("lost", everyone, make_requests(c.keys, names), nullptr, true, 240s, [&] {
+                const auto cut_at = clock_type::now();
                 cut.apply();
                 took = take_over(rs_op, lost_region, taker, lo, 60s);
+                times += "; taken over " + took_since(cut_at) + " after the cut";
             });
             decided_at[lost_region] = taker;
-            drop_regions(direct[l].uri, names);  // the wipe: L's cluster as a new one
+            step = "the wipe";
+            drop_regions(direct[l].uri, names);  // L's cluster as a new one
+            step = "the cycle after the takeover";
             std::vector<std::size_t> others;
             for (std::size_t i = 0; i < n; ++i)
                 if (i != l) others.push_back(i);
@@ -569,10 +643,20 @@ int run_regions_drill(const regions_drill_config& c) {
                     reconnect(*path[l][j]);
                     reconnect(*path[j][l]);
                 }
+            step = "the rebuild";
+            const auto r0 = clock_type::now();
             rebuilt = rebuild_region(rs_op, lost_region, lo, publisher);
+            times += "; rebuilt in " + took_since(r0);
         } catch (const std::exception& e) {
-            failures.push_back("lost region " + lost_region + ": " + e.what());
+            failures.push_back("lost region " + lost_region + ", " + step + ": " + e.what());
+            reconnect(*op[l]);  // the checks below read every region
+            for (std::size_t j = 0; j < n; ++j)
+                if (j != l) {
+                    reconnect(*path[l][j]);
+                    reconnect(*path[j][l]);
+                }
         }
+        fault_log.push_back("lost region: " + cut.what + times);
     }
     if (!c.synchronous) sample_lag();
 
@@ -582,7 +666,9 @@ int run_regions_drill(const regions_drill_config& c) {
             std::vector<drill::request> all;
             for (const std::string& k : issued) all.push_back({k, amount[k]});
             std::shuffle(all.begin(), all.end(), rng);
+            const auto t0 = clock_type::now();
             cycle("final", everyone, all, nullptr, false, 300s);
+            fault_log.push_back("final run: every key asked again in every region, no fault, no kill" + seconds_since(t0));
         } catch (const std::exception& e) {
             failures.push_back(std::string("final run: ") + e.what());
         }
@@ -610,10 +696,10 @@ int run_regions_drill(const regions_drill_config& c) {
         try {
             pqxx::connection conn(direct[d].uri);
             pqxx::nontransaction q(conn);
-            for (const auto& r : q.exec_params("SELECT idempotent_key, status, COALESCE(outcome, 0) FROM " +
-                                                   dr::schema_of(names[s]) +
-                                                   ".idempotent_record WHERE left(idempotent_key, length($1)) = $1",
-                                               prefix))
+            for (const auto& r :
+                 q.exec_params("SELECT idempotent_key, status, COALESCE(outcome, 0) FROM " + dr::schema_of(names[s]) +
+                                   ".idempotent_record WHERE left(idempotent_key, length($1)) = $1",
+                               prefix))
                 rows[r[0].c_str()] = {r[1].c_str(), r[2].as<std::uint64_t>()};
         } catch (const std::exception& e) {
             read_ok = false;
@@ -626,7 +712,8 @@ int run_regions_drill(const regions_drill_config& c) {
             const auto it = rows.find(a.key);
             if (it == rows.end() || it->second.status != "SUCCESS" || it->second.outcome != a.outcome) {
                 ++lost_acknowledged;
-                if (lost_acknowledged <= 5) failures.push_back("acknowledged key " + a.key + " is not SUCCESS with its outcome");
+                if (lost_acknowledged <= 5)
+                    failures.push_back("acknowledged key " + a.key + " is not SUCCESS with its outcome");
             }
         }
         for (const std::string& k : issued) {
@@ -645,7 +732,8 @@ int run_regions_drill(const regions_drill_config& c) {
     }
     regions_verify_report vr;
     try {
-        vr = verify_regions(rs_op, [&](std::string_view k) { return drill::home_of(k, prefix); }, decided_at);
+        vr = verify_regions(
+            rs_op, [&](std::string_view k) { return drill::home_of(k, prefix); }, decided_at);
         for (std::size_t i = 0; i < vr.violations.size() && i < 5; ++i) failures.push_back("verify: " + vr.violations[i]);
         for (const auto& [name, r] : vr.homes)
             for (std::size_t i = 0; i < r.violations.size() && i < 5; ++i)
@@ -721,16 +809,18 @@ int run_regions_drill(const regions_drill_config& c) {
         t.row("double executions", grouped(double_executions), "(keys with two effects in the ledger)");
         t.row("lost acknowledged", grouped(lost_acknowledged), "(acknowledged but not SUCCESS where decided)");
         t.row("unresolved", grouped(unresolved), "(keys not SUCCESS after the final run)");
-        t.row("answered by a replica", grouped(totals.by_replica), "(duplicates of foreign keys, no round trip)");
+        t.row("answered by a replica", grouped(totals.by_replica),
+              "(duplicates of foreign keys, no round trip; as counted by the workers that finished)");
         t.row("refused, unavailable", grouped(totals.unavailable),
-              "(" + grouped(totals.lease_refused) + " of them: the home lease had run out)");
+              "(" + grouped(totals.lease_refused) + " of them: the home lease had run out; same)");
         if (took)
             t.row("takeover", lost_region + " -> " + taker,
                   "(epoch " + std::to_string(took->epoch) + ", " + grouped(took->records) + " records; rebuilt with " +
                       grouped(rebuilt ? rebuilt->records : 0) + ")");
         if (!c.synchronous)
             t.row("async loss window", grouped(static_cast<std::uint64_t>(std::max<std::int64_t>(max_lag_bytes, 0))) + " B",
-                  "(largest replication lag seen, " + grouped(static_cast<std::uint64_t>(std::max<std::int64_t>(max_lag_ms, 0))) +
+                  "(largest replication lag seen, " +
+                      grouped(static_cast<std::uint64_t>(std::max<std::int64_t>(max_lag_ms, 0))) +
                       " ms: what a region lost with its disks would take with it)");
         t.row("verify", grouped(violations) + " violations",
               "(" + grouped(vr.records) + " records, " + grouped(vr.replica_rows) + " replica rows)");
@@ -742,12 +832,14 @@ int run_regions_drill(const regions_drill_config& c) {
                   << '\n';
     }
     for (const std::string& f : failures) std::cerr << "idem drill: FAIL: " << f << '\n';
-    if (!ok) std::cerr << "idem drill: replay with --seed " << c.seed << "; files in " << dir << '\n';
+    if (!ok)
+        std::cerr << "idem drill: replay with --seed " << c.seed
+                  << " (--keep keeps the regions set up for inspection); files in " << dir << '\n';
 
-    // Clean up what the drill set up (kept after a failure, for inspection, and with --keep).
+    // Clean up what the drill set up, so it can run again (kept with --keep, for inspection).
     op.clear();
     path.clear();
-    if (ok && !c.keep && set_up) {
+    if (!c.keep && set_up) {
         for (const region& r : direct) {
             try {
                 drop_regions(r.uri, names);

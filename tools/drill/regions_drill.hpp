@@ -22,6 +22,9 @@ struct regions_drill_config {
     bool json = false;
     bool keep = false;       ///< keep the drill directory and what the drill set up in the clusters
     std::string prometheus;  ///< --prometheus FILE; empty: none
+    /// The negative control (hidden --no-guard): workers execute every request without idem, so
+    /// the checks must fail; the tests use it to show that they can.
+    bool no_guard = false;
 };
 
 /// Runs the regions drill; returns an exit_code (command.hpp).

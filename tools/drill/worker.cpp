@@ -33,6 +33,14 @@
 // store could not commit (store_unavailable, or a succeed() that failed), the threads take no new
 // request; the worker reports "done ...", then "error <the store's last error>".
 //
+// With --scope regional (`idem drill --region ...`, regions_drill.cpp) the worker is the process of
+// one region (--self; --region NAME=URI for every region as this process reaches it, --decided-at
+// after a takeover, --home-lease-ms for the home leases): an idem::regional_guard, racing the other
+// regions' workers on the same requests exactly as a global worker races its peers (below), keys
+// decided in their home region (drill::home_of). --no-guard (global and regional scope) is the
+// drill's negative control: every request is executed and acknowledged without asking idem, so
+// the drill's checks must fail.
+//
 // With --scope global (`idem drill --workers N`, PostgreSQL or MariaDB) the worker is one of N processes
 // that share the store through an idem::global_guard and race on the same requests (each in its own
 // order, from --worker-index). Differences: there is no recovery to wait for (the store is the
@@ -91,6 +99,7 @@ struct worker_config {
     std::vector<std::string> decided_at;
     double home_lease_ms = 0;  ///< 0: no home leases
     double home_margin_ms = 0;
+    bool no_guard = false;  ///< racing scopes: execute every request without asking idem (the drill's negative control)
 };
 
 /// Steady-clock time in ns (CLOCK_MONOTONIC on Linux: comparable between processes).
@@ -415,6 +424,13 @@ int run_racing_worker(const worker_config& c, Open open, Extra extra) {
         const idem::key k(rq.key);
         const std::uint64_t fp = idem::fingerprint_of("amount=" + std::to_string(rq.amount));
         const std::uint64_t outcome = rq.amount;
+        if (c.no_guard) {  // the negative control: the effect runs without asking idem
+            ledger.append(drill::make_line('E', rq.key, outcome));
+            ++n.executed;
+            acks.append(drill::make_line('A', rq.key, outcome));
+            ++n.acked;
+            return true;
+        }
         app->enter(rq.key);
         struct leave_guard {
             application_state& a;
@@ -548,8 +564,8 @@ int run_worker_regional(const worker_config& c) {
             for (const auto& [name, gs] : s.regions)
                 if (std::find(decided.begin(), decided.end(), name) != decided.end()) compensated += gs.compensated;
             return " compensated=" + std::to_string(compensated) + " foreign=" + std::to_string(s.foreign_begins) +
-                   " by_replica=" + std::to_string(s.answered_by_replica) + " lease_refused=" +
-                   std::to_string(s.lease_refused);
+                   " by_replica=" + std::to_string(s.answered_by_replica) +
+                   " lease_refused=" + std::to_string(s.lease_refused);
         });
 }
 #endif
@@ -574,6 +590,7 @@ command add_drill_worker(CLI::App& root) {
     app->add_option("--decided-at", c->decided_at, "regional: SPACE=REGION, a key space taken over");
     app->add_option("--home-lease-ms", c->home_lease_ms)->check(in_range(0.0, 600'000.0, "milliseconds"));
     app->add_option("--home-margin-ms", c->home_margin_ms)->check(in_range(0.0, 600'000.0, "milliseconds"));
+    app->add_flag("--no-guard", c->no_guard, "global, regional: execute every request without asking idem");
     app->add_option("--worker-index", c->worker_index);
     app->add_flag("--stop-on-unavailable", c->stop_on_unavailable,
                   "Report each OK claim and ack with its call time; stop at the first failed commit");

@@ -1,0 +1,162 @@
+// regions_drill_test: `idem drill --region ...`, the regions drill (tools/drill/regions_drill.cpp),
+// run as a user runs it against three clusters of the test's own (tests/support/regions_fixture.hpp):
+//   - synchronous: every fault in turn (a partition between two regions, an isolated home,
+//     replication stopped and resumed, latency) with workers SIGKILLed in every region, then a
+//     region lost, taken over, wiped and rebuilt: the drill passes, its report says each fault ran
+//     and what it found, and the clusters are left as they were (the drill runs again);
+//   - asynchronous: the same cycles, and the loss window reported instead of a lost region;
+//   - the negative control (workers that do not ask idem): the drill fails, naming double
+//     executions, so its checks can fail;
+//   - bad input: too few regions, an address that is not loopback, flags of the other drills, and
+//     clusters that already hold regions are refused by name, before anything is set up.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include <string>
+
+#include "support/regions_fixture.hpp"
+
+namespace idem_test {
+namespace {
+
+using json = nlohmann::json;
+
+/// The drill's JSON report: the line of the output that is one (stderr is mixed in).
+json report_of(const std::string& out) {
+    std::size_t at = 0;
+    while (at < out.size()) {
+        std::size_t nl = out.find('\n', at);
+        if (nl == std::string::npos) nl = out.size();
+        const std::string line = out.substr(at, nl - at);
+        if (line.starts_with("{\"")) return json::parse(line);
+        at = nl + 1;
+    }
+    return json();
+}
+
+class RegionsDrill : public Regions {
+protected:
+    /// Schemas, subscriptions and publications of idem in region `name`'s cluster.
+    int idem_objects(const std::string& name) {
+        pqxx::connection c(uri_of(name));
+        pqxx::nontransaction n(c);
+        return n
+            .exec(
+                "SELECT (SELECT count(*) FROM pg_namespace WHERE left(nspname, 5) = 'idem_') + (SELECT count(*) "
+                "FROM pg_subscription) + (SELECT count(*) FROM pg_publication) + (SELECT count(*) FROM "
+                "pg_replication_slots)")[0][0]
+            .as<int>();
+    }
+};
+
+TEST_F(RegionsDrill, SynchronousDrillLosesNothingThroughEveryFaultAndALostRegion) {
+    const auto [st, out] = run_cli("drill", "--cycles 4 --keys 30 --synchronous --seed 7 --json");
+    const json r = report_of(out);
+    ASSERT_TRUE(r.is_object()) << out;
+    EXPECT_EQ(st, 0) << out;
+    EXPECT_TRUE(r["ok"].get<bool>()) << out;
+    EXPECT_EQ(r["mode"], "regions");
+    EXPECT_EQ(r["double_executions"].get<int>(), 0);
+    EXPECT_EQ(r["lost_acknowledged"].get<int>(), 0);
+    EXPECT_EQ(r["unresolved"].get<int>(), 0);
+    EXPECT_EQ(r["phantom_successes"].get<int>(), 0);
+    EXPECT_EQ(r["violations"].get<int>(), 0);
+    // Every fault ran, the lost region last.
+    const auto faults = r["faults"].get<std::vector<std::string>>();
+    ASSERT_EQ(faults.size(), 6u) << out;
+    EXPECT_NE(faults[0].find("partition"), std::string::npos) << faults[0];
+    EXPECT_NE(faults[1].find("isolated"), std::string::npos) << faults[1];
+    EXPECT_NE(faults[2].find("stopped and resumed"), std::string::npos) << faults[2];
+    EXPECT_NE(faults[3].find("latency"), std::string::npos) << faults[3];
+    EXPECT_NE(faults[4].find("lost"), std::string::npos) << faults[4];
+    EXPECT_NE(faults[5].find("final run"), std::string::npos) << faults[5];
+    // It did what a drill must: killed workers, acknowledged operations, answered duplicates
+    // from replicas, and took the lost region's key space over at a new epoch.
+    EXPECT_GT(r["kills"].get<int>(), 0);
+    EXPECT_GT(r["acknowledged"].get<int>(), 0);
+    // New keys in each of the 4 cycles, in the cycle that loses a region and in the one after it.
+    EXPECT_EQ(r["keys_issued"].get<int>(), 30 * 6);
+    EXPECT_GT(r["answered_by_replica"].get<int>(), 0);
+    ASSERT_TRUE(r.contains("takeover")) << out;
+    EXPECT_GE(r["takeover"]["epoch"].get<int>(), 1);
+    EXPECT_NE(r["takeover"]["lost"], r["takeover"]["to"]);
+    // The rebuilt region holds a copy of every key claimed by then (its own among them).
+    EXPECT_GT(r["takeover"]["rebuilt_records"].get<int>(), 0);
+    EXPECT_LE(r["takeover"]["rebuilt_records"].get<int>(), 30 * 6);
+    // Nothing left behind: the drill runs again on the same clusters.
+    for (const char* name : {"a", "b", "c"}) EXPECT_EQ(idem_objects(name), 0) << name;
+}
+
+TEST_F(RegionsDrill, AsynchronousDrillReportsTheLossWindow) {
+    const auto [st, out] = run_cli("drill", "--cycles 4 --keys 30 --seed 11 --json");
+    const json r = report_of(out);
+    ASSERT_TRUE(r.is_object()) << out;
+    EXPECT_EQ(st, 0) << out;
+    EXPECT_TRUE(r["ok"].get<bool>()) << out;
+    EXPECT_EQ(r["double_executions"].get<int>(), 0);
+    EXPECT_EQ(r["lost_acknowledged"].get<int>(), 0);
+    EXPECT_EQ(r["violations"].get<int>(), 0);
+    EXPECT_FALSE(r.contains("takeover")) << "a region is lost in synchronous mode only";
+    // Replication was stopped for a whole cycle while homes decided: the lag seen is not zero.
+    EXPECT_GT(r["max_lag_bytes"].get<std::int64_t>(), 0) << out;
+    for (const char* name : {"a", "b", "c"}) EXPECT_EQ(idem_objects(name), 0) << name;
+}
+
+TEST_F(RegionsDrill, TheNegativeControlFailsTheDrill) {
+    // Workers that execute without asking idem: three regions race on every key.
+    const auto [st, out] = run_cli("drill", "--cycles 1 --keys 20 --seed 3 --no-guard --json");
+    const json r = report_of(out);
+    ASSERT_TRUE(r.is_object()) << out;
+    EXPECT_EQ(st, 1) << out;
+    EXPECT_FALSE(r["ok"].get<bool>());
+    EXPECT_GT(r["double_executions"].get<int>(), 0) << out;
+    EXPECT_GT(r["lost_acknowledged"].get<int>(), 0) << "acknowledged without a record";
+    EXPECT_NE(out.find("two effects in the ledger"), std::string::npos) << out;
+    for (const char* name : {"a", "b", "c"}) EXPECT_EQ(idem_objects(name), 0) << name;
+}
+
+TEST_F(RegionsDrill, BadInputIsRefusedByNameBeforeAnythingIsSetUp) {
+    const std::string cli = IDEM_TEST_CLI;
+    auto run = [](const std::string& cmd) {
+        std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+        std::string out;
+        std::array<char, 4096> buf;
+        while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+        const int s = ::pclose(p);
+        return std::pair{WIFEXITED(s) ? WEXITSTATUS(s) : -1, out};
+    };
+    {
+        const auto [st, out] = run(cli + " drill --region a=" + uri_of("a") + " --region b=" + uri_of("b"));
+        EXPECT_EQ(st, 2) << out;
+        EXPECT_NE(out.find("3 or 4"), std::string::npos) << out;
+    }
+    {
+        // Refused by its address before any connection (the proxies forward to loopback only).
+        const auto [st, out] = run(cli + " drill --region a=" + uri_of("a") + " --region b=" + uri_of("b") +
+                                   " --region 'c=postgresql://postgres@192.0.2.1:5432/postgres'");
+        EXPECT_EQ(st, 2) << out;
+        EXPECT_NE(out.find("c: the drill's proxies forward to loopback only"), std::string::npos) << out;
+    }
+    {
+        const auto [st, out] = run_cli("drill", "--store sqlite:/tmp/x.db");
+        EXPECT_EQ(st, 2) << out;
+        EXPECT_NE(out.find("--store: not an option of the regions drill"), std::string::npos) << out;
+    }
+    {
+        const auto [st, out] = run_cli("drill", "--region d=" + uri_of("a"));
+        EXPECT_EQ(st, 2) << out;
+        EXPECT_NE(out.find("regions a and d name the same cluster"), std::string::npos) << out;
+    }
+    for (const char* name : {"a", "b", "c"}) EXPECT_EQ(idem_objects(name), 0) << name;
+    // A cluster that holds regions already (an operator's, or a drill's kept with --keep).
+    exec("b", "CREATE SCHEMA idem_b");
+    const auto [st, out] = run_cli("drill", "--cycles 1");
+    EXPECT_EQ(st, 3) << out;
+    EXPECT_NE(out.find("region b's cluster holds idem regions already (schema idem_b)"), std::string::npos) << out;
+    EXPECT_EQ(idem_objects("a"), 0) << "nothing set up in the others";
+}
+
+}  // namespace
+}  // namespace idem_test
