@@ -9,6 +9,10 @@
 //     executions, so its checks can fail;
 //   - bad input: too few regions, an address that is not loopback, flags of the other drills, and
 //     clusters that already hold regions are refused by name, before anything is set up.
+// And `idem drill --failover-command` on a failover pair of the test's own (private_pair): three
+// workers racing through global scope on the pair's multi-host URI while the primary is SIGKILLed
+// and the standby promoted; every acknowledgement written before the failover is on the new
+// primary, nothing ran twice; a failover command that fails fails the drill.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +38,13 @@ json report_of(const std::string& out) {
         at = nl + 1;
     }
     return json();
+}
+
+/// One value from the pair's standby (the new primary after a failover), trimmed.
+std::string trimmed_psql(private_pair& pair, const std::string& sql) {
+    std::string v = pair.psql(pair.standby_uri(), sql);
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    return v;
 }
 
 class RegionsDrill : public Regions {
@@ -156,6 +167,68 @@ TEST_F(RegionsDrill, BadInputIsRefusedByNameBeforeAnythingIsSetUp) {
     EXPECT_EQ(st, 3) << out;
     EXPECT_NE(out.find("region b's cluster holds idem regions already (schema idem_b)"), std::string::npos) << out;
     EXPECT_EQ(idem_objects("a"), 0) << "nothing set up in the others";
+}
+
+/// `idem ARGS` with its output (stdout and stderr).
+std::pair<int, std::string> run_idem(const std::string& args) {
+    std::FILE* p = ::popen((std::string(IDEM_TEST_CLI) + " " + args + " 2>&1").c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    const int s = ::pclose(p);
+    return {WIFEXITED(s) ? WEXITSTATUS(s) : -1, out};
+}
+
+std::string quoted(const std::string& s) {
+    std::string q = "'";
+    for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
+
+TEST(FailoverDrill, RacingWorkersRideThroughAPromotionAndLoseNothingAcknowledged) {
+    private_pair pair(/*sync=*/true);
+    ASSERT_FALSE(pair.uri().empty()) << "the failover pair did not start (scripts/lib/postgres.sh)";
+    const auto [st, out] = run_idem("drill --workers 3 --cycles 3 --keys 300 --seed 5 --json --store " + quoted(pair.uri()) +
+                                    " --failover-command " + quoted(pair.failover_command()));
+    const json r = report_of(out);
+    ASSERT_TRUE(r.is_object()) << out;
+    EXPECT_EQ(st, 0) << out;
+    EXPECT_TRUE(r["ok"].get<bool>()) << out;
+    EXPECT_EQ(r["double_executions"].get<int>(), 0);
+    EXPECT_EQ(r["lost_acknowledged"].get<int>(), 0);
+    EXPECT_EQ(r["unresolved"].get<int>(), 0);
+    EXPECT_EQ(r["violations"].get<int>(), 0);
+    ASSERT_TRUE(r.contains("failover")) << out;
+    EXPECT_TRUE(r["failover"]["ran"].get<bool>());
+    EXPECT_EQ(r["failover"]["exit"].get<int>(), 0);
+    EXPECT_EQ(r["failover"]["cycle"].get<int>(), 2);
+    EXPECT_EQ(r["failover"]["workers"].get<int>(), 3);
+    // The failover landed under load: acknowledgements were made before it, and the drill's
+    // checks found every one on the new primary (lost_acknowledged 0 above).
+    EXPECT_GT(r["failover"]["acknowledged_before"].get<int>(), 0);
+    // It really failed over: the old primary is gone, the standby accepts writes and holds the keys.
+    EXPECT_NE(run_idem("verify --store " + quoted(pair.primary_uri())).first, 0) << "the old primary still answers";
+    EXPECT_EQ(trimmed_psql(pair, "SELECT pg_is_in_recovery()"), "f");
+    EXPECT_EQ(std::stoi(trimmed_psql(pair,
+                                     "SELECT count(*) FROM idempotent_record WHERE status = 'SUCCESS' AND "
+                                     "left(idempotent_key, 2) = 'DR'")),
+              r["keys_issued"].get<int>());
+}
+
+TEST(FailoverDrill, AFailoverCommandThatFailsFailsTheDrill) {
+    private_pair pair(/*sync=*/true);
+    ASSERT_FALSE(pair.uri().empty()) << "the failover pair did not start (scripts/lib/postgres.sh)";
+    const auto [st, out] = run_idem("drill --workers 2 --cycles 1 --keys 50 --seed 5 --json --store " + quoted(pair.uri()) +
+                                    " --failover-command 'exit 7'");
+    const json r = report_of(out);
+    ASSERT_TRUE(r.is_object()) << out;
+    EXPECT_EQ(st, 1) << out;
+    EXPECT_EQ(r["failover"]["exit"].get<int>(), 7);
+    EXPECT_NE(out.find("the failover command exited with code 7"), std::string::npos) << out;
+    // And on a store that cannot fail over, the option is refused by name.
+    const auto [st2, out2] = run_idem("drill --cycles 1 --failover-command true");
+    EXPECT_EQ(st2, 2) << out2;
+    EXPECT_NE(out2.find("--failover-command: the failover is one of a PostgreSQL store"), std::string::npos) << out2;
 }
 
 }  // namespace

@@ -8,14 +8,20 @@
 
 namespace idem_test {
 
-/// Runs `cmd` in `bash -c` with `set -e` and scripts/lib/`lib` sourced; returns its standard output.
-inline std::string lib_shell(const char* lib, const std::string& cmd) {
+/// The shell command line that runs `cmd` in `bash -c` with `set -e` and scripts/lib/`lib` sourced
+/// (for a program that runs it itself, such as `idem drill --failover-command`).
+inline std::string lib_shell_command(const char* lib, const std::string& cmd) {
     const std::string script = "set -e; source '" IDEM_SOURCE_DIR "/scripts/lib/" + std::string(lib) + "'; " + cmd;
     std::string quoted = "'";
     for (char ch : script) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
     quoted += "'";
+    return "bash -c " + quoted;
+}
+
+/// Runs `cmd` in `bash -c` with `set -e` and scripts/lib/`lib` sourced; returns its standard output.
+inline std::string lib_shell(const char* lib, const std::string& cmd) {
     std::string out;
-    if (FILE* f = ::popen(("bash -c " + quoted + " </dev/null").c_str(), "r")) {
+    if (FILE* f = ::popen((lib_shell_command(lib, cmd) + " </dev/null").c_str(), "r")) {
         char b[512];
         while (std::fgets(b, sizeof b, f)) out += b;
         ::pclose(f);

@@ -89,6 +89,10 @@ public:
     bool crash() { return shell("pg_kill '" + dir_ + "' && echo killed") == "killed\n"; }
     /// The standby is promoted; returns once it accepts writes.
     bool resume() { return shell("STANDBY_DIR='" + standby_dir_ + "' pg_promote && echo promoted") == "promoted\n"; }
+    /// A shell command line doing crash() then resume(): a failover, for a program to run itself.
+    std::string failover_command() const {
+        return lib_shell_command("postgres.sh", "pg_kill '" + dir_ + "' && STANDBY_DIR='" + standby_dir_ + "' pg_promote");
+    }
     /// Runs one statement on one server of the pair (primary_uri() or standby_uri()); its output.
     std::string psql(const std::string& server_uri, const std::string& sql) {
         const auto colon = server_uri.rfind(':'), slash = server_uri.rfind('/');

@@ -45,6 +45,14 @@
 //   error as the worker saw it, and reports what a restart on the path finds. The records
 //   acknowledged before the deletion went with the file: no store can keep them, so they are
 //   reported, not judged.
+// --failover-command CMD (a postgresql:// store, best a multi-host URI with
+//   target_session_attrs=read-write naming a primary and its standby): in the middle cycle, once
+//   every worker is ready, the drill runs CMD with /bin/sh (it should fail the primary over: kill
+//   it and promote the standby, or `pg_autoctl perform failover`); no worker of that cycle is
+//   killed before CMD ends, so they ride through the failover, and each is then killed at its
+//   delay from there. The later cycles and the final run use whichever host is primary; the checks
+//   read the store through the same URI, so every acknowledgement written before the failover
+//   (counted in the report) must be on the new primary. A CMD that fails fails the drill.
 // --prometheus FILE: after the report, the run's result as gauges for node-exporter's textfile
 // collector (prometheus_file.hpp): failed checks, checks run, duration, time of the run.
 // Exit codes: 0 all checks held (an expected refusal included), 1 a check failed (the drill
@@ -102,6 +110,7 @@ struct drill_config {
     bool delete_file = false;      ///< delete the SQLite file under a running worker, after the checks
     std::string prometheus;        ///< --prometheus FILE; empty: none
     regions_drill_config regions;  ///< --region given: the regions drill (regions_drill.cpp)
+    std::string failover_command;  ///< run in the middle cycle while the workers run (a PostgreSQL failover)
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -177,7 +186,24 @@ int run_drill(const drill_config& c) {
                   << " exists already: name a path that does not exist yet, or leave --store out\n";
         return exit_usage;
     }
+    if (!c.failover_command.empty() && (spec.type != store_spec::kind::postgres || c.cycles == 0)) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        std::cerr << "--failover-command: the failover is one of a PostgreSQL store (a multi-host postgresql:// URI "
+                     "with target_session_attrs=read-write) in a drill of at least one cycle; the store is "
+                  << display_name(spec) << " with --cycles " << c.cycles << '\n';
+        return exit_usage;
+    }
     const std::string ledger_path = dir + "/ledger", acks_path = dir + "/acks";
+    // --failover-command: the cycle it runs in (the middle one), and what it did.
+    const unsigned failover_cycle = c.failover_command.empty() ? 0 : (c.cycles + 1) / 2;
+    struct failover_run {
+        bool ran = false;
+        int status = 0;
+        double seconds = 0;
+        std::uint64_t workers = 0;       ///< workers running while it ran
+        std::uint64_t acked_before = 0;  ///< acknowledgements written before it started (the new primary must hold them)
+    } fo;
 
     std::mt19937_64 rng(c.seed);
     std::random_device rd;
@@ -351,10 +377,34 @@ int run_drill(const drill_config& c) {
             x.w = std::make_unique<worker_process>(exe, args);
             if (kill_from_start) x.kill_at = x.w->started() + x.delay;
         }
-        const auto hang_deadline = clock_type::now() + std::chrono::seconds(120);
+        // --failover-command, in its cycle: started once every worker is ready; no worker is killed
+        // until it has finished (they live through the failover), then each at its delay from there.
+        std::unique_ptr<worker_process> failover;
+        clock_type::time_point failover_started{};
+        const bool failover_here = cycle == failover_cycle;
+        bool failover_pending = failover_here;
+        const auto hang_deadline = clock_type::now() + std::chrono::seconds(failover_here ? 300 : 120);
         for (;;) {
             bool all_over = true;
             clock_type::time_point next = clock_type::now() + std::chrono::milliseconds(20);
+            if (failover_here && !failover &&
+                std::all_of(ws.begin(), ws.end(), [](const running& x) { return x.r.ready; })) {
+                failover_started = clock_type::now();
+                failover = std::make_unique<worker_process>("/bin/sh", std::vector<std::string>{"-c", c.failover_command});
+                fo.workers = ws.size();
+                fo.acked_before = drill::read_lines(acks_path).entries.size();
+            }
+            if (failover && failover_pending) {
+                (void)failover->read_lines(std::chrono::milliseconds(0));  // its output, drained
+                if (failover->exited()) {
+                    failover->wait();
+                    failover_pending = false;
+                    fo.ran = true;
+                    fo.status = failover->status();
+                    fo.seconds = std::chrono::duration<double>(clock_type::now() - failover_started).count();
+                    for (running& x : ws) x.kill_at = clock_type::now() + x.delay;
+                }
+            }
             for (running& x : ws) {
                 if (x.over) continue;
                 const auto now = clock_type::now();
@@ -384,7 +434,7 @@ int run_drill(const drill_config& c) {
                 }
                 const bool second_pending = x.second && !x.second_resolved;
                 const bool finished = x.r.done_line.has_value();  // --hold: done, still holding the file
-                if (((x.kill_at && now >= *x.kill_at) || finished) && !second_pending) {
+                if (((x.kill_at && now >= *x.kill_at) || finished) && !second_pending && !failover_pending) {
                     x.r.killed_before_ready = !x.r.ready;
                     x.w->kill_now();
                     x.r.killed = true;
@@ -397,7 +447,7 @@ int run_drill(const drill_config& c) {
                     continue;
                 }
                 all_over = false;
-                if (x.kill_at && !second_pending) next = std::min(next, *x.kill_at);
+                if (x.kill_at && !second_pending && !failover_pending) next = std::min(next, *x.kill_at);
             }
             if (all_over) break;
             std::this_thread::sleep_until(std::min(next, clock_type::now() + std::chrono::milliseconds(20)));
@@ -684,6 +734,11 @@ int run_drill(const drill_config& c) {
         count_check(failed);
         if (failed) failures.push_back(what);
     };
+    if (!c.failover_command.empty())
+        check(!fo.ran || !WIFEXITED(fo.status) || WEXITSTATUS(fo.status) != 0,
+              fo.ran ? "the failover command " + describe_status(fo.status) + ": the failover may not have happened"
+                     : "the failover command never ran (the drill stopped before cycle " + std::to_string(failover_cycle) +
+                           ")");
     check(double_executions != 0, grouped(double_executions) + " key(s) executed more than once");
     check(lost_acknowledged != 0, grouped(lost_acknowledged) + " acknowledged key(s) not SUCCESS in the store");
     check(unresolved != 0, grouped(unresolved) + " key(s) not SUCCESS after the final run");
@@ -768,6 +823,16 @@ int run_drill(const drill_config& c) {
             dj["acked_without_record"] = del.acked_without_record;
             j["delete_file"] = dj;
         }
+        if (!c.failover_command.empty()) {
+            json fj = json::object();
+            fj["cycle"] = std::uint64_t{failover_cycle};
+            fj["ran"] = fo.ran;
+            fj["exit"] = fo.ran && WIFEXITED(fo.status) ? WEXITSTATUS(fo.status) : -1;
+            fj["seconds"] = fo.seconds;
+            fj["workers"] = fo.workers;
+            fj["acknowledged_before"] = fo.acked_before;
+            j["failover"] = fj;
+        }
         if (!ok || c.keep) j["drill_dir"] = dir;
         std::cout << json_line(j) << std::endl;
     } else {
@@ -804,6 +869,11 @@ int run_drill(const drill_config& c) {
                   "(claims and acks asked for after the unlink that the store confirmed: " + grouped(del.claims_after) +
                       " claims, " + grouped(del.acks_after) + " acks)");
         }
+        if (!c.failover_command.empty())
+            t.row("failover", fo.ran ? fixed(fo.seconds, 1) + " s" : std::string("did not run"),
+                  "(the command, in cycle " + std::to_string(failover_cycle) + " while " + grouped(fo.workers) +
+                      " worker(s) ran, after " + grouped(fo.acked_before) + " acknowledgements; " +
+                      (fo.ran ? describe_status(fo.status) : std::string("-")) + ")");
         t.row("elapsed", fixed(elapsed_s, 1) + " s");
         t.print(std::cout);
         if (first_refusal) std::cout << "\nsecond writer refused: " << *first_refusal << '\n';
@@ -904,6 +974,12 @@ command add_drill(CLI::App& root) {
                   "SQLite: after the checks, delete the database file under a running worker; nothing asked for "
                   "after the deletion may be confirmed (the path must not exist before the drill)");
     app->add_option("--prometheus", c->prometheus, prometheus_option_help)->type_name("FILE");
+    app->add_option("--failover-command", c->failover_command,
+                    "PostgreSQL: a shell command that fails the primary over (kill it and promote the standby, or "
+                    "'pg_autoctl perform failover'), run in the middle cycle once the workers are ready; they are "
+                    "killed only after it ends. The store must be a multi-host URI with "
+                    "target_session_attrs=read-write")
+        ->type_name("CMD");
     auto* region = app->add_option("--region", c->regions.regions,
                                    "The regions drill (PostgreSQL): NAME=URI of each region's cluster on loopback, 3 or 4 "
                                    "times; the drill sets regions up in them with fault-injecting proxies between them, "
@@ -927,7 +1003,8 @@ command add_drill(CLI::App& root) {
     return {app, [c, app] {
                 if (c->regions.regions.empty()) return run_drill(*c);
 #ifdef IDEM_HAVE_POSTGRES
-                for (const char* alone : {"--store", "--workers", "--second-writer", "--delete-file", "--lease-ms"})
+                for (const char* alone :
+                     {"--store", "--workers", "--second-writer", "--delete-file", "--lease-ms", "--failover-command"})
                     if (app->count(alone) > 0) {
                         std::cerr << alone << ": not an option of the regions drill (--region)\n";
                         return int{exit_usage};
