@@ -40,6 +40,22 @@ json report_of(const std::string& out) {
     return json();
 }
 
+/// `idem ARGS` with its output (stdout and stderr).
+std::pair<int, std::string> run_idem(const std::string& args) {
+    std::FILE* p = ::popen((std::string(IDEM_TEST_CLI) + " " + args + " 2>&1").c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    const int s = ::pclose(p);
+    return {WIFEXITED(s) ? WEXITSTATUS(s) : -1, out};
+}
+
+std::string quoted(const std::string& s) {
+    std::string q = "'";
+    for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
+
 /// One value from the pair's standby (the new primary after a failover), trimmed.
 std::string trimmed_psql(private_pair& pair, const std::string& sql) {
     std::string v = pair.psql(pair.standby_uri(), sql);
@@ -129,24 +145,15 @@ TEST_F(RegionsDrill, TheNegativeControlFailsTheDrill) {
 }
 
 TEST_F(RegionsDrill, BadInputIsRefusedByNameBeforeAnythingIsSetUp) {
-    const std::string cli = IDEM_TEST_CLI;
-    auto run = [](const std::string& cmd) {
-        std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-        std::string out;
-        std::array<char, 4096> buf;
-        while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-        const int s = ::pclose(p);
-        return std::pair{WIFEXITED(s) ? WEXITSTATUS(s) : -1, out};
-    };
     {
-        const auto [st, out] = run(cli + " drill --region a=" + uri_of("a") + " --region b=" + uri_of("b"));
+        const auto [st, out] = run_idem("drill --region a=" + uri_of("a") + " --region b=" + uri_of("b"));
         EXPECT_EQ(st, 2) << out;
         EXPECT_NE(out.find("3 or 4"), std::string::npos) << out;
     }
     {
         // Refused by its address before any connection (the proxies forward to loopback only).
-        const auto [st, out] = run(cli + " drill --region a=" + uri_of("a") + " --region b=" + uri_of("b") +
-                                   " --region 'c=postgresql://postgres@192.0.2.1:5432/postgres'");
+        const auto [st, out] = run_idem("drill --region a=" + uri_of("a") + " --region b=" + uri_of("b") +
+                                        " --region 'c=postgresql://postgres@192.0.2.1:5432/postgres'");
         EXPECT_EQ(st, 2) << out;
         EXPECT_NE(out.find("c: the drill's proxies forward to loopback only"), std::string::npos) << out;
     }
@@ -167,22 +174,6 @@ TEST_F(RegionsDrill, BadInputIsRefusedByNameBeforeAnythingIsSetUp) {
     EXPECT_EQ(st, 3) << out;
     EXPECT_NE(out.find("region b's cluster holds idem regions already (schema idem_b)"), std::string::npos) << out;
     EXPECT_EQ(idem_objects("a"), 0) << "nothing set up in the others";
-}
-
-/// `idem ARGS` with its output (stdout and stderr).
-std::pair<int, std::string> run_idem(const std::string& args) {
-    std::FILE* p = ::popen((std::string(IDEM_TEST_CLI) + " " + args + " 2>&1").c_str(), "r");
-    std::string out;
-    std::array<char, 4096> buf;
-    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-    const int s = ::pclose(p);
-    return {WIFEXITED(s) ? WEXITSTATUS(s) : -1, out};
-}
-
-std::string quoted(const std::string& s) {
-    std::string q = "'";
-    for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return q + "'";
 }
 
 TEST(FailoverDrill, RacingWorkersRideThroughAPromotionAndLoseNothingAcknowledged) {
