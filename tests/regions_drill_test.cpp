@@ -197,6 +197,9 @@ TEST(FailoverDrill, RacingWorkersRideThroughAPromotionAndLoseNothingAcknowledged
     // The failover landed under load: acknowledgements were made before it, and the drill's
     // checks found every one on the new primary (lost_acknowledged 0 above).
     EXPECT_GT(r["failover"]["acknowledged_before"].get<int>(), 0);
+    EXPECT_EQ(r["failover"]["primary_before"].get<std::string>(),
+              "127.0.0.1:" + std::to_string(port_of(pair.primary_uri())));
+    EXPECT_EQ(r["failover"]["primary_after"].get<std::string>(), "127.0.0.1:" + std::to_string(port_of(pair.standby_uri())));
     // It really failed over: the old primary is gone, the standby accepts writes and holds the keys.
     EXPECT_NE(run_idem("verify --store " + quoted(pair.primary_uri())).first, 0) << "the old primary still answers";
     EXPECT_EQ(trimmed_psql(pair, "SELECT pg_is_in_recovery()"), "f");
@@ -206,7 +209,7 @@ TEST(FailoverDrill, RacingWorkersRideThroughAPromotionAndLoseNothingAcknowledged
               r["keys_issued"].get<int>());
 }
 
-TEST(FailoverDrill, AFailoverCommandThatFailsFailsTheDrill) {
+TEST(FailoverDrill, AFailoverCommandThatFailsOrFailsNothingOverFailsTheDrill) {
     private_pair pair(/*sync=*/true);
     ASSERT_FALSE(pair.uri().empty()) << "the failover pair did not start (scripts/lib/postgres.sh)";
     const auto [st, out] = run_idem("drill --workers 2 --cycles 1 --keys 50 --seed 5 --json --store " + quoted(pair.uri()) +
@@ -216,6 +219,11 @@ TEST(FailoverDrill, AFailoverCommandThatFailsFailsTheDrill) {
     EXPECT_EQ(st, 1) << out;
     EXPECT_EQ(r["failover"]["exit"].get<int>(), 7);
     EXPECT_NE(out.find("the failover command exited with code 7"), std::string::npos) << out;
+    // A command that exits 0 but fails nothing over: the same primary answers before and after.
+    const auto [st1, out1] = run_idem("drill --workers 2 --cycles 1 --keys 50 --seed 5 --json --store " +
+                                      quoted(pair.uri()) + " --failover-command true");
+    EXPECT_EQ(st1, 1) << out1;
+    EXPECT_NE(out1.find("after it: no failover"), std::string::npos) << out1;
     // And on a store that cannot fail over, the option is refused by name.
     const auto [st2, out2] = run_idem("drill --cycles 1 --failover-command true");
     EXPECT_EQ(st2, 2) << out2;

@@ -452,6 +452,92 @@ TEST_F(Takeover, AWipedRegionIsRebuiltFromTheOthersOnANewCluster) {
     EXPECT_GT(v.replica_rows, 0u);
 }
 
+TEST_F(Takeover, RefusalsChangeNothingAndATakeoverEveryStoreAcceptedIsFinishedWhenRunAgain) {
+    idem::setup_regions(rs_, idem::replication_mode::asynchronous);
+    const auto lo = short_leases();
+    idem::setup_home_leases(rs_, lo);
+    // A rebuild of a region that still decides its key space would empty the only copy that decides.
+    try {
+        (void)idem::rebuild_region(rs_, "a", lo);
+        ADD_FAILURE() << "a region still deciding its key space was rebuilt";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::invalid_argument) << e.what();
+        EXPECT_NE(std::string(e.what()).find("key space 'a' is decided by no region but 'a'"), std::string::npos)
+            << e.what();
+    }
+    auto roa = opts("a");
+    roa.leases = lo;
+    {
+        idem::regional_guard ga(fast(), roa);  // the refused rebuild changed nothing: a decides
+        auto r = ga.begin(idem::key("a-1"), 1);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(5));
+    }  // a's process is gone: its lease runs out
+    ASSERT_TRUE(arrives("c", "a", "a-1", "SUCCESS"));
+
+    // A takeover of a's key space to c that every lease store accepted and that stopped right there
+    // (what its conditional writes leave, once a's lease ran out): no store shows a as the owner any
+    // more. Run again, it finishes from the owner the stores keep as previous.
+    ASSERT_TRUE(wait_for(
+        [&] {
+            for (const auto& l : idem::read_leases(rs_[0]))
+                if (l.space == "a") return l.valid_ms <= -500;  // ran out by the margin
+            return false;
+        },
+        20s));
+    for (const char* name : {"a", "b", "c"})
+        exec(name,
+             "UPDATE idem__leases.home_lease SET previous = owner, owner = 'c', epoch = 1, lease_until = clock_timestamp() "
+             "+ interval '2 seconds' WHERE space = 'a'");
+    const auto rep = idem::take_over(rs_, "a", "c", lo, 10000ms);
+    EXPECT_EQ(rep.from, "a");
+    EXPECT_EQ(rep.epoch, 1);
+    {
+        auto roc = opts("c");
+        roc.decided_at = {{"a", "c"}};
+        roc.leases = lo;
+        idem::regional_guard gc(fast(), roc);
+        EXPECT_EQ(gc.begin(idem::key("a-1"), 1).outcome, 5u);
+        auto r = gc.begin(idem::key("a-2"), 2);
+        ASSERT_EQ(r.status, idem::begin_status::acquired);
+        ASSERT_FALSE(r.ticket.succeed(6));
+        EXPECT_EQ(row_status("c", "a", "a-2"), "SUCCESS");
+    }
+    // Finished: run once more, it says so.
+    try {
+        (void)idem::take_over(rs_, "a", "c", lo, 1000ms);
+        ADD_FAILURE() << "a finished takeover ran again";
+    } catch (const idem::error& e) {
+        EXPECT_NE(std::string(e.what()).find("already held by 'c'"), std::string::npos) << e.what();
+    }
+
+    // A taker whose copy does not follow the old home: b's key space (never renewed: its lease ran
+    // out from the start) to c, after c's subscription to b was dropped (as after an earlier
+    // takeover c was not rebuilt from).
+    exec("c", "ALTER SUBSCRIPTION idem_b_to_c DISABLE");
+    exec("c", "ALTER SUBSCRIPTION idem_b_to_c SET (slot_name = NONE)");
+    exec("c", "DROP SUBSCRIPTION idem_b_to_c");
+    try {
+        (void)idem::take_over(rs_, "b", "c", lo, 10000ms);
+        ADD_FAILURE() << "a taker whose copy does not follow the old home took the key space";
+    } catch (const idem::error& e) {
+        EXPECT_EQ(e.code(), idem::errc::store_unavailable) << e.what();
+        EXPECT_NE(std::string(e.what()).find("'c''s copy of key space 'b' does not follow 'b'"), std::string::npos)
+            << e.what();
+    }
+    // Nothing taken: every lease store still shows b's lease at epoch 0 (a lease taken by c, which
+    // cannot decide, would leave the key space to no one).
+    int rows = 0;
+    for (const auto& r : rs_)
+        for (const auto& l : idem::read_leases(r))
+            if (l.space == "b") {
+                ++rows;
+                EXPECT_EQ(l.owner, "b") << "at " << r.name;
+                EXPECT_EQ(l.epoch, 0) << "at " << r.name;
+            }
+    EXPECT_EQ(rows, 3);
+}
+
 TEST(TakeoverInput, BadOptionsAreRefusedByName) {
     const std::vector<idem::region> rs{{"a", "postgresql://127.0.0.1:1/x"}, {"b", "postgresql://127.0.0.1:2/x"}};
     idem::lease_options lo;

@@ -156,12 +156,14 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
 
     // 1. A majority expired by the margin (or already ours at the newest epoch).
     std::int64_t epoch = 0;
+    bool all_taken = false;  // every store answering holds `to` at the newest epoch
     for (const auto until = std::chrono::steady_clock::now() + timeout;;) {
         struct seen {
             std::string owner;
             std::int64_t epoch;
             bool expired;
             std::int64_t ms_left;
+            std::string previous;  ///< the owner before the last takeover or move ("" unknown)
         };
         std::vector<std::optional<seen>> rows(stores.size());
         std::int64_t newest = -1;
@@ -171,7 +173,8 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
                     pqxx::nontransaction n(c);
                     const auto r = n.exec_params(std::string(dr::lease::read), space, dr::ms(lo.margin));
                     if (r.empty()) return std::nullopt;
-                    return seen{r[0][0].c_str(), r[0][1].as<std::int64_t>(), r[0][2].as<bool>(), r[0][3].as<std::int64_t>()};
+                    return seen{r[0][0].c_str(), r[0][1].as<std::int64_t>(), r[0][2].as<bool>(), r[0][3].as<std::int64_t>(),
+                                r[0][4].c_str()};
                 });
             } catch (const std::exception&) {
             }
@@ -190,6 +193,11 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
         rep.from = owner == to ? std::string() : owner;
         for (const auto& r : rows)
             if (r && owner == to && r->epoch < newest && r->owner != to) rep.from = r->owner;
+        // Every store answering took the new epoch already: the owner taken from is the one they
+        // keep as previous. Whether this takeover finished is the catalog's to say (step 2).
+        all_taken = owner == to && rep.from.empty();
+        for (const auto& r : rows)
+            if (r && all_taken && r->epoch == newest && !r->previous.empty() && r->previous != to) rep.from = r->previous;
         if (rep.from.empty())
             throw error(errc::invalid_argument, "take_over: key space '" + space + "' is already held by '" + to +
                                                     "' (epoch " + std::to_string(newest) + ")");
@@ -213,33 +221,12 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
     rep.epoch = epoch;
     const std::size_t fi = index(rep.from);
 
-    // 2. The conditional writes: the lease is `to`'s at a majority.
-    std::vector<std::optional<std::chrono::steady_clock::time_point>> took(stores.size());
-    for (std::size_t i = 0; i < stores.size(); ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-            const bool ok = stores[i]->call([&](pqxx::connection& c) {
-                pqxx::nontransaction n(c);
-                return !n.exec_params(std::string(dr::lease::take), space, to, epoch, dr::ms(lo.lease), dr::ms(lo.margin))
-                            .empty();
-            });
-            if (ok) {
-                took[i] = t0;
-                rep.accepted.push_back(stores[i]->where().name);
-            }
-        } catch (const std::exception&) {
-        }
-    }
-    if (rep.accepted.size() < majority || !took[ti])
-        throw error(errc::store_unavailable, "take_over: key space '" + space + "': " + std::to_string(rep.accepted.size()) +
-                                                 " of " + std::to_string(stores.size()) + " lease stores accepted epoch " +
-                                                 std::to_string(epoch) +
-                                                 (took[ti] ? "" : " (not region '" + to + "' itself)") +
-                                                 "; a majority including '" + to + "' is needed; run the takeover again");
-
-    // 3. Fence the copies: nothing more of the old home arrives anywhere we read. A region is given
-    // the lease stores' call deadline to answer the connection (a lost one is skipped, not waited
-    // for 30 s); the statements that follow are bounded by their own lock timeouts.
+    // 2. Every region reached, and whether `to` can take the key space: its copy must follow the old
+    // home (or `to` publishes it already: a re-run), checked before any lease is taken, so that a
+    // refusal changes nothing (a lease taken by a region that cannot decide would leave the key
+    // space to no one). A region is given the lease stores' call deadline to answer the connection
+    // (a lost one is skipped, not waited for 30 s); the statements that follow are bounded by their
+    // own lock timeouts.
     std::vector<std::unique_ptr<pqxx::connection>> cs(rs.size());
     for (std::size_t i = 0; i < rs.size(); ++i) {
         try {
@@ -248,7 +235,6 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
             rep.skipped.push_back(rs[i].name);
         }
     }
-    auto in_majority = [&](std::size_t i) { return took[i].has_value(); };
     if (!cs[ti]) throw error(errc::store_unavailable, "take_over: region '" + to + "' cannot be reached");
     auto step = [&](std::size_t i, const std::string& what, const auto& body) {
         dr::on_region("take_over", rs[i], *cs[i], what, body);
@@ -276,10 +262,39 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
     });
     std::vector<bool> following(rs.size(), false);
     for (std::size_t i = 0; i < rs.size(); ++i) following[i] = i != fi && cs[i] && !completed && follows(i);
+    if (all_taken && completed)
+        throw error(errc::invalid_argument, "take_over: key space '" + space + "' is already held by '" + to + "' (epoch " +
+                                                std::to_string(epoch) + "), which decides it");
     if (!completed && !following[ti])
-        throw error(errc::store_unavailable, "take_over: region '" + to + "''s copy of key space '" + space +
-                                                 "' does not follow '" + rs[fi].name +
-                                                 "' (rebuild it first, rebuild_region); nothing fenced or merged");
+        throw error(errc::store_unavailable,
+                    "take_over: region '" + to + "''s copy of key space '" + space + "' does not follow '" + rs[fi].name +
+                        "': take the key space to a region whose copy follows it; nothing taken, fenced or merged");
+    // 3. The conditional writes: the lease is `to`'s at a majority.
+    std::vector<std::optional<std::chrono::steady_clock::time_point>> took(stores.size());
+    for (std::size_t i = 0; i < stores.size(); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            const bool ok = stores[i]->call([&](pqxx::connection& c) {
+                pqxx::nontransaction n(c);
+                return !n.exec_params(std::string(dr::lease::take), space, to, epoch, dr::ms(lo.lease), dr::ms(lo.margin))
+                            .empty();
+            });
+            if (ok) {
+                took[i] = t0;
+                rep.accepted.push_back(stores[i]->where().name);
+            }
+        } catch (const std::exception&) {
+        }
+    }
+    if (rep.accepted.size() < majority || !took[ti])
+        throw error(errc::store_unavailable, "take_over: key space '" + space + "': " + std::to_string(rep.accepted.size()) +
+                                                 " of " + std::to_string(stores.size()) + " lease stores accepted epoch " +
+                                                 std::to_string(epoch) +
+                                                 (took[ti] ? "" : " (not region '" + to + "' itself)") +
+                                                 "; a majority including '" + to + "' is needed; run the takeover again");
+
+    // 4. Fence the copies: nothing more of the old home arrives anywhere we read.
+    auto in_majority = [&](std::size_t i) { return took[i].has_value(); };
     if (!completed) {
         // The old home first, when it answers: its commits waiting for a subscriber are ended
         // (they were never acknowledged: the subscribers are about to stop), then its copy guarded
@@ -343,7 +358,7 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
                             "take_over: region '" + rs[i].name + "' accepted the lease but its copy of key space '" + space +
                                 "' does not follow '" + rs[fi].name + "' (rebuild it first, rebuild_region)");
 
-        // 4. Merge: the majority's copies (the old home's own, and those following it) into `to`'s,
+        // 5. Merge: the majority's copies (the old home's own, and those following it) into `to`'s,
         // then `to`'s into every other reachable copy that follows the old home.
         for (std::size_t i = 0; i < rs.size(); ++i) {
             if (i == ti || !cs[i] || !in_majority(i)) continue;
@@ -356,7 +371,7 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
             step(i, "receiving the merged copy", [&](pqxx::connection& c) { (void)dr::merge_copy(*cs[ti], c, schema); });
         }
 
-        // 5. `to` decides it: numbering past every merged row, leases of held claims pushed out
+        // 6. `to` decides it: numbering past every merged row, leases of held claims pushed out
         // (they were measured on the old home's clock), published, the copies that follow
         // subscribed without a copy, the view of the new lease for its fence, and last its
         // replica guard removed.

@@ -84,6 +84,11 @@
 #include "drill/files.hpp"
 #include "drill/process.hpp"
 #include "drill/regions_drill.hpp"
+#ifdef IDEM_HAVE_POSTGRES
+#include <pqxx/pqxx>
+
+#include "idem/detail/pg/connection.hpp"
+#endif
 #include "drill/report_line.hpp"
 #include "prometheus_file.hpp"
 #include "idem/verify.hpp"
@@ -145,6 +150,23 @@ std::string refusal_note(const cycle_result& r) {
     return r.refused ? " (the store refused to open: " + *r.refused + ")" : std::string();
 }
 
+/// "host:port" of the server a PostgreSQL URI reaches now (with a multi-host URI and
+/// target_session_attrs=read-write: the primary); "" when none answers.
+std::string primary_of([[maybe_unused]] const std::string& uri) {
+#ifdef IDEM_HAVE_POSTGRES
+    try {
+        pqxx::connection c(idem::detail::pg::session_conninfo(uri, std::chrono::seconds(5), "idem-drill"));
+        pqxx::nontransaction n(c);
+        const auto r = n.exec("SELECT host(inet_server_addr()) || ':' || inet_server_port()");
+        return r.empty() || r[0][0].is_null() ? std::string() : std::string(r[0][0].c_str());
+    } catch (const std::exception&) {
+        return {};
+    }
+#else
+    return {};
+#endif
+}
+
 std::int64_t steady_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch()).count();
 }
@@ -203,6 +225,7 @@ int run_drill(const drill_config& c) {
         double seconds = 0;
         std::uint64_t workers = 0;       ///< workers running while it ran
         std::uint64_t acked_before = 0;  ///< acknowledgements written before it started (the new primary must hold them)
+        std::string primary_before, primary_after;  ///< "host:port" the store's URI reached
     } fo;
 
     std::mt19937_64 rng(c.seed);
@@ -389,6 +412,7 @@ int run_drill(const drill_config& c) {
             clock_type::time_point next = clock_type::now() + std::chrono::milliseconds(20);
             if (failover_here && !failover &&
                 std::all_of(ws.begin(), ws.end(), [](const running& x) { return x.r.ready; })) {
+                fo.primary_before = primary_of(store_uri);
                 failover_started = clock_type::now();
                 failover = std::make_unique<worker_process>("/bin/sh", std::vector<std::string>{"-c", c.failover_command});
                 fo.workers = ws.size();
@@ -402,7 +426,12 @@ int run_drill(const drill_config& c) {
                     fo.ran = true;
                     fo.status = failover->status();
                     fo.seconds = std::chrono::duration<double>(clock_type::now() - failover_started).count();
+                    fo.primary_after = primary_of(store_uri);
                     for (running& x : ws) x.kill_at = clock_type::now() + x.delay;
+                } else if (clock_type::now() > hang_deadline) {
+                    failover->kill_now();
+                    failover_pending = false;
+                    failures.push_back("cycle " + std::to_string(cycle) + ": the failover command did not end within 300 s");
                 }
             }
             for (running& x : ws) {
@@ -449,7 +478,7 @@ int run_drill(const drill_config& c) {
                 all_over = false;
                 if (x.kill_at && !second_pending && !failover_pending) next = std::min(next, *x.kill_at);
             }
-            if (all_over) break;
+            if (all_over && !failover_pending) break;  // a failover still running is waited for (bounded above)
             std::this_thread::sleep_until(std::min(next, clock_type::now() + std::chrono::milliseconds(20)));
         }
         for (running& x : ws) {
@@ -734,11 +763,18 @@ int run_drill(const drill_config& c) {
         count_check(failed);
         if (failed) failures.push_back(what);
     };
-    if (!c.failover_command.empty())
+    if (!c.failover_command.empty()) {
         check(!fo.ran || !WIFEXITED(fo.status) || WEXITSTATUS(fo.status) != 0,
               fo.ran ? "the failover command " + describe_status(fo.status) + ": the failover may not have happened"
-                     : "the failover command never ran (the drill stopped before cycle " + std::to_string(failover_cycle) +
-                           ")");
+                     : "the failover command did not complete in cycle " + std::to_string(failover_cycle));
+        // A command that exits 0 without failing over would make this a crash drill: the server the
+        // store's URI reaches must be another one afterwards.
+        if (fo.ran && WIFEXITED(fo.status) && WEXITSTATUS(fo.status) == 0)
+            check(fo.primary_before.empty() || fo.primary_before == fo.primary_after,
+                  "the failover command exited 0, but the store's URI reached " +
+                      (fo.primary_before.empty() ? std::string("no server") : fo.primary_before) + " before it and " +
+                      (fo.primary_after.empty() ? std::string("no server") : fo.primary_after) + " after it: no failover");
+    }
     check(double_executions != 0, grouped(double_executions) + " key(s) executed more than once");
     check(lost_acknowledged != 0, grouped(lost_acknowledged) + " acknowledged key(s) not SUCCESS in the store");
     check(unresolved != 0, grouped(unresolved) + " key(s) not SUCCESS after the final run");
@@ -831,6 +867,8 @@ int run_drill(const drill_config& c) {
             fj["seconds"] = fo.seconds;
             fj["workers"] = fo.workers;
             fj["acknowledged_before"] = fo.acked_before;
+            fj["primary_before"] = fo.primary_before;
+            fj["primary_after"] = fo.primary_after;
             j["failover"] = fj;
         }
         if (!ok || c.keep) j["drill_dir"] = dir;
@@ -872,7 +910,8 @@ int run_drill(const drill_config& c) {
         if (!c.failover_command.empty())
             t.row("failover", fo.ran ? fixed(fo.seconds, 1) + " s" : std::string("did not run"),
                   "(the command, in cycle " + std::to_string(failover_cycle) + " while " + grouped(fo.workers) +
-                      " worker(s) ran, after " + grouped(fo.acked_before) + " acknowledgements; " +
+                      " worker(s) ran, after " + grouped(fo.acked_before) + " acknowledgements; primary " +
+                      fo.primary_before + " -> " + fo.primary_after + "; " +
                       (fo.ran ? describe_status(fo.status) : std::string("-")) + ")");
         t.row("elapsed", fixed(elapsed_s, 1) + " s");
         t.print(std::cout);

@@ -361,8 +361,8 @@ int run_regions_drill(const regions_drill_config& c) {
 
     // Setup: regions (through the paths, so replication meets the faults too) and home leases.
     try {
+        set_up = true;  // a setup that fails half-way is cleaned up too
         setup_regions(rs_op, c.synchronous ? replication_mode::synchronous : replication_mode::asynchronous, publisher);
-        set_up = true;
         setup_home_leases(rs_op, lo);
     } catch (const std::exception& e) {
         failures.push_back(std::string("setting the regions up failed: ") + e.what());
@@ -442,6 +442,10 @@ int run_regions_drill(const regions_drill_config& c) {
     };
     auto absorb = [&](worker_run& x, std::chrono::milliseconds timeout) {
         for (const std::string& line : x.w->read_lines(timeout)) {
+            if (line.starts_with("problem ")) {  // an answer a regional guard must never give
+                failures.push_back("region " + x.region + "'s worker: " + line.substr(8));
+                continue;
+            }
             drill::report_line rl = drill::parse_report(line);
             if (rl.word == "ready") x.ready = true;
             else if (rl.word == "done") x.done = rl;
@@ -469,9 +473,6 @@ int run_regions_drill(const regions_drill_config& c) {
             for (worker_run& x : ws) {
                 if (x.over) continue;
                 absorb(x, 0ms);
-                if (x.ready && kill && !x.kill_at)
-                    x.kill_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                                        std::chrono::duration<double, std::milli>(delay_dist(rng)));
                 all_ready = all_ready && (x.ready || x.w->exited());
                 if (clock_type::now() > hang) {
                     x.w->kill_now();
@@ -496,6 +497,11 @@ int run_regions_drill(const regions_drill_config& c) {
                 applied = true;
                 if (f != nullptr) f->apply();
                 if (while_running) while_running();
+                // Each worker's kill moment counts from here, so every one of them meets the fault.
+                if (kill)
+                    for (worker_run& x : ws)
+                        x.kill_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                            std::chrono::duration<double, std::milli>(delay_dist(rng)));
             }
             if (all_over) break;
             std::this_thread::sleep_for(10ms);  // the workers' pipes and kill moments, polled
@@ -512,7 +518,7 @@ int run_regions_drill(const regions_drill_config& c) {
                 ++kills;
             } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
                 ++clean_exits;
-            } else if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
+            } else {  // a crash, an exit 1 (an answer it must never give), or a kill not the drill's
                 failures.push_back(label + ": region " + x.region + "'s worker " + drill::describe_status(st));
             }
             if (x.done) {

@@ -37,7 +37,10 @@
 // one region (--self; --region NAME=URI for every region as this process reaches it, --decided-at
 // after a takeover, --home-lease-ms for the home leases): an idem::regional_guard, racing the other
 // regions' workers on the same requests exactly as a global worker races its peers (below), keys
-// decided in their home region (drill::home_of). --no-guard (global and regional scope) is the
+// decided in their home region (drill::home_of). In both racing scopes an answer a guard must never
+// give (an unexpected status, a replayed outcome that is not the request's) is also printed at once,
+// "problem <what>", since a worker the drill kills never prints its counts. --no-guard (global and
+// regional scope) is the
 // drill's negative control: every request is executed and acknowledged without asking idem, so
 // the drill's checks must fail.
 //
@@ -418,6 +421,15 @@ int run_racing_worker(const worker_config& c, Open open, Extra extra) {
     std::atomic<std::size_t> cursor{0};
     first_problem problem;
     auto note = [&](const std::string& what) { problem.note(what); };
+    // An answer a guard must never give, reported at once ("problem <what>"): a worker killed
+    // later never prints its "done" counts.
+    auto violation = [&](const std::string& what) {
+        note(what);
+        static std::mutex m;
+        std::lock_guard lock(m);
+        std::printf("problem %s\n", one_line(what).c_str());
+        std::fflush(stdout);
+    };
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     // One request: true when it has its answer (executed and acknowledged, or replayed).
     auto one = [&](const drill::request& rq) -> bool {
@@ -463,8 +475,8 @@ int run_racing_worker(const worker_config& c, Open open, Extra extra) {
                 ++n.replayed;
                 if (r.outcome != outcome) {
                     ++n.replay_mismatches;
-                    note(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " +
-                         std::to_string(outcome));
+                    violation(rq.key + ": replayed outcome " + std::to_string(r.outcome) + ", expected " +
+                              std::to_string(outcome));
                 }
                 return true;
             case idem::begin_status::in_progress: ++n.busy; return false;
@@ -472,7 +484,7 @@ int run_racing_worker(const worker_config& c, Open open, Extra extra) {
             case idem::begin_status::store_unavailable: ++n.unavailable; return false;
             default:
                 ++n.unexpected;
-                note(rq.key + ": begin() answered " + idem::to_string(r.status));
+                violation(rq.key + ": begin() answered " + idem::to_string(r.status));
                 return true;
         }
     };

@@ -25,8 +25,10 @@ CREATE TABLE IF NOT EXISTS idem__leases.home_lease (
   space TEXT PRIMARY KEY,
   owner TEXT NOT NULL,
   epoch BIGINT NOT NULL,
-  lease_until TIMESTAMPTZ NOT NULL
+  lease_until TIMESTAMPTZ NOT NULL,
+  previous TEXT
 );
+ALTER TABLE idem__leases.home_lease ADD COLUMN IF NOT EXISTS previous TEXT;
 CREATE TABLE IF NOT EXISTS idem__leases.held (
   space TEXT PRIMARY KEY,
   epoch BIGINT NOT NULL,
@@ -67,21 +69,25 @@ inline constexpr std::string_view renew =
     "UPDATE idem__leases.home_lease SET lease_until = GREATEST(lease_until, clock_timestamp() + $4 * interval '1 "
     "millisecond') WHERE space = $1 AND owner = $2 AND epoch = $3 RETURNING 1";
 
-// $1 space: (owner, epoch, expired by the margin $2 ms, ms until it is) on this store's clock.
+// $1 space: (owner, epoch, expired by the margin $2 ms, ms until it is, the owner before the
+// last takeover or move or '') on this store's clock.
 inline constexpr std::string_view read = R"sql(
 SELECT owner, epoch, lease_until + $2 * interval '1 millisecond' <= clock_timestamp() AS expired,
        CASE WHEN isfinite(lease_until)
             THEN GREATEST(0, extract(epoch FROM lease_until + $2 * interval '1 millisecond' - clock_timestamp()) * 1000)::bigint
-            ELSE 0 END
+            ELSE 0 END,
+       COALESCE(previous, '')
   FROM idem__leases.home_lease WHERE space = $1
 )sql";
 
 // A takeover's conditional write: $1 space, $2 new owner, $3 new epoch, $4 lease ms, $5 margin ms.
 // Accepted when the row's lease ran out by the margin under an older epoch, or when this takeover
-// already wrote it (a re-run).
+// already wrote it (a re-run). The owner it takes from stays as `previous`: a takeover that every
+// store accepted and that stopped before the new owner decided is finished from it.
 inline constexpr std::string_view take = R"sql(
 UPDATE idem__leases.home_lease
-   SET owner = $2, epoch = $3, lease_until = GREATEST(lease_until, clock_timestamp() + $4 * interval '1 millisecond')
+   SET previous = CASE WHEN owner = $2 THEN previous ELSE owner END,
+       owner = $2, epoch = $3, lease_until = GREATEST(lease_until, clock_timestamp() + $4 * interval '1 millisecond')
  WHERE space = $1
    AND ((epoch < $3 AND lease_until + $5 * interval '1 millisecond' <= clock_timestamp()) OR (epoch = $3 AND owner = $2))
 RETURNING 1
@@ -90,7 +96,7 @@ RETURNING 1
 // A planned move's hand-over (move_home): the old home is fenced already, so no expiry is waited
 // for; the new owner's keeper renews it. $1 space, $2 new owner, $3 new epoch.
 inline constexpr std::string_view hand_over =
-    "UPDATE idem__leases.home_lease SET owner = $2, epoch = $3, lease_until = '-infinity' "
+    "UPDATE idem__leases.home_lease SET previous = owner, owner = $2, epoch = $3, lease_until = '-infinity' "
     "WHERE space = $1 AND epoch < $3 RETURNING 1";
 
 // The highest epoch a store has for $1 space (NULL when it has no row).
