@@ -408,7 +408,9 @@ int run_racing_worker(const worker_config& c, Open open, Extra extra) {
     };
     const std::chrono::nanoseconds lease = opts.lease;
     const auto t0 = std::chrono::steady_clock::now();
-    auto [g, compensated] = open(std::move(opts));
+    auto opened = open(std::move(opts));  // not a structured binding: clang 14 cannot capture one
+    std::unique_ptr<Guard> g = std::move(opened.first);
+    const std::size_t compensated = opened.second;
     const auto open_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
     std::printf(
         "ready recovery_ns=%lld records=0 processing=0 compensated_at_open=%zu compensated_after_wait=0 "
