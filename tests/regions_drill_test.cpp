@@ -21,6 +21,8 @@
 #include <pqxx/pqxx>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <string>
 
@@ -153,7 +155,8 @@ TEST_F(RegionsDrill, AsynchronousDrillReportsTheLossWindow) {
 
 TEST_F(RegionsDrill, TheNegativeControlFailsTheDrill) {
     // Workers that execute without asking idem: three regions race on every key.
-    const auto [st, out] = run_cli("drill", "--cycles 1 --keys 20 --seed 3 --no-guard --json");
+    const std::string prom = ::testing::TempDir() + "regions-drill.prom";
+    const auto [st, out] = run_cli("drill", "--cycles 1 --keys 20 --seed 3 --no-guard --json --prometheus " + prom);
     const json r = report_of(out);
     ASSERT_TRUE(r.is_object()) << out;
     EXPECT_EQ(st, 1) << out;
@@ -161,6 +164,12 @@ TEST_F(RegionsDrill, TheNegativeControlFailsTheDrill) {
     EXPECT_GT(r["double_executions"].get<int>(), 0) << out;
     EXPECT_GT(r["lost_acknowledged"].get<int>(), 0) << "acknowledged without a record";
     EXPECT_NE(out.find("two effects in the ledger"), std::string::npos) << out;
+    // The textfile for Prometheus says so too: failed checks out of the checks made.
+    std::ifstream in(prom);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("idem_drill_checks{store=\"regions\"} 5"), std::string::npos) << text;
+    EXPECT_EQ(text.find("idem_drill_failures{store=\"regions\"} 0"), std::string::npos) << text;
+    EXPECT_NE(text.find("idem_drill_failures{store=\"regions\"}"), std::string::npos) << text;
     for (const char* name : {"a", "b", "c"}) EXPECT_EQ(idem_objects(name), 0) << name;
 }
 

@@ -102,6 +102,22 @@ inline std::optional<std::string> write_textfile(const std::string& path, const 
     return std::nullopt;
 }
 
+/// `idem drill`'s gauges (the crash drill and the regions drill alike), written to `path`; the
+/// reason when the file could not be written.
+inline std::optional<std::string> write_drill_metrics(const std::string& path, std::uint64_t failed_checks,
+                                                      std::uint64_t checks, double elapsed_s, std::string_view store) {
+    const std::vector<textfile_gauge> gauges{
+        {"idem_drill_last_run_timestamp_seconds", "Unix time the last idem drill run finished.", prometheus_now()},
+        {"idem_drill_failures", "Checks of the last idem drill run that failed (0: the drill passed).",
+         prometheus_integer(failed_checks)},
+        {"idem_drill_checks", "Checks the last idem drill run made (workers, ledger, acknowledgements, store).",
+         prometheus_integer(checks)},
+        {"idem_drill_duration_seconds", "Time the last idem drill run took, crash cycles and checks.",
+         prometheus_decimal(elapsed_s, 6)},
+    };
+    return write_textfile(path, textfile_text(gauges, store));
+}
+
 inline constexpr const char* prometheus_option_help =
     "After the run, write its result as Prometheus gauges to FILE (via FILE.tmp and a rename), for "
     "node-exporter's textfile collector; written whatever the checks found";

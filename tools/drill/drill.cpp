@@ -178,12 +178,7 @@ int run_drill(const drill_config& c) {
         return exit_usage;
     }
     // The drill directory: ledger, acks, request lists (and the default store).
-    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
-                       "/idem-drill-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr)
-        throw idem::error(idem::errc::store_error,
-                          "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
-    const std::string dir = tmpl;
+    const std::string dir = drill::make_directory();
     const std::string store_uri = c.store.empty() ? "sqlite:" + dir + "/idem-drill.db" : c.store;
     const store_spec spec = *parse_store(store_uri);
     if (c.workers > 1 && !arbitrates(spec)) {
@@ -938,17 +933,8 @@ int run_drill(const drill_config& c) {
     if (!ok) std::cerr << "idem drill: replay the kill schedule with --seed " << c.seed << "; files in " << dir << '\n';
     bool metrics_written = true;
     if (!c.prometheus.empty()) {
-        const std::vector<textfile_gauge> gauges{
-            {"idem_drill_last_run_timestamp_seconds", "Unix time the last idem drill run finished.", prometheus_now()},
-            {"idem_drill_failures", "Checks of the last idem drill run that failed (0: the drill passed).",
-             prometheus_integer(failed_checks)},
-            {"idem_drill_checks", "Checks the last idem drill run made (workers, ledger, acknowledgements, store).",
-             prometheus_integer(checks)},
-            {"idem_drill_duration_seconds", "Time the last idem drill run took, crash cycles and checks.",
-             prometheus_decimal(elapsed_s, 6)},
-        };
         std::cout.flush();
-        if (auto why = write_textfile(c.prometheus, textfile_text(gauges, display_name(spec)))) {
+        if (auto why = write_drill_metrics(c.prometheus, failed_checks, checks, elapsed_s, display_name(spec))) {
             std::cerr << "idem drill: --prometheus: " << *why << '\n';
             metrics_written = false;
         }

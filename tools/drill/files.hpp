@@ -23,6 +23,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -54,6 +55,17 @@ inline std::string home_of(std::string_view key, std::string_view prefix) {
         throw idem::error(idem::errc::invalid_argument,
                           "key '" + std::string(key) + "' is not '" + std::string(prefix) + "<region>-<serial>'");
     return std::string(key.substr(prefix.size(), dash - prefix.size()));
+}
+
+/// A fresh drill directory, $TMPDIR/idem-drill-XXXXXX (ledger, acks, request lists). Throws
+/// idem::error(store_error) naming the template when it cannot be made.
+inline std::string make_directory() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp != nullptr ? tmp : "/tmp") + "/idem-drill-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+        throw idem::error(idem::errc::store_error,
+                          "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
+    return tmpl;
 }
 
 struct entry {

@@ -299,12 +299,7 @@ int run_regions_drill(const regions_drill_config& c) {
         }
     }
 
-    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
-                       "/idem-drill-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr)
-        throw idem::error(idem::errc::store_error,
-                          "cannot create a drill directory from '" + tmpl + "': " + std::strerror(errno));
-    const std::string dir = tmpl;
+    const std::string dir = drill::make_directory();
     const std::string ledger_path = dir + "/ledger", acks_path = dir + "/acks";
     std::mt19937_64 rng(c.seed);
     std::random_device rd;
@@ -681,6 +676,7 @@ int run_regions_drill(const regions_drill_config& c) {
     }
 
     // The checks.
+    const std::size_t run_failures_before_checks = failures.size();
     const drill::line_file ledger = drill::read_lines(ledger_path);
     const drill::line_file acks = drill::read_lines(acks_path);
     std::unordered_map<std::string, std::uint64_t> effects;
@@ -856,16 +852,12 @@ int run_regions_drill(const regions_drill_config& c) {
     }
     bool metrics_written = true;
     if (!c.prometheus.empty()) {
-        const std::vector<textfile_gauge> gauges{
-            {"idem_drill_last_run_timestamp_seconds", "Unix time the last idem drill run finished.", prometheus_now()},
-            {"idem_drill_failures", "Checks of the last idem drill run that failed (0: the drill passed).",
-             prometheus_integer(failures.size())},
-            {"idem_drill_checks", "Checks the last idem drill run made (workers, ledger, acknowledgements, store).",
-             prometheus_integer(5)},
-            {"idem_drill_duration_seconds", "Time the last idem drill run took, crash cycles and checks.",
-             prometheus_decimal(elapsed_s, 6)},
-        };
-        if (auto why = write_textfile(c.prometheus, textfile_text(gauges, "regions"))) {
+        // The checks: the ledger (double executions), the acknowledgements, every key's record,
+        // verify_regions, and the run itself (setup, workers, takeover); each failed or held.
+        const std::uint64_t failed_checks = (double_executions != 0) + (lost_acknowledged != 0) +
+                                            (unresolved + phantom + mismatches != 0) + (violations != 0) +
+                                            (run_failures_before_checks != 0);
+        if (auto why = write_drill_metrics(c.prometheus, failed_checks, 5, elapsed_s, "regions")) {
             std::cerr << "idem drill: --prometheus: " << *why << '\n';
             metrics_written = false;
         }
