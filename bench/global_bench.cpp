@@ -20,6 +20,12 @@
 //                              one process pays for a durable claim when it alone is the arbiter.
 //   plain_insert               one autocommit INSERT ... ON CONFLICT DO NOTHING per request on the
 //                              thread's own connection (a Redis-SET-NX-style guard in SQL).
+//   plain_claim/processes:P    the article's guard without idem, as global_claim runs (P processes x
+//                              16 threads, 5 s): per request an autocommit INSERT of the key as
+//                              PROCESSING (ON CONFLICT DO NOTHING; one row inserted = acquired), then
+//                              an autocommit UPDATE to SUCCESS with the outcome, each thread on its
+//                              own connection. The peer global_claim is measured against (ratio at
+//                              4 processes in docs/benchmarks.md's targets).
 //
 // Keys are generated before timing. Threads in one process: ->Threads(T)->UseRealTime(); the
 // multi-process runs use manual time (the children's common window). Figures and the command that
@@ -116,6 +122,7 @@ private:
         pqxx::connection d(uri_);
         pqxx::nontransaction m(d);
         m.exec("CREATE TABLE IF NOT EXISTS plain_guard (k text PRIMARY KEY, outcome bigint NOT NULL)");
+        m.exec("CREATE TABLE IF NOT EXISTS plain_claim (k text PRIMARY KEY, status text NOT NULL, outcome bigint NOT NULL)");
     }
     std::string server_, db_, uri_;
 };
@@ -228,24 +235,13 @@ private:
     std::string buf_;
 };
 
-/// Child: `threads` threads run begin + succeed on fresh keys for `seconds` after "go".
-int child_main(int argc, char** argv) {
-    if (argc < 6) return 2;
-    const std::string uri = argv[2], prefix = argv[3];
-    const unsigned threads = static_cast<unsigned>(std::stoul(argv[4]));
-    const int seconds = std::stoi(argv[5]);
-    constexpr std::size_t per_thread = 20'000;  // far more than a thread claims in `seconds` over a network
-    std::vector<std::vector<idem::key>> keys(threads);
-    for (unsigned t = 0; t < threads; ++t) {
-        keys[t].reserve(per_thread);
-        for (std::size_t i = 0; i < per_thread; ++i) keys[t].emplace_back(key_text(prefix + "t" + std::to_string(t), i));
-    }
-    idem::options o;
-    o.capacity = threads * per_thread;
-    idem::global_options gopt;  // IDEM_BENCH_CLAIM_CONNECTIONS / _COMPLETION_CONNECTIONS: other batcher counts
-    if (const char* v = std::getenv("IDEM_BENCH_CLAIM_CONNECTIONS")) gopt.claim_connections = std::stoul(v);
-    if (const char* v = std::getenv("IDEM_BENCH_COMPLETION_CONNECTIONS")) gopt.completion_connections = std::stoul(v);
-    idem::global_guard g(uri, o, gopt);
+/// What a child does once it is ready: prints "ready", waits for "go", then runs `one(t, i)` (true:
+/// the i-th request of thread t went as it should) on `threads` threads for `seconds`, and prints
+/// its report ("done claims=... bad=... secs=... batches=..."; `batches()` after the run).
+constexpr std::size_t per_thread = 20'000;  // far more than a thread claims in `seconds` over a network
+
+template <class One, class Batches>
+int serve_run(unsigned threads, int seconds, const One& one, const Batches& batches) {
     std::printf("ready\n");
     std::fflush(stdout);
     std::string go;
@@ -256,37 +252,87 @@ int child_main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     for (unsigned t = 0; t < threads; ++t)
         ts.emplace_back([&, t] {
-            for (std::size_t i = 0; i < per_thread && !stop.load(std::memory_order_relaxed); ++i) {  // relaxed: a flag
-                auto r = g.begin(keys[t][i]);
-                if (r.status != idem::begin_status::acquired || r.ticket.succeed(i)) {
-                    ++bad[t];
-                    continue;
-                }
-                ++done[t];
-            }
+            for (std::size_t i = 0; i < per_thread && !stop.load(std::memory_order_relaxed); ++i)  // relaxed: a flag
+                ++(one(t, i) ? done : bad)[t];
         });
     std::this_thread::sleep_for(std::chrono::seconds(seconds));
     stop = true;
     for (auto& t : ts) t.join();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto s = g.snapshot();
     std::printf("done claims=%llu bad=%llu secs=%.6f batches=%llu\n",
                 (unsigned long long)std::accumulate(done.begin(), done.end(), std::uint64_t{0}),
                 (unsigned long long)std::accumulate(bad.begin(), bad.end(), std::uint64_t{0}), secs,
-                (unsigned long long)s.claim_batches);
+                (unsigned long long)batches());
     std::fflush(stdout);
     return 0;
 }
 
-void global_claim_on(benchmark::State& state, const std::string& uri) {
+/// Child: `threads` threads run begin + succeed on fresh keys for `seconds` after "go" in global
+/// scope, or, with a 7th argument "plain", the plain guard of plain_claim: each thread on its own
+/// connection, an INSERT (PROCESSING) then an UPDATE (SUCCESS) per fresh key.
+int child_main(int argc, char** argv) {
+    if (argc < 6) return 2;
+    const std::string uri = argv[2], prefix = argv[3];
+    const unsigned threads = static_cast<unsigned>(std::stoul(argv[4]));
+    const int seconds = std::stoi(argv[5]);
+    std::vector<std::vector<std::string>> keys(threads);  // generated before timing
+    for (unsigned t = 0; t < threads; ++t) {
+        keys[t].reserve(per_thread);
+        for (std::size_t i = 0; i < per_thread; ++i) keys[t].push_back(key_text(prefix + "t" + std::to_string(t), i));
+    }
+    if (argc >= 7 && std::string(argv[6]) == "plain") {
+        std::vector<std::unique_ptr<pqxx::connection>> cs;
+        for (unsigned t = 0; t < threads; ++t) {
+            cs.push_back(std::make_unique<pqxx::connection>(uri));
+            cs.back()->prepare("claim",
+                               "INSERT INTO plain_claim (k, status, outcome) VALUES ($1, 'PROCESSING', 0) "
+                               "ON CONFLICT (k) DO NOTHING");
+            cs.back()->prepare("done",
+                               "UPDATE plain_claim SET status = 'SUCCESS', outcome = $2 WHERE k = $1 AND "
+                               "status = 'PROCESSING'");
+        }
+        return serve_run(
+            threads, seconds,
+            [&](unsigned t, std::size_t i) {
+                const std::string& k = keys[t][i];
+                {
+                    pqxx::nontransaction claim(*cs[t]);  // one autocommit statement: the claim
+                    if (claim.exec_prepared("claim", k).affected_rows() != 1) return false;
+                }
+                pqxx::nontransaction done(*cs[t]);  // and one for the completion
+                return done.exec_prepared("done", k, static_cast<std::int64_t>(i)).affected_rows() == 1;
+            },
+            [] { return std::uint64_t{0}; });
+    }
+    std::vector<std::vector<idem::key>> ks(threads);
+    for (unsigned t = 0; t < threads; ++t)
+        for (const std::string& k : keys[t]) ks[t].emplace_back(k);
+    idem::options o;
+    o.capacity = threads * per_thread;
+    idem::global_options gopt;  // IDEM_BENCH_CLAIM_CONNECTIONS / _COMPLETION_CONNECTIONS: other batcher counts
+    if (const char* v = std::getenv("IDEM_BENCH_CLAIM_CONNECTIONS")) gopt.claim_connections = std::stoul(v);
+    if (const char* v = std::getenv("IDEM_BENCH_COMPLETION_CONNECTIONS")) gopt.completion_connections = std::stoul(v);
+    idem::global_guard g(uri, o, gopt);
+    return serve_run(
+        threads, seconds,
+        [&](unsigned t, std::size_t i) {
+            auto r = g.begin(ks[t][i]);
+            return r.status == idem::begin_status::acquired && !r.ticket.succeed(i);
+        },
+        [&] { return g.snapshot().claim_batches; });
+}
+
+void global_claim_on(benchmark::State& state, const std::string& uri, bool plain = false) {
     const int procs = static_cast<int>(state.range(0));
     for (auto _ : state) {
-        const std::string prefix = run_prefix("G");
+        const std::string prefix = run_prefix(plain ? "P" : "G");
         std::vector<std::unique_ptr<child>> cs;
-        for (int p = 0; p < procs; ++p)
-            cs.push_back(std::make_unique<child>(std::vector<std::string>{uri, prefix + "p" + std::to_string(p),
-                                                                          std::to_string(threads_per_process),
-                                                                          std::to_string(seconds_per_run)}));
+        for (int p = 0; p < procs; ++p) {
+            std::vector<std::string> args{uri, prefix + "p" + std::to_string(p), std::to_string(threads_per_process),
+                                          std::to_string(seconds_per_run)};
+            if (plain) args.emplace_back("plain");
+            cs.push_back(std::make_unique<child>(args));
+        }
         for (auto& c : cs)
             if (c->line(120s) != "ready") state.SkipWithError("a child did not start");
         for (auto& c : cs) c->send("go");
@@ -314,18 +360,17 @@ void global_claim_on(benchmark::State& state, const std::string& uri) {
     }
 }
 void global_claim(benchmark::State& state) { global_claim_on(state, bench_database::get().uri()); }
+void plain_claim(benchmark::State& state) { global_claim_on(state, bench_database::get().uri(), /*plain=*/true); }
 #ifdef IDEM_HAVE_MYSQL
 void global_claim_mysql(benchmark::State& state) { global_claim_on(state, my_bench_database::get().uri()); }
 #endif
 
-BENCHMARK(global_claim)
-    ->ArgName("processes")
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(4)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kSecond);
+/// 1, 2 and 4 processes, one run each, timed by the children's common window.
+void per_processes(benchmark::internal::Benchmark* b) {
+    b->ArgName("processes")->Arg(1)->Arg(2)->Arg(4)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+}
+BENCHMARK(global_claim)->Apply(per_processes);
+BENCHMARK(plain_claim)->Apply(per_processes);
 
 // ---- duplicates of keys known locally ---------------------------------------------------------------
 
@@ -493,14 +538,7 @@ int main(int argc, char** argv) {
     const char* my = std::getenv("IDEM_BENCH_MY_URI");
     if (my != nullptr && *my != '\0') {
         benchmark::AddCustomContext("mysql", idem::detail::my::redact(my));
-        benchmark::RegisterBenchmark("global_claim_mysql", global_claim_mysql)
-            ->ArgName("processes")
-            ->Arg(1)
-            ->Arg(2)
-            ->Arg(4)
-            ->Iterations(1)
-            ->UseManualTime()
-            ->Unit(benchmark::kSecond);
+        benchmark::RegisterBenchmark("global_claim_mysql", global_claim_mysql)->Apply(per_processes);
     }
 #endif
     benchmark::RunSpecifiedBenchmarks();

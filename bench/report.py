@@ -174,7 +174,7 @@ def cold_ratio(scenarios, t):
     return gs[COLD] / gs[NO_COLD] if gs.get(COLD) and gs.get(NO_COLD) else None
 
 
-def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=()):
+def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(), global_rows=()):
     scenarios = {}
     for s, ts in guards.items():
         entry = {}
@@ -220,6 +220,10 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     target("fresh keys, 2 threads: idem / mutex_map", ratio("fresh_begin_succeed", 2, "mutex_map"), 5, "x")
     target("fresh keys, 2 threads: idem / tbb_chm", ratio("fresh_begin_succeed", 2, "tbb_chm"), 3, "x")
     target("fresh keys, 2 threads: idem / libcuckoo", ratio("fresh_begin_succeed", 2, "libcuckoo"), 3, "x")
+    # Default options against TBB at each thread count (the first number a C++ user checks).
+    for t in (1, 2, 100):
+        target(f"fresh keys, {t} thread{'s' if t > 1 else ''}, default options: idem / tbb_chm",
+               ratio("fresh_begin_succeed", t, "tbb_chm"), 2, "x")
 
     def pre_ratio(s, t, peer):
         gs = scenarios.get(s, {}).get(str(t), {}).get("ops_per_sec", {})
@@ -240,7 +244,7 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     target("flusher async, SQLite (random keys)", flush_rate("sqlite", "async", "transitions_per_sec"), 200000, "transitions/s")
     target("flusher async, PostgreSQL (random keys)", flush_rate("postgresql", "async", "transitions_per_sec"), 100000, "transitions/s")
     target("sync acknowledgements, PostgreSQL", flush_rate("postgresql", "sync", "acks_per_sec"), 20000, "acks/s")
-    target("sync begin p99 wait, PostgreSQL", flush_rate("postgresql", "sync", "begin_ms_p99"), 10, "ms", higher=False)
+    target("sync begin p99 wait, PostgreSQL", flush_rate("postgresql", "sync", "begin_ms_p99"), 5, "ms", higher=False)
     # MySQL / MariaDB beside PostgreSQL in the same run (issue targets: async >= 80% of PostgreSQL's
     # rate, sync acknowledgements >= PostgreSQL's; recovery of 1M below, with every store's).
     def vs_postgres(mode, field):
@@ -267,18 +271,37 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
     loss = scenarios.get("overhead_10us", {}).get("1", {}).get("loss_percent", {}).get("idem")
     target("throughput loss on a 10 us operation, idem in memory, 1 thread", loss, 1, "%", higher=False)
     dloss = scenarios.get("overhead_10us", {}).get("1", {}).get("loss_percent", {}).get("idem_durable_sqlite")
-    target("throughput loss on a 10 us operation, idem + SQLite async, 1 thread", dloss, 1, "%", higher=False)
+    # The article's durable cost is 3.2 %: the durable target is at most 3 %, in memory at most 1 %.
+    target("throughput loss on a 10 us operation, idem + SQLite async, 1 thread", dloss, 3, "%", higher=False)
+    # SQLite with 10M records already stored (scripts/bench --preload): pairs are transitions / 2.
+    pre = next((x for x in flush_rows if x["store"] == "sqlite" and x["mode"] in ("async", "retry")
+                and x.get("keys") == "random" and x.get("preload")), None)
+    if pre is not None and pre.get("transitions_per_sec"):
+        target(f"flusher async, SQLite (random keys, {pre['preload']:,} records stored), begin + succeed pairs",
+               pre["transitions_per_sec"] / 2, 80000, "pairs/s")
+    # Global claims against the plain INSERT (PROCESSING) + UPDATE (SUCCESS) per request, the same
+    # processes and threads, in the same run (idem-global-bench).
+    glob = {label: rate for label, rate, _ in global_rows}
+    g4, p4 = glob.get("global_claim/processes:4"), glob.get("plain_claim/processes:4")
+    target("global claims, 4 processes: global_guard / plain INSERT + UPDATE per request",
+           g4 / p4 if g4 and p4 else None, 3, "x")
+    sq = flush_rate("sqlite", "async", "transitions_per_sec")
+    target("flusher async, SQLite (random keys), begin + succeed pairs", None if sq is None else sq / 2, 100000, "pairs/s")
     target("memory per live record, idem", memory.get("idem"), 64, "B", higher=False)
     for t in (1, 2):
         target(f"fresh keys, {t} thread{'s' if t > 1 else ''}: with a 10M-key cold window / without",
-               cold_ratio(scenarios, t), 0.9, "x")
+               cold_ratio(scenarios, t), 0.95, "x")
     for r in window:
         if r.get("mode") == "recovery":
-            target(f"recovery of {r['window_records']:,} records in the window ({r['hot']:,} hot), {r['store']}: "
-                   "time to serve", r["open_s"], 3, "s", higher=False)
-            target("cold window memory per key", r["cold_bytes_per_key"], 2, "B", higher=False)
+            start = r.get("start", "load_window")
+            # The issue's target is to serve in under 1 s; load_window keeps the older 3 s bar
+            # (it reads the whole window first, by design).
+            target(f"recovery of {r['window_records']:,} records in the window ({r['hot']:,} hot), {r['store']}, "
+                   f"{start}: time to serve", r["open_s"], 1 if start == "claims_first" else 3, "s", higher=False)
+            target(f"cold window memory per key ({start})", r["cold_bytes_per_key"], 2, "B", higher=False)
         if r.get("unexpected"):
-            problems.append(f"window recall, {r['store']}: {r['unexpected']} answers were not the stored outcome")
+            problems.append(f"window {r.get('mode')}, {r['store']}: {r['unexpected']} answers were not the stored "
+                            "outcome (or a fresh key not granted)")
     return {
         "meta": meta,
         "problems": problems,
@@ -589,12 +612,26 @@ def table_window(results):
         lines.append("")
     rec = [r for r in results.get("window", []) if r.get("mode") == "recovery"]
     if rec:
-        lines += ["| store | records | into memory | into the cold window | time to serve s | of it, the filter s | "
-                  "RSS after MB | peak RSS MB | cold window B/key | slices |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| store | start | records | into memory | into the cold window | time to serve s | "
+                  "cold window complete s | of it, the filter s | RSS after MB | peak RSS MB | cold window B/key | slices |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rec:
-            lines.append(f"| {r['store']} | {r['window_records']:,} | {r['records']:,} | {r['cold']:,} | "
-                         f"{r['open_s']:.2f} | {r['cold_elapsed_s']:.2f} | {r['rss_after_mb']:,.0f} | "
-                         f"{r['peak_rss_mb']:,.0f} | {r['cold_bytes_per_key']:.3f} | {r['cold_slices']} |")
+            lines.append(f"| {r['store']} | {r.get('start', 'load_window')} | {r['window_records']:,} | "
+                         f"{r['records']:,} | {r['cold']:,} | {r['open_s']:.2f} | "
+                         f"{r.get('cold_complete_s', r['open_s']):.2f} | {r['cold_elapsed_s']:.2f} | "
+                         f"{r['rss_after_mb']:,.0f} | {r['peak_rss_mb']:,.0f} | {r['cold_bytes_per_key']:.3f} | "
+                         f"{r['cold_slices']} |")
+        streamed = [r for r in rec if r.get("sampled")]
+        if streamed:
+            lines += ["", "claims_first: requests right after the constructor returned, each timed alone "
+                      "(duplicates of hot keys, answered from the store the first time; fresh keys, each read "
+                      "from the store while the stream runs):", "",
+                      "| store | requests of each kind | of them before the stream completed | duplicate p50 / p99 us | "
+                      "fresh key p50 / p99 us | unexpected answers |", "|---|---|---|---|---|---|"]
+            for r in streamed:
+                lines.append(f"| {r['store']} | {r['sampled']:,} | {r['sampled_during_stream']:,} | "
+                             f"{r['dup_p50_us']:.1f} / {r['dup_p99_us']:.1f} | {r['fresh_p50_us']:.1f} / "
+                             f"{r['fresh_p99_us']:.1f} | {r['unexpected']} |")
     return ("\n".join(lines) + "\n") if lines else "_not measured in this run_\n"
 
 
@@ -629,7 +666,7 @@ def main():
         "library_build_type": context.get("library_build_type", ""),
         "cpu_scaling_enabled": context.get("cpu_scaling_enabled"),
     }
-    results = build_results(guards, memory, flush, meta, problems, storm_rows, window)
+    results = build_results(guards, memory, flush, meta, problems, storm_rows, window, global_rows)
     results["storm_runs"] = storm_rows
     results["cold_window_counters"] = load_cold_counters(os.path.join(a.dir, "guards.json"))
     results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]

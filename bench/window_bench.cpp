@@ -20,7 +20,12 @@
 // N - H between 2 and 6 days ago (store_options::window is 7 days). Reports the durable_guard's
 // construction time (open_s), recovery().elapsed, cold_elapsed, records, cold, expired, the
 // process's resident memory before and after the open and its peak (VmHWM), and the cold window's
-// stats::cold_keys / cold_bytes (bytes per key: the filter's memory per key of the window).
+// stats::cold_keys / cold_bytes (bytes per key: the filter's memory per key of the window). With
+// --start claims_first (recovery_start::claims_first) the guard serves once its claims in flight are
+// in memory (none here) and streams the window's keys after: open_s is then the time to serve, and
+// cold_complete_s the time until the cold window is complete; meanwhile 2,000 duplicates of hot keys
+// and 2,000 fresh keys are timed one by one (dup_p50_us ..., sampled_during_stream of them before
+// the stream completed; unexpected: a duplicate not answered succeeded or a fresh key not granted).
 // SQLite: the store is built once (in a child process, so its memory is not counted) into
 // PATH.window-N-H-vV and copied to PATH for each run; a template older than 6 hours is rebuilt (the
 // records' ages are set when it is built). Building 10M records takes a few minutes and about 3 GB.
@@ -71,6 +76,7 @@ struct args {
     long hot = 1000000;
     long cold = 10000000;
     std::uint64_t seed = 1;
+    idem::recovery_start start = idem::recovery_start::load_window;
 };
 
 bool is_sqlite(const std::string& uri) { return uri.rfind("sqlite:", 0) == 0; }
@@ -330,26 +336,66 @@ int run_recovery(const args& a) {
     idem::store_options so;
     so.mode = idem::durability::async;
     so.prune_interval = {};  // nothing is past the window; no background prune beside the measurement
+    so.start = a.start;
+    const bool claims_first = a.start == idem::recovery_start::claims_first;
+    // claims_first: requests while the window's keys stream in, each timed alone: duplicates of hot
+    // keys (the first keys of the store) and fresh keys, alternating; every duplicate must be
+    // answered succeeded (unexpected counts the others).
+    const std::size_t sample = claims_first ? std::min<std::size_t>(2000, static_cast<std::size_t>(a.hot)) : 0;
+    const auto hot_keys = make_keys(a.seed, sample);
+    std::mt19937_64 fresh_rng(a.seed ^ 0x5eed);
     const memory before = read_memory();
     const auto t0 = clk::now();
     idem::durable_guard g(std::make_unique<idem::sqlite_store>(path, false), o, so);
     const double open_s = seconds(clk::now() - t0);
     const memory after = read_memory();
-    const auto& r = g.recovery();
+    std::vector<double> dup_us, fresh_us;
+    std::size_t unexpected = 0, during_stream = 0;
+    for (std::size_t i = 0; i < sample; ++i) {
+        const bool streaming = !g.recovery().cold_complete;
+        auto t = clk::now();
+        const auto d = g->begin(idem::key(hot_keys[i]));
+        dup_us.push_back(std::chrono::duration<double, std::micro>(clk::now() - t).count());
+        if (d.status != idem::begin_status::succeeded) ++unexpected;
+        const std::string fresh = format_uuid(draw_uuid(fresh_rng));
+        t = clk::now();
+        auto f = g->begin(idem::key(fresh));
+        fresh_us.push_back(std::chrono::duration<double, std::micro>(clk::now() - t).count());
+        if (f.status != idem::begin_status::acquired) ++unexpected;
+        else (void)f.ticket.succeed(1);
+        if (streaming) ++during_stream;
+    }
+    const bool complete = g.wait_for_cold_window(std::chrono::minutes(10));
+    const memory done = read_memory();
+    const auto r = g.recovery();
     const auto s = g.snapshot();
     const auto* w = g.guard().cold_window();
+    auto pct = [](std::vector<double> v, double q) {
+        if (v.empty()) return 0.0;
+        std::sort(v.begin(), v.end());
+        return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+    };
     std::printf(
-        "{\"mode\":\"recovery\",\"store\":\"%s\",\"window_records\":%ld,\"hot\":%ld,\"template_cached\":%s,"
-        "\"build_s\":%.1f,\"open_s\":%.3f,\"elapsed_s\":%.3f,\"cold_elapsed_s\":%.3f,\"records\":%zu,"
-        "\"cold\":%zu,\"expired\":%zu,\"rss_before_mb\":%.1f,\"rss_after_mb\":%.1f,\"peak_rss_mb\":%.1f,"
-        "\"cold_keys\":%llu,\"cold_bytes\":%llu,\"cold_bytes_per_key\":%.3f,\"cold_slices\":%llu}\n",
-        store_kind(a.store).c_str(), a.window_records, a.hot, cached ? "true" : "false", build_s, open_s, seconds(r.elapsed),
-        seconds(r.cold_elapsed), r.records, r.cold, r.expired, before.rss_kb / 1024.0, after.rss_kb / 1024.0,
-        after.hwm_kb / 1024.0, static_cast<unsigned long long>(s.cold_keys), static_cast<unsigned long long>(s.cold_bytes),
+        "{\"mode\":\"recovery\",\"start\":\"%s\",\"store\":\"%s\",\"window_records\":%ld,\"hot\":%ld,"
+        "\"template_cached\":%s,\"build_s\":%.1f,\"open_s\":%.3f,\"elapsed_s\":%.3f,\"cold_elapsed_s\":%.3f,"
+        "\"cold_complete_s\":%.3f,\"records\":%zu,\"cold\":%zu,\"expired\":%zu,\"rss_before_mb\":%.1f,"
+        "\"rss_after_mb\":%.1f,\"rss_complete_mb\":%.1f,\"peak_rss_mb\":%.1f,\"cold_keys\":%llu,\"cold_bytes\":%llu,"
+        "\"cold_bytes_per_key\":%.3f,\"cold_slices\":%llu,\"sampled\":%zu,\"sampled_during_stream\":%zu,"
+        "\"dup_p50_us\":%.1f,\"dup_p99_us\":%.1f,\"fresh_p50_us\":%.1f,\"fresh_p99_us\":%.1f,\"unexpected\":%zu}\n",
+        claims_first ? "claims_first" : "load_window", store_kind(a.store).c_str(), a.window_records, a.hot,
+        cached ? "true" : "false", build_s, open_s, seconds(r.elapsed), seconds(r.cold_elapsed),
+        claims_first ? seconds(r.cold_complete_after) : seconds(r.elapsed), r.records, r.cold, r.expired,
+        before.rss_kb / 1024.0, after.rss_kb / 1024.0, done.rss_kb / 1024.0, done.hwm_kb / 1024.0,
+        static_cast<unsigned long long>(s.cold_keys), static_cast<unsigned long long>(s.cold_bytes),
         s.cold_keys != 0 ? static_cast<double>(s.cold_bytes) / static_cast<double>(s.cold_keys) : 0.0,
-        static_cast<unsigned long long>(w != nullptr ? w->use().slices : 0));
-    const bool ok = r.records == static_cast<std::size_t>(a.hot) &&
-                    r.cold == static_cast<std::size_t>(a.window_records - a.hot) && r.expired == 0;
+        static_cast<unsigned long long>(w != nullptr ? w->use().slices : 0), sample, during_stream, pct(dup_us, 0.5),
+        pct(dup_us, 0.99), pct(fresh_us, 0.5), pct(fresh_us, 0.99), unexpected);
+    const auto window = static_cast<std::size_t>(a.window_records), hot = static_cast<std::size_t>(a.hot);
+    // claims_first: nothing was in flight, every record of the window is in the filter (and the
+    // sampled fresh keys the stream may have met already flushed).
+    const bool ok = claims_first ? complete && r.records == 0 && r.cold >= window && r.cold <= window + sample &&
+                                       r.expired == 0 && unexpected == 0
+                                 : r.records == hot && r.cold == window - hot && r.expired == 0;
     return ok ? 0 : 1;
 }
 
@@ -372,6 +418,8 @@ int main(int argc, char** argv) {
         else if (f == "--window-records") a.window_records = std::stol(v);
         else if (f == "--hot") a.hot = std::stol(v);
         else if (f == "--seed") a.seed = std::stoull(v);
+        else if (f == "--start" && (v == "load_window" || v == "claims_first"))
+            a.start = v == "claims_first" ? idem::recovery_start::claims_first : idem::recovery_start::load_window;
         else {
             std::fprintf(stderr, "window_bench: unknown flag or value: %s %s\n", f.c_str(), v.c_str());
             return 2;
@@ -381,6 +429,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr,
                      "usage: window_bench --mode recall --store URI [--records N] [--ops M]\n"
                      "       window_bench --mode recovery --store sqlite:PATH [--window-records N] [--hot H]\n"
+                     "                    [--start load_window|claims_first]\n"
                      "       window_bench --mode fresh --store URI [--cold K] [--ops M]\n");
         return 2;
     }

@@ -10,12 +10,13 @@
 // * A key whose record is gone (deleted by hand, as a prune would) still has its trail, by scan.
 // * A broken chain is corrupt_record naming the key and the row, never a short trail.
 // * An unknown schema version, or a missing version row, is refused at open.
-// * A version 2 file is upgraded to version 3 in place (its records and trails kept) and prunes.
+// * A version 2 file is upgraded to version 4 in place (its records and trails kept) and prunes.
 // * A chain cut by a prune (its first rows gone) is a trail's legal start, not a broken chain; a row
 //   missing above the pruned sequence is still corrupt_record.
 // * A version 3 file from before response payloads (no payload column) gains the column at open,
-//   still version 3, every record and trail kept, no row rewritten; records read with an empty
-//   payload, new completions store theirs, and a second open changes nothing.
+//   and is upgraded to version 4 (idem_schema.max_fence from its records, the index of claims in
+//   flight), every record and trail kept; records read with an empty payload, new completions store
+//   theirs, and a second open changes nothing.
 #include <idem/stores/sqlite_store.hpp>
 #include <idem/verify.hpp>
 
@@ -91,7 +92,7 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
     sqlite_exec(db, version_1_schema);
     {
         idem::sqlite_store st(db);
-        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
+        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 4);
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_biz_status'"), 0);
         EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 5);
         EXPECT_EQ(trail(st, "A_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
@@ -116,7 +117,7 @@ TEST(SqliteLayout, AVersion1FileIsUpgradedInPlaceKeepingEveryRecordAndTrail) {
         EXPECT_EQ(trail(st, "B_PAY_v1").size(), 4u);
         EXPECT_TRUE(idem_test::verify_clean(st));
     }
-    idem::sqlite_store again(db);  // a second open finds version 3 and changes nothing
+    idem::sqlite_store again(db);  // a second open finds version 4 and changes nothing
     EXPECT_EQ(trail(again, "A_PAY_v1").size(), 2u);
     EXPECT_EQ(raw_int(db, "SELECT count(*) FROM idempotent_audit"), 6);
 }
@@ -133,7 +134,7 @@ TEST(SqliteLayout, AnUnknownVersionOrAMissingVersionRowIsRefusedAtOpen) {
     for (const damage& d : std::vector<damage>{
              {"UPDATE idem_schema SET version = 7",
               errc::store_error,
-              {"schema version 7", "1 and 2, upgraded in place, or 3"}},
+              {"schema version 7", "1, 2 and 3, upgraded in place, or 4"}},
              {"DELETE FROM idem_schema", errc::corrupt_record, {"idem_schema has no version row"}},
          }) {
         SCOPED_TRACE(d.sql);
@@ -238,7 +239,7 @@ TEST(SqliteLayout, ABrokenChainIsCorruptRecordNamingTheKeyAndRow) {
     }
 }
 
-TEST(SqliteLayout, AVersion2FileIsUpgradedToVersion3InPlaceAndPrunes) {
+TEST(SqliteLayout, AVersion2FileIsUpgradedToVersion4InPlaceAndPrunes) {
     idem_test::temp_dir dir("idem-layout");
     const std::string db = dir.file("v2.db");
     {
@@ -252,15 +253,17 @@ TEST(SqliteLayout, AVersion2FileIsUpgradedToVersion3InPlaceAndPrunes) {
                                  3)},
                  2);
     }
-    // Back to version 2 as that release created it: no prune columns, no updated_time index.
+    // Back to version 2 as that release created it: no prune columns, no updated_time index, and
+    // none of version 4 (max_fence, the index of claims in flight).
     sqlite_exec(db,
                 "ALTER TABLE idem_schema DROP COLUMN records_horizon; ALTER TABLE idem_schema DROP COLUMN "
                 "audit_horizon; ALTER TABLE idem_schema DROP COLUMN pruned_sequence; ALTER TABLE idem_schema "
-                "DROP COLUMN pruned_fence; DROP INDEX idx_idempotent_record_updated; UPDATE idem_schema SET "
-                "version = 2");
+                "DROP COLUMN pruned_fence; DROP INDEX idx_idempotent_record_updated; ALTER TABLE idem_schema DROP "
+                "COLUMN max_fence; DROP INDEX idx_idempotent_record_claims; UPDATE idem_schema SET version = 2");
     idem::sqlite_store st(db);
-    EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
+    EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 4);
     EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_updated'"), 1);
+    EXPECT_EQ(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'idx_idempotent_record_claims'"), 1);
     EXPECT_EQ(trail(st, "E_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1"}));
     EXPECT_EQ(st.horizon(), idem::prune_horizon{});
     const auto r = st.prune({.records_before_ms = 200, .audit_before_ms = 101});
@@ -345,7 +348,14 @@ TEST(SqliteLayout, AFileFromBeforePayloadsGainsThePayloadColumnAtOpenKeepingEver
     {
         idem::sqlite_store st(db);
         EXPECT_EQ(has_column(), 1);
-        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 3);
+        // Upgraded to version 4 in the same open: the largest fence read once from the records,
+        // and the claims in flight found through their index.
+        EXPECT_EQ(raw_int(db, "SELECT version FROM idem_schema"), 4);
+        EXPECT_EQ(raw_int(db, "SELECT max_fence FROM idem_schema"), 1);
+        EXPECT_EQ(st.max_fence(), 1u);
+        std::vector<std::string> claims;
+        st.load_claims([&](const idem::stored_record& r) { claims.push_back(r.key); });
+        EXPECT_EQ(claims, std::vector<std::string>{"B_PAY_v1"});
         const idem::stored_record a{"A_PAY_v1", "PAY", record_state::succeeded, 1, 900, 7, 5, 100, 101, {}};
         EXPECT_EQ(st.get("A_PAY_v1"), a);
         EXPECT_EQ(trail(st, "B_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));

@@ -194,6 +194,9 @@ enum class mutation {
     /// The guard's rotation waits until every row offered so far is decided (the guard wired with
     /// set_all_flushed(drained), the old rotation condition): a steady load starves rotation.
     drained_marks,
+    /// recovery_start::claims_first with the cold window complete (and empty) before the window's
+    /// keys are streamed in: until the stream, a decided key memory does not hold is granted again.
+    stream_completed_early,
 };
 const char* to_string(mutation m) {
     switch (m) {
@@ -207,6 +210,7 @@ const char* to_string(mutation m) {
         case mutation::oversized_queue: return "oversized_queue";
         case mutation::recall_forgets: return "recall_forgets";
         case mutation::cold_dropped: return "cold_dropped";
+        case mutation::stream_completed_early: return "stream_completed_early";
         case mutation::loaded_fence_floor: return "loaded_fence_floor";
         case mutation::drained_marks: return "drained_marks";
         case mutation::payload_dropped: return "payload_dropped";
@@ -868,15 +872,17 @@ struct outcome {
     bool big_store = false;                   ///< the seed has at least 4 times more keys than capacity
     std::uint64_t recalls = 0, recalled = 0;  ///< recall() calls of the sink; records it answered with
     std::uint64_t prunes = 0, pruned_records = 0, pruned_audit_rows = 0;
-    std::uint64_t cold_at_start = 0;      ///< records recovery gave to the cold window
-    std::uint64_t expired_at_start = 0;   ///< records recovery skipped (past the window)
-    std::uint64_t hot_at_start = 0;       ///< terminal and released records recovery put in memory
-    std::uint64_t max_store_records = 0;  ///< the largest store a recovery read (records)
-    std::uint64_t grant_checks = 0;       ///< grants checked against the store's decisions in the window
-    std::uint64_t window_reopened = 0;    ///< claims granted after a terminal decision went past the window
-    std::uint64_t old_retries = 0;        ///< begin() of a key that completed before
-    std::uint64_t old_duplicates = 0;     ///< ... answered with its decision
-    std::uint64_t long_pauses = 0;        ///< clock jumps of seconds to minutes (past retention or the window)
+    std::uint64_t cold_at_start = 0;        ///< records recovery gave to the cold window
+    std::uint64_t expired_at_start = 0;     ///< records recovery skipped (past the window)
+    std::uint64_t hot_at_start = 0;         ///< terminal and released records recovery put in memory
+    std::uint64_t claims_first_starts = 0;  ///< starts by recovery_start::claims_first (claims, then the stream)
+    std::uint64_t streams_retried = 0;      ///< window streams the store broke, started again later
+    std::uint64_t max_store_records = 0;    ///< the largest store a recovery read (records)
+    std::uint64_t grant_checks = 0;         ///< grants checked against the store's decisions in the window
+    std::uint64_t window_reopened = 0;      ///< claims granted after a terminal decision went past the window
+    std::uint64_t old_retries = 0;          ///< begin() of a key that completed before
+    std::uint64_t old_duplicates = 0;       ///< ... answered with its decision
+    std::uint64_t long_pauses = 0;          ///< clock jumps of seconds to minutes (past retention or the window)
     // the rotation's fixes
     bool interleaved = false;             ///< the guard ran on sim_atomic
     bool versioned = false;               ///< ordered versions
@@ -1065,6 +1071,7 @@ public:
     outcome run() {
         for (std::uint64_t s = 0; s < steps_; ++s) {
             ++out_.steps;
+            if (stream_pending_ && out_.steps >= stream_at_) stream_cold();
             if (outage_active_ && clock_.now() >= outage_until_) {
                 outage_active_ = false;
                 log_("outage over");
@@ -1233,7 +1240,22 @@ private:
                 const rec::window w{po_.window};
                 const auto note = [this](const idem::stored_record& r) { note_restored(r.key); };
                 rec::tally t;
-                if (g_mutation == mutation::cold_dropped || g_mutation == mutation::loaded_fence_floor) {
+                // recovery_start::claims_first in one start of three without ordered versions (as
+                // durable_guard: versions are seeded from every record): the claims in flight and
+                // the fence floor now, the window's keys streamed into the cold window at a later
+                // step (stream_cold), every miss read from the store until then.
+                stream_pending_ = false;
+                const bool claims_first =
+                    versions_ == 0 && (mix(seed_, 19, incarnation_ * 64 + static_cast<std::uint64_t>(attempt)) % 3 == 0 ||
+                                       g_mutation == mutation::stream_completed_early);
+                if (claims_first) {
+                    t = rec::load_claims(*g_, *store_, sim_wall);
+                    if (g_mutation == mutation::stream_completed_early)
+                        (void)idem::detail::guard_access::remember_cold(*g_, {}, /*completes=*/true);
+                    stream_pending_ = true;
+                    stream_at_ = out_.steps + mix(seed_, 23, incarnation_) % 300;
+                    ++out_.claims_first_starts;
+                } else if (g_mutation == mutation::cold_dropped || g_mutation == mutation::loaded_fence_floor) {
                     rec::loaded l = rec::load(*g_, *store_, sim_wall, w, note);
                     if (g_mutation == mutation::cold_dropped) l.cold.clear();  // the cold window learns nothing
                     const std::uint64_t floor = g_mutation == mutation::loaded_fence_floor
@@ -1286,6 +1308,27 @@ private:
         }
         ++incarnation_;
         log_("start #" + std::to_string(incarnation_) + ", compensated " + std::to_string(g_->compensate()));
+    }
+
+    /// claims_first: the window's keys streamed into the cold window, by the durable guard's code
+    /// (detail/recovery/recover.hpp, stream_window_keys), at one step of the life (the guard's
+    /// thread does it beside the callers; here the operations before it meet a partial filter). A
+    /// stream the store breaks starts again 50 steps later, as the guard's does after a pause.
+    void stream_cold() {
+        namespace rec = idem::detail::recovery;
+        try {
+            const rec::tally t = rec::stream_window_keys(*g_, *store_, sim_wall, rec::window{po_.window},
+                                                         sim_wall.to_wall_ms(g_->now()), [] { return false; });
+            stream_pending_ = false;
+            out_.cold_at_start += t.cold;
+            out_.expired_at_start += t.expired;
+            log_("cold window streamed: " + std::to_string(t.cold) + " keys, " + std::to_string(t.expired) +
+                 " past the window");
+        } catch (const idem::error& e) {
+            stream_at_ = out_.steps + 50;
+            ++out_.streams_retried;
+            log_(std::string("cold window stream failed: ") + e.what() + "; again later");
+        }
     }
 
     /// Every transition the queue took. A claim from ABSENT on a key whose last transition left it
@@ -1970,6 +2013,8 @@ private:
     std::uint64_t clients_ = 2, steps_ = 0, crashes_left_ = 0, incarnation_ = 0;
     std::chrono::nanoseconds outage_until_{0};
     bool outage_active_ = false;   ///< an outage began and the probe after its end has not run yet
+    bool stream_pending_ = false;  ///< claims_first: the window's keys are not streamed in yet
+    std::uint64_t stream_at_ = 0;  ///< the step at which stream_cold runs
     std::uint64_t rotations_ = 0;  ///< rotations so far, over every process life
     std::deque<idem::key> keys_;   ///< by index: the clients' keys, then the probes', then the steady load's
     std::unordered_map<std::string, std::size_t> index_;  ///< a key's index in keys_
@@ -2083,6 +2128,8 @@ TEST(sim, seeds) {
         w.cold_at_start += o.cold_at_start;
         w.expired_at_start += o.expired_at_start;
         w.hot_at_start += o.hot_at_start;
+        w.claims_first_starts += o.claims_first_starts;
+        w.streams_retried += o.streams_retried;
         w.max_store_records = std::max(w.max_store_records, o.max_store_records);
         w.grant_checks += o.grant_checks;
         w.window_reopened += o.window_reopened;
@@ -2159,7 +2206,8 @@ TEST(sim, seeds) {
         "4+ times more keys than capacity (largest store read at a start: %llu records); %llu claims of keys "
         "the cold window may hold read the store (%llu answered from a record, %llu store_unavailable; "
         "guard: %llu recalled), %llu capacity_exhausted answers; recovery put %llu records in memory, %llu in "
-        "the cold window, skipped %llu past the window; %llu prunes removed %llu records and %llu audit rows; "
+        "the cold window, skipped %llu past the window (%llu starts claims first, %llu window streams broken "
+        "and started again); %llu prunes removed %llu records and %llu audit rows; "
         "%llu retries of completed keys (%llu answered with the decision), %llu long pauses, %llu keys "
         "claimed again past the window, %llu grants checked against the store's decisions in the window\n",
         static_cast<unsigned long long>(short_window_seeds), static_cast<unsigned long long>(audit_seeds),
@@ -2168,6 +2216,7 @@ TEST(sim, seeds) {
         static_cast<unsigned long long>(gs.recall_failures), static_cast<unsigned long long>(gs.recalled),
         static_cast<unsigned long long>(gs.capacity_exhausted), static_cast<unsigned long long>(w.hot_at_start),
         static_cast<unsigned long long>(w.cold_at_start), static_cast<unsigned long long>(w.expired_at_start),
+        static_cast<unsigned long long>(w.claims_first_starts), static_cast<unsigned long long>(w.streams_retried),
         static_cast<unsigned long long>(w.prunes), static_cast<unsigned long long>(w.pruned_records),
         static_cast<unsigned long long>(w.pruned_audit_rows), static_cast<unsigned long long>(w.old_retries),
         static_cast<unsigned long long>(w.old_duplicates), static_cast<unsigned long long>(w.long_pauses),
@@ -2249,6 +2298,7 @@ TEST(sim, checker_has_teeth) {
           case_{mutation::rejected_as_committed, "poison key"}, case_{mutation::accepts_ignored, "store::accepts refuses"},
           case_{mutation::oversized_queue, "queue depth"}, case_{mutation::recall_forgets, "while the store holds its"},
           case_{mutation::cold_dropped, "while the store holds its"},
+          case_{mutation::stream_completed_early, "while the store holds its"},
           case_{mutation::loaded_fence_floor, "not above the fence", true},
           case_{mutation::drained_marks, "steady load", true}, case_{mutation::payload_dropped, "replayed payload", true},
           // with ordered versions, a recall that forgets makes a version that ran look

@@ -24,12 +24,24 @@
 // nowhere; new fences start above the store's largest; (3) the flusher starts; (4) claims whose
 // lease already expired are sent to the resolver (compensation, audited); (5) the periodic
 // maintenance thread starts.
+//
+// With store_options::start = recovery_start::claims_first, (2) reads only the claims in flight and
+// the largest fence, and a thread of the guard (cold_loader_) streams the window's keys into the
+// cold window after the constructor returns; until it is done, every key memory does not hold is
+// read from the store before it is granted (recovery_report::cold_complete says when it is done;
+// wait_for_cold_window waits for it). A stream the store interrupts (store_unavailable) starts
+// again after a pause; any other failure leaves the filter partial, which is correct and slower,
+// and is reported in recovery_report::cold_error.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "idem/detail/pipeline/flush_pipeline.hpp"
@@ -50,7 +62,18 @@ struct recovery_report {
     std::size_t cold = 0;                      ///< records of the idempotency window left in the store, in the cold window
     std::size_t expired = 0;                   ///< records past the idempotency window: forgotten (prune removes them)
     std::chrono::nanoseconds elapsed{0};       ///< from the first read to serving
-    std::chrono::nanoseconds cold_elapsed{0};  ///< of that, building the cold window's filter
+    std::chrono::nanoseconds cold_elapsed{0};  ///< building the cold window's filter
+    /// recovery_start::claims_first ran: memory held only the claims in flight at start, and the
+    /// window's keys were streamed into the cold window after the guard served (`cold`, `expired`
+    /// and `cold_elapsed` are that stream's, once it is complete).
+    bool claims_first = false;
+    /// The cold window holds every key of the window. Always true after load_window; with
+    /// claims_first, false until the stream completes (meanwhile every key memory does not hold is
+    /// read from the store), and for good if it failed (cold_error).
+    bool cold_complete = true;
+    std::chrono::nanoseconds cold_complete_after{0};  ///< claims_first: from the first read to cold_complete
+    std::size_t cold_attempts = 0;                    ///< claims_first: streams started (more than 1: the store was down)
+    std::string cold_error;                           ///< claims_first: why the last stream failed (empty: none did)
 };
 
 template <template <class> class Atomic = std::atomic, class Clock = steady_clock_source>
@@ -72,16 +95,24 @@ public:
         detail::guard_access::enable_cold_window(guard_, window().on_clock());
         pipeline_.set_recall([this](const stored_record& r) { return to_recalled(r); });
         pipeline_.set_window_clock([this] { return window_now_ms(); });  // the prune bound's now
-        recover();
+        const auto started = std::chrono::steady_clock::now();
+        std::unique_ptr<store> reader;
+        if (so_.start == recovery_start::claims_first && !guard_.opts().ordered_versions) reader = store_->open_reader();
+        if (reader != nullptr) recover_claims_first();
+        else recover();
         pipeline_.start();
         detail::guard_access::set_flush_marks(
             guard_, [this] { return pipeline_.issued(); },
             [this](std::uint64_t seq) { return pipeline_.decided_through(seq); });
         report_.compensated = guard_.compensate();
         detail::guard_access::start_maintenance(guard_);
+        if (reader != nullptr)
+            cold_loader_ = std::jthread(
+                [this, r = std::move(reader), started](std::stop_token stop) mutable { stream_cold(*r, started, stop); });
     }
 
     ~basic_durable_guard() {
+        stop_cold_loader();
         detail::guard_access::stop_maintenance(guard_);
         pipeline_.stop();
     }
@@ -91,7 +122,19 @@ public:
     guard_type& guard() noexcept { return guard_; }
     guard_type* operator->() noexcept { return &guard_; }
     store& backing_store() noexcept { return *store_; }
-    [[nodiscard]] const recovery_report& recovery() const noexcept { return report_; }
+    /// What recovery found. A copy: with recovery_start::claims_first its cold-window fields change
+    /// when the stream after start completes.
+    [[nodiscard]] recovery_report recovery() const {
+        std::lock_guard lock(report_mutex_);
+        return report_;
+    }
+    /// Blocks until the cold window is complete (recovery_start::claims_first: the window's keys
+    /// streamed in), its stream failed for good, or the timeout passes. True when it is complete.
+    bool wait_for_cold_window(std::chrono::nanoseconds timeout = std::chrono::seconds(60)) {
+        std::unique_lock lock(report_mutex_);
+        cold_done_.wait_for(lock, timeout, [this] { return report_.cold_complete || !cold_streaming_; });
+        return report_.cold_complete;
+    }
     [[nodiscard]] durability mode() const noexcept { return so_.mode; }
 
     /// Blocks until every transition offered so far is committed, or the timeout passes.
@@ -168,12 +211,87 @@ private:
         report_.cold_elapsed = t.cold_elapsed;
     }
 
+    /// recovery_start::claims_first, before the guard serves: the claims in flight and the fence
+    /// floor; the cold window stays partial until stream_cold completes it.
+    void recover_claims_first() {
+        const detail::recovery::tally t = detail::recovery::load_claims(guard_, *store_, wall_);
+        report_.claims_first = true;
+        report_.cold_complete = false;
+        cold_streaming_ = true;
+        report_.records = t.records;
+        report_.processing = t.processing;
+        report_.refused = t.refused;
+        report_.elapsed = t.elapsed;
+    }
+
+    /// The cold loader's thread: streams the window's keys on `reader` into the cold window. A
+    /// store that cannot be reached (store_unavailable) is asked again after a pause that doubles
+    /// up to store_options::max_backoff; any other error is final (the filter stays partial).
+    void stream_cold(store& reader, std::chrono::steady_clock::time_point started, std::stop_token stop) {
+        std::chrono::nanoseconds pause = std::chrono::milliseconds(10);
+        for (;;) {
+            {
+                std::lock_guard lock(report_mutex_);
+                ++report_.cold_attempts;
+            }
+            bool again = false;
+            try {
+                const auto t = detail::recovery::stream_window_keys(guard_, reader, wall_, window(), window_now_ms(),
+                                                                    [&] { return stop.stop_requested(); });
+                std::lock_guard lock(report_mutex_);
+                report_.cold = t.cold;
+                report_.expired = t.expired;
+                report_.cold_elapsed = t.cold_elapsed;
+                report_.cold_complete = true;
+                report_.cold_complete_after = std::chrono::steady_clock::now() - started;
+                report_.cold_error.clear();
+            } catch (const detail::recovery::stream_stopped&) {
+                std::lock_guard lock(report_mutex_);
+                report_.cold_error = "the cold window's stream was stopped: the guard was destroyed first";
+            } catch (const error& e) {
+                std::lock_guard lock(report_mutex_);
+                report_.cold_error = e.what();
+                again = e.kind() == errc::store_unavailable;
+            } catch (const std::exception& e) {
+                std::lock_guard lock(report_mutex_);
+                report_.cold_error = e.what();
+            }
+            if (!again) break;
+            {
+                std::unique_lock lock(report_mutex_);
+                (void)pause_.wait_for(lock, stop, pause, [] { return false; });  // ended early only by a stop
+            }
+            if (stop.stop_requested()) break;
+            pause = std::min<std::chrono::nanoseconds>(2 * pause, std::max(so_.max_backoff, pause));
+            try {
+                reader.reconnect();
+            } catch (const std::exception& e) {
+                std::lock_guard lock(report_mutex_);
+                report_.cold_error = e.what();
+            }
+        }
+        std::lock_guard lock(report_mutex_);
+        cold_streaming_ = false;
+        cold_done_.notify_all();
+    }
+
+    void stop_cold_loader() {
+        if (!cold_loader_.joinable()) return;
+        cold_loader_.request_stop();
+        cold_loader_.join();
+    }
+
     std::unique_ptr<store> store_;
     store_options so_;
     const detail::recovery::clock_map wall_;  // the guard's clock <-> Unix ms, taken once (clock_map.hpp)
     detail::pipeline::flush_pipeline pipeline_;
     guard_type guard_;
+    mutable std::mutex report_mutex_;  // report_ and cold_streaming_, which the cold loader changes
+    std::condition_variable cold_done_;
+    std::condition_variable_any pause_;  // the cold loader's pause between attempts, ended by a stop
     recovery_report report_;
+    bool cold_streaming_ = false;
+    std::jthread cold_loader_;  // last: stopped and joined before anything it uses is destroyed
 };
 
 using durable_guard = basic_durable_guard<>;
@@ -208,6 +326,10 @@ inline std::string to_prometheus(const recovery_report& r) {
     gauge("recovery_expired_records", "Records past the idempotency window found at start (forgotten).",
           std::to_string(r.expired));
     gauge("recovery_refused_records", "Records memory had no room for at start.", std::to_string(r.refused));
+    gauge("recovery_cold_complete",
+          "1 when the cold window holds every key of the idempotency window; 0 while recovery_start::claims_first "
+          "still streams it in (every key memory does not hold is read from the store), or after that stream failed.",
+          r.cold_complete ? "1" : "0");
     return out;
 }
 

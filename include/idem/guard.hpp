@@ -278,8 +278,20 @@ struct guard_access {
         return g.table_.cold_entry(k, updated);
     }
     template <class G>
-    [[nodiscard]] static bool remember_cold(G& g, std::span<const table::window_filter::entry> keys) {
-        return g.table_.remember_cold(keys);
+    [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, std::string_view key_text,
+                                                                std::chrono::nanoseconds updated) noexcept {
+        return g.table_.cold_entry(key_text, updated);
+    }
+    template <class G>
+    [[nodiscard]] static bool remember_cold(G& g, std::span<const table::window_filter::entry> keys,
+                                            bool completes = false) {
+        return g.table_.remember_cold(keys, completes);
+    }
+    /// A partial cold window (recovery_start::claims_first): every key memory does not hold is
+    /// read from the store until remember_cold(..., completes = true).
+    template <class G>
+    static void begin_partial_cold(G& g) {
+        g.table_.begin_partial_cold();
     }
     /// Starts the maintenance thread of a guard built with defer_maintenance (after recovery).
     template <class G>

@@ -104,9 +104,11 @@ inline void move_home(const std::vector<region>& rs, const std::string& space, c
                                          std::chrono::system_clock::now().time_since_epoch())
                                          .count();
         step(from, "fence", [&](pqxx::connection& c) {
-            pqxx::work w(c);
-            for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
-            w.commit();
+            dr::retry_deadlocks([&] {
+                pqxx::work w(c);
+                for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
+                w.commit();
+            });
             pqxx::work m(c);
             m.exec_params("INSERT INTO " + schema + ".idempotent_batch (batch_id, committed_time) VALUES ($1, 0)", marker);
             m.commit();
@@ -228,9 +230,11 @@ inline void move_home(const std::vector<region>& rs, const std::string& space, c
     }
     // 5. last: `to` decides it
     step(to, "removing its replica guard", [&](pqxx::connection& c) {
-        pqxx::work w(c);
-        for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
-        w.commit();
+        dr::retry_deadlocks([&] {
+            pqxx::work w(c);
+            for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
+            w.commit();
+        });
     });
 }
 

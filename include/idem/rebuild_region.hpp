@@ -141,18 +141,20 @@ inline rebuild_report rebuild_region(
         }
         for (std::size_t x = 0; x < rs.size(); ++x) {
             const std::string schema = dr::schema_of(rs[x].name);
-            pqxx::work w(c);
-            w.exec("SET LOCAL lock_timeout = " + std::to_string(ready_timeout.count()));
-            w.exec(std::string(detail::pg::schema_lock));
-            w.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
-            w.exec("SET LOCAL search_path = " + schema);
-            w.exec(std::string(detail::pg::schema_ddl));
-            for (const std::string& q : dr::guard_sql(schema, rs[x].name, "region " + decider[x])) w.exec(q);
-            if (lo) {
-                w.exec(std::string(dr::lease::ddl));
-                for (const std::string& q : dr::lease::fence_sql(schema)) w.exec(q);
-            }
-            w.commit();
+            dr::retry_deadlocks([&] {
+                pqxx::work w(c);
+                w.exec("SET LOCAL lock_timeout = " + std::to_string(ready_timeout.count()));
+                w.exec(std::string(detail::pg::schema_lock));
+                w.exec("CREATE SCHEMA IF NOT EXISTS " + schema);
+                w.exec("SET LOCAL search_path = " + schema);
+                w.exec(std::string(detail::pg::schema_ddl));
+                for (const std::string& q : dr::guard_sql(schema, rs[x].name, "region " + decider[x])) w.exec(q);
+                if (lo) {
+                    w.exec(std::string(dr::lease::ddl));
+                    for (const std::string& q : dr::lease::fence_sql(schema)) w.exec(q);
+                }
+                w.commit();
+            });
         }
     });
     // 2. The others' subscriptions to it made again, empty (it publishes nothing): its walsenders

@@ -230,14 +230,16 @@ inline void setup_regions(const std::vector<region>& rs, replication_mode mode,
         for (std::size_t x = 0; x < rs.size(); ++x) {
             const std::string schema = dr::schema_of(rs[x].name);
             try {
-                pqxx::work w(*cs[c]);
-                const bool here = decider[x] == rs[c].name;
-                for (const std::string& q :
-                     here ? dr::unguard_sql(schema)
-                          : dr::guard_sql(schema, rs[x].name,
-                                          decider[x].empty() ? "another region's cluster" : "region " + decider[x]))
-                    w.exec(q);
-                w.commit();
+                dr::retry_deadlocks([&] {
+                    pqxx::work w(*cs[c]);
+                    const bool here = decider[x] == rs[c].name;
+                    for (const std::string& q :
+                         here ? dr::unguard_sql(schema)
+                              : dr::guard_sql(schema, rs[x].name,
+                                              decider[x].empty() ? "another region's cluster" : "region " + decider[x]))
+                        w.exec(q);
+                    w.commit();
+                });
             } catch (const std::exception& e) {
                 throw fail(rs[c], "replica guard of " + schema, e);
             }

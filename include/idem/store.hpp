@@ -95,6 +95,25 @@ public:
     /// breaks the schema's rules, naming the key and the rule.
     virtual void load(const std::function<void(const stored_record&)>& fn) = 0;
     [[nodiscard]] virtual std::optional<stored_record> get(std::string_view key) = 0;
+    /// Recovery that serves first (recovery_start::claims_first) reads the store in two parts.
+    /// load_claims: calls fn for every PROCESSING record. Default: load(), filtered; a store that
+    /// can find them without reading every record overrides it (sqlite_store: a partial index).
+    virtual void load_claims(const std::function<void(const stored_record&)>& fn) {
+        load([&](const stored_record& r) {
+            if (r.state == record_state::processing) fn(r);
+        });
+    }
+    /// load_window_keys: calls fn(key, updated_ms) for every record updated at or after since_ms
+    /// (Unix ms; prune_limits::keep_all: every record), in any order; PROCESSING records may be
+    /// among them. Only the key and its last update, so a store can answer from an index
+    /// without reading the rows (sqlite_store: the updated_time index, which holds the key).
+    /// The keys are not checked as load() checks them: they only feed the cold window's filter,
+    /// and a key that is looked up is read again, whole and checked, with get(). Default: load().
+    virtual void load_window_keys(std::int64_t since_ms, const std::function<void(std::string_view, std::int64_t)>& fn) {
+        load([&](const stored_record& r) {
+            if (r.updated_ms >= since_ms) fn(r.key, r.updated_ms);
+        });
+    }
     /// The key's audit trail in sequence order.
     [[nodiscard]] virtual std::vector<audit_entry> audit(std::string_view key) = 0;
     /// Every audit row, ordered by key then sequence (for `idem verify`).

@@ -26,6 +26,33 @@ inline std::ostream& operator<<(std::ostream& os, durability d) {
     return os << "durability(" << static_cast<unsigned>(d) << ')';
 }
 
+/// What a durable guard reads from its store before its constructor returns (durable.hpp).
+enum class recovery_start : std::uint8_t {
+    /// Every record of the idempotency window: claims in flight, released records and the hot
+    /// window into memory, the rest into the cold window's filter. The guard then serves with the
+    /// hot window in memory; start-up time grows with the window (10M records on SQLite: about
+    /// 6 s).
+    load_window,
+    /// Claims in flight only (every PROCESSING record) and the largest fence; the constructor then
+    /// returns, and a thread streams the keys of the whole window (one key and one time per record,
+    /// on a second connection: store::open_reader) into the cold window's filter. Until that stream
+    /// is complete, every key memory does not hold is read from the store before it is granted
+    /// (a duplicate is answered from the store and comes back into memory; a fresh key pays one
+    /// store read). Start-up time follows the claims in flight, not the window. Needs a store that
+    /// opens a reader (SQLite, PostgreSQL, MySQL) and options.ordered_versions off; otherwise
+    /// the guard starts as load_window does (recovery_report::claims_first says which ran).
+    claims_first,
+};
+
+/// Prints the enumerator's name; a value outside the enum as "recovery_start(N)".
+inline std::ostream& operator<<(std::ostream& os, recovery_start r) {
+    switch (r) {
+        case recovery_start::load_window: return os << "load_window";
+        case recovery_start::claims_first: return os << "claims_first";
+    }
+    return os << "recovery_start(" << static_cast<unsigned>(r) << ')';
+}
+
 struct store_options {
     durability mode = durability::async;
     std::size_t queue_capacity = 1u << 16;  ///< transitions the queue holds
@@ -61,6 +88,8 @@ struct store_options {
     /// Longest wait for the store's answer about a key the cold window may hold (a duplicate after
     /// eviction); past it begin() answers store_unavailable and nothing is decided.
     std::chrono::nanoseconds recall_timeout = std::chrono::seconds(2);
+    /// What is read before the guard serves (recovery_start above).
+    recovery_start start = recovery_start::load_window;
     static constexpr std::chrono::milliseconds forever = idem::forever;
 };
 

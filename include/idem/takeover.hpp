@@ -307,11 +307,13 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
                         "pid <> pg_backend_pid()");
                 }
-                pqxx::work w(c);
-                w.exec("SET LOCAL lock_timeout = " + std::to_string(timeout.count()));
-                for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
-                w.exec_params(std::string(dr::lease::drop), space, epoch - 1);
-                w.commit();
+                dr::retry_deadlocks([&] {
+                    pqxx::work w(c);
+                    w.exec("SET LOCAL lock_timeout = " + std::to_string(timeout.count()));
+                    for (const std::string& q : dr::guard_sql(schema, space, "region " + to)) w.exec(q);
+                    w.exec_params(std::string(dr::lease::drop), space, epoch - 1);
+                    w.commit();
+                });
                 pqxx::nontransaction n(c);
                 if (!n.exec_params(std::string(dr::publishes_sql), dr::publication_of(rs[fi].name), schema).empty())
                     n.exec("ALTER PUBLICATION " + dr::publication_of(rs[fi].name) + " DROP TABLES IN SCHEMA " + schema);
@@ -412,10 +414,12 @@ inline takeover_report take_over(const std::vector<region>& rs, const std::strin
             if (t) at.push_back(*t);
         std::sort(at.begin(), at.end(), std::greater<>());
         const std::int64_t us = dr::server_time_us(c, at[majority - 1] + lo.lease);
-        pqxx::work w(c);
-        w.exec_params(std::string(dr::lease::hold), space, epoch, us);
-        for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
-        w.commit();
+        dr::retry_deadlocks([&] {
+            pqxx::work w(c);
+            w.exec_params(std::string(dr::lease::hold), space, epoch, us);
+            for (const std::string& q : dr::unguard_sql(schema)) w.exec(q);
+            w.commit();
+        });
     });
     return rep;
 }

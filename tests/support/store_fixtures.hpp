@@ -403,6 +403,10 @@ public:
     }
     void load(const std::function<void(const idem::stored_record&)>& fn) override { inner_.load(fn); }
     std::optional<idem::stored_record> get(std::string_view key) override { return inner_.get(key); }
+    void load_claims(const std::function<void(const idem::stored_record&)>& fn) override { inner_.load_claims(fn); }
+    void load_window_keys(std::int64_t since_ms, const std::function<void(std::string_view, std::int64_t)>& fn) override {
+        inner_.load_window_keys(since_ms, fn);
+    }
     std::vector<idem::audit_entry> audit(std::string_view key) override { return inner_.audit(key); }
     void scan_audit(const std::function<void(const idem::audit_entry&)>& fn) override { inner_.scan_audit(fn); }
     void snapshot_read(const std::function<void()>& fn) override { inner_.snapshot_read(fn); }

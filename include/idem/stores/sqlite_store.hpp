@@ -211,8 +211,11 @@ public:
             }
             for (std::size_t f = 0; f < fold.keys.size(); ++f)
                 detail::sqlite::upsert_record(conn_, stmts_.upsert, fold.keys[f], previous[f]);
+            std::uint64_t fence = 0;
+            for (const store_row& r : rows) fence = std::max(fence, r.t.fence);
             sqlite3_reset(stmts_.sequence);
             sqlite3_bind_int64(stmts_.sequence, 1, sequence);
+            sqlite3_bind_int64(stmts_.sequence, 2, static_cast<std::int64_t>(fence));
             conn_.step_done(stmts_.sequence, "advance audit sequence");
             conn_.exec("COMMIT", "commit batch");
             next_sequence_ = sequence;
@@ -338,21 +341,37 @@ public:
         conn_.exec("COMMIT", "end snapshot read");
     }
 
+    /// One row: idem_schema.max_fence, raised by every batch (schema version 4), and the largest
+    /// fence of a pruned record.
     std::uint64_t max_fence() override {
         ensure_open();
-        // MAX() orders text above every integer, so a damaged text fence would be the maximum.
-        sqlite3_stmt* s = conn_.prepare("SELECT COALESCE(MAX(fencing_token), 0) AS fencing_token FROM idempotent_record");
-        const int rc = sqlite3_step(s);
-        std::uint64_t v = 0;
-        try {
-            if (rc == SQLITE_ROW) v = static_cast<std::uint64_t>(conn_.integer(s, 0, "the largest record fence"));
-        } catch (...) {
-            sqlite3_finalize(s);
-            throw;
+        return static_cast<std::uint64_t>(
+            std::max(detail::sqlite::read_max_fence(conn_), detail::sqlite::read_pruned(conn_).fence));
+    }
+
+    /// The claims in flight through the partial index of PROCESSING records (schema version 4).
+    void load_claims(const std::function<void(const stored_record&)>& fn) override {
+        ensure_open();
+        const detail::sqlite::statement s(conn_, detail::sqlite::select_claims);
+        int rc;
+        while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) fn(detail::sqlite::read_record(conn_, s.s));
+        if (rc != SQLITE_DONE) conn_.fail(rc, "load the claims in flight");
+    }
+
+    /// The window's keys from the updated_time index alone (it holds the key: the table is WITHOUT
+    /// ROWID), never the rows.
+    void load_window_keys(std::int64_t since_ms, const std::function<void(std::string_view, std::int64_t)>& fn) override {
+        ensure_open();
+        const detail::sqlite::statement s(conn_, detail::sqlite::select_window_keys);
+        sqlite3_bind_int64(s.s, 1, since_ms);
+        int rc;
+        while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
+            const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s.s, 0));
+            const auto n = static_cast<std::size_t>(sqlite3_column_bytes(s.s, 0));
+            // A damaged time is corrupt_record, never read as 0 (which would leave the key out).
+            fn(std::string_view(text == nullptr ? "" : text, n), conn_.integer(s.s, 1, "updated_time"));
         }
-        sqlite3_finalize(s);
-        if (rc != SQLITE_ROW) conn_.fail(rc, "read max fence");
-        return std::max(v, static_cast<std::uint64_t>(detail::sqlite::read_pruned(conn_).fence));
+        if (rc != SQLITE_DONE) conn_.fail(rc, "load the window's keys");
     }
 
     /// One short BEGIN IMMEDIATE transaction (see store::prune). Records: the oldest first by the

@@ -79,6 +79,22 @@ begin_status install_record(G& g, const key& k, const stored_record& r, std::chr
     return s;
 }
 
+/// A claim in flight into the table, counted in `n`; one that finds no room fails the start
+/// (capacity_exhausted naming the key): compensation must find every claim.
+template <class G>
+void install_claim(G& g, const key& k, const stored_record& r, std::chrono::nanoseconds updated, const clock_map& clock,
+                   const store& st, tally& n) {
+    if (install_record(g, k, r, updated, clock, st) == begin_status::capacity_exhausted) {
+        ++n.refused;
+        throw error(errc::capacity_exhausted, st.name() +
+                                                  ": recovery found more claims in flight than "
+                                                  "options.capacity allows (at key '" +
+                                                  key::printable(r.key) + "'); raise options.capacity");
+    }
+    ++n.records;
+    ++n.processing;
+}
+
 /// Streams every record of `st` into `g` (claims, then the hot window) and collects the cold
 /// window's keys; calls before_restore(record) before each record goes into the table. Throws what
 /// store::load throws, corrupt_record for a stored time the mapping cannot hold, and
@@ -120,15 +136,7 @@ loaded load(G& g, store& st, const clock_map& clock, const window& w, Observe&& 
             return;
         }
         before_restore(r);
-        if (install_record(g, *k, r, updated, clock, st) == begin_status::capacity_exhausted) {
-            ++n.refused;
-            throw error(errc::capacity_exhausted, st.name() +
-                                                      ": recovery found more claims in flight than "
-                                                      "options.capacity allows (at key '" +
-                                                      key::printable(r.key) + "'); raise options.capacity");
-        }
-        ++n.records;
-        ++n.processing;
+        install_claim(g, *k, r, updated, clock, st, n);
     });
     for (const stored_record& r : hot) {
         const auto k = key::parse(r.key);
@@ -176,6 +184,76 @@ tally recover(G& g, store& st, const clock_map& clock, const window& w, Observe&
     install(g, st, l, fence_floor(st, l.max_fence));
     l.counts.elapsed = std::chrono::steady_clock::now() - started;
     return l.counts;
+}
+
+// ---- recovery_start::claims_first ------------------------------------------------------------------
+//
+// The same classification, split in time. Before the guard serves: every claim in flight into the
+// table (store::load_claims) and the fence floor from store::max_fence(), the largest fence the
+// store ever wrote (the decided records' fences are not read now). The cold window is made partial
+// first, so from the first claim on, a key memory does not hold is read from the store. After the
+// guard serves, on another connection: every key of the window (store::load_window_keys, key and
+// time only) into the filter in one slice, which completes it. A decided record is never in memory
+// at start: a duplicate of one is answered from the store and its record comes back into memory
+// (recall); the hot window fills again that way.
+
+/// Loads the claims in flight into `g` and sets the fence floor; the cold window stays partial
+/// until stream_window_keys completes it. Throws as load() does.
+template <class G>
+tally load_claims(G& g, store& st, const clock_map& clock) {
+    const auto started = std::chrono::steady_clock::now();
+    tally n;
+    guard_access::begin_partial_cold(g);
+    std::uint64_t max_fence = 0;
+    st.load_claims([&](const stored_record& r) {
+        const auto k = key::parse(r.key);
+        IDEM_ASSERT(k.has_value(), "store::load_claims returns keys that pass key::check (else it throws corrupt_record)");
+        IDEM_ASSERT(r.state == record_state::processing, "store::load_claims returns PROCESSING records only");
+        ++n.seen;
+        max_fence = std::max(max_fence, r.fence);
+        install_claim(g, *k, r, clock.from_wall_ms(r.updated_ms, r.key, "updated_time", st), clock, st, n);
+    });
+    guard_access::set_fence_floor(g, std::max(max_fence, st.max_fence()));
+    n.elapsed = std::chrono::steady_clock::now() - started;
+    return n;
+}
+
+/// Thrown out of a store's stream to end it early (the guard is being destroyed).
+struct stream_stopped {};
+
+/// Streams every key of the window from `reader` (a second connection) into the cold window and
+/// completes it. `stop` ends it early (stream_stopped), leaving the filter partial. Safe beside
+/// the serving guard: remember_cold takes the rotation mutex, and a partial filter sends every
+/// claim it is asked about to the store meanwhile. Returns the keys added (cold) and the time the
+/// filter took (cold_elapsed); throws what the store throws, or capacity_exhausted when the filter
+/// gets no memory (the filter stays partial: correct, every miss keeps reading the store).
+template <class G, class Stop>
+tally stream_window_keys(G& g, store& reader, const clock_map& clock, const window& w, std::int64_t now_ms, Stop&& stop) {
+    const auto started = std::chrono::steady_clock::now();
+    tally n;
+    const std::int64_t since_ms = w.length == forever || w.length.count() > now_ms ? prune_limits::keep_all
+                                                                                   : now_ms - w.length.count();
+    std::vector<table::window_filter::entry> keys;
+    std::size_t polled = 0;
+    reader.load_window_keys(since_ms, [&](std::string_view k, std::int64_t updated_ms) {
+        if ((++polled & 4095) == 0 && stop()) throw stream_stopped{};
+        ++n.seen;
+        if (w.past(updated_ms, now_ms)) {
+            ++n.expired;
+            return;
+        }
+        keys.push_back(guard_access::cold_entry(g, k, clock.from_wall_ms(updated_ms, k, "updated_time", reader)));
+    });
+    if (stop()) throw stream_stopped{};
+    const auto filled = std::chrono::steady_clock::now();
+    if (!guard_access::remember_cold(g, keys, /*completes=*/true))
+        throw error(errc::capacity_exhausted,
+                    reader.name() + ": no memory for the cold window's filter of " + std::to_string(keys.size()) + " keys");
+    n.cold = keys.size();
+    const auto done = std::chrono::steady_clock::now();
+    n.cold_elapsed = done - filled;
+    n.elapsed = done - started;
+    return n;
 }
 
 }  // namespace idem::detail::recovery

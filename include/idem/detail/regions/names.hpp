@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include <pqxx/except>
+
 #include "idem/detail/pg/sql.hpp"
 #include "idem/error.hpp"
 
@@ -102,6 +104,25 @@ inline constexpr const char* guarded_tables[] = {"idempotent_record", "idempoten
                       " FOR EACH ROW EXECUTE FUNCTION " + schema + ".idem_replica()");
     }
     return out;
+}
+
+/// Runs `tx`, one whole transaction (opened and committed inside it), again when PostgreSQL made it
+/// a deadlock's victim (SQLSTATE 40P01, pqxx::deadlock_detected). Installing or removing the replica
+/// guard (DROP / CREATE TRIGGER: ACCESS EXCLUSIVE on each guarded table, after the weaker locks of
+/// the statements before it) can deadlock with a writer of the same tables (a flusher, a
+/// subscription's apply worker) that holds a weak lock and waits for a stronger one; the server
+/// ends one of them and rolls its transaction back whole, so running it again changes nothing
+/// twice. At most `attempts` runs; the last deadlock is thrown.
+template <class Tx>
+void retry_deadlocks(const Tx& tx, int attempts = 5) {
+    for (int run = 1;; ++run) {
+        try {
+            tx();
+            return;
+        } catch (const pqxx::deadlock_detected&) {
+            if (run >= attempts) throw;
+        }
+    }
 }
 
 /// The statements removing it (the cluster decides the key space).

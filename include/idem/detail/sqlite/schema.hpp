@@ -18,6 +18,14 @@
 // a trail's legal start) and pruned_fence (the largest fence of a pruned record, for max_fence()); an
 // index on idempotent_record (updated_time) lets prune read only the records it deletes
 // (docs/stores.md, "Pruning"). A version 2 file gains them in place.
+//
+// Version 4 (why: serving before the window is read, recovery_start::claims_first). idem_schema
+// keeps max_fence, the largest fence any batch wrote (raised in each batch's transaction), so
+// max_fence() is one row, not a read of every record; a partial index on the PROCESSING records
+// finds the claims in flight without reading the others (a claim and its completion in one batch
+// never touch it). The updated_time index already holds the key (the table is WITHOUT ROWID), so
+// the window's keys are read from it alone. A version 3 file gains both in place: one read of
+// every record (the largest fence, and the index built), once.
 #pragma once
 
 #include <sqlite3.h>
@@ -32,7 +40,7 @@
 
 namespace idem::detail::sqlite {
 
-inline constexpr int schema_version = 3;
+inline constexpr int schema_version = 4;
 
 inline constexpr const char* audit_table_sql = R"SQL(
 CREATE TABLE IF NOT EXISTS idempotent_audit (
@@ -56,6 +64,16 @@ ALTER TABLE idem_schema ADD COLUMN pruned_sequence BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE idem_schema ADD COLUMN pruned_fence BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS idx_idempotent_record_updated ON idempotent_record (updated_time);
 UPDATE idem_schema SET version = 3;
+)SQL";
+
+/// Version 3 to 4: idem_schema.max_fence, the index of the claims in flight.
+inline constexpr const char* version_4_changes = R"SQL(
+ALTER TABLE idem_schema ADD COLUMN max_fence BIGINT NOT NULL DEFAULT 0;
+UPDATE idem_schema SET max_fence = (SELECT COALESCE(MAX(fencing_token), 0) FROM idempotent_record
+                                    WHERE typeof(fencing_token) = 'integer');
+CREATE INDEX IF NOT EXISTS idx_idempotent_record_claims ON idempotent_record (updated_time)
+  WHERE status = 'PROCESSING';
+UPDATE idem_schema SET version = 4;
 )SQL";
 
 /// Version 1 to 2 (see above): the audit table rebuilt in sequence order, with its chain.
@@ -108,11 +126,15 @@ inline void create_or_upgrade_schema(connection& c) {
     }
     if (version == 2) {
         c.exec(version_3_changes, "upgrade schema 2 to 3");
+        version = 3;
+    }
+    if (version == 3) {
+        c.exec(version_4_changes, "upgrade schema 3 to 4");
         return;
     }
     if (version != 0)
         throw error(errc::store_error, c.where() + "schema version " + std::to_string(version) +
-                                           " is not one this library reads (1 and 2, upgraded in place, or 3)");
+                                           " is not one this library reads (1, 2 and 3, upgraded in place, or 4)");
     c.exec(R"SQL(
 CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL, next_sequence BIGINT NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS idempotent_record (
@@ -133,6 +155,7 @@ INSERT INTO idem_schema (version) VALUES (2);
            "create schema");
     c.exec(audit_table_sql, "create audit table");
     c.exec(version_3_changes, "create schema (version 3)");
+    c.exec(version_4_changes, "create schema (version 4)");
 }
 
 /// The payload column (response payloads: the bytes a completion records with its outcome), added
@@ -170,6 +193,15 @@ struct pruned_state {
     std::int64_t sequence = 0;  // audit rows below it may be gone
     std::int64_t fence = 0;     // the largest fence of a pruned record
 };
+
+/// idem_schema.max_fence (version 4): the largest fence any batch wrote.
+[[nodiscard]] inline std::int64_t read_max_fence(connection& c) {
+    statement s(c, "SELECT max_fence FROM idem_schema");
+    if (const int rc = sqlite3_step(s.s); rc == SQLITE_DONE)
+        throw error(errc::corrupt_record, c.where() + "idem_schema has no version row (damaged file?)");
+    else if (rc != SQLITE_ROW) c.fail(rc, "read the largest fence");
+    return c.integer(s.s, 0, "idem_schema.max_fence");
+}
 
 [[nodiscard]] inline pruned_state read_pruned(connection& c) {
     statement s(c, "SELECT records_horizon, audit_horizon, pruned_sequence, pruned_fence FROM idem_schema");

@@ -31,6 +31,18 @@ inline constexpr const char* select_records =
     "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
     "created_time, updated_time, payload FROM idempotent_record";
 
+/// The claims in flight, through the partial index of PROCESSING records (schema version 4).
+inline constexpr const char* select_claims =
+    "SELECT idempotent_key, biz_type, status, fencing_token, lease_until, outcome, request_fingerprint, "
+    "created_time, updated_time, payload FROM idempotent_record INDEXED BY idx_idempotent_record_claims "
+    "WHERE status = 'PROCESSING'";
+
+/// The keys of the window (?1: the oldest updated_time in it), from the updated_time index alone:
+/// the table is WITHOUT ROWID, so the index holds the key with the time.
+inline constexpr const char* select_window_keys =
+    "SELECT idempotent_key, updated_time FROM idempotent_record INDEXED BY idx_idempotent_record_updated "
+    "WHERE updated_time >= ?1";
+
 /// The record upsert, parameters ?1 .. ?13 as upsert_record() binds them. The fence guard is per
 /// column rather than the upsert's WHERE, because last_audit must follow every audit row, also one
 /// whose record change the guard refuses: a lower fence never overwrites a higher one, and at the
@@ -67,7 +79,7 @@ struct batch_statements {
     sqlite3_stmt* audit = nullptr;       // insert one audit row
     sqlite3_stmt* upsert = nullptr;      // write one key's record (upsert_sql)
     sqlite3_stmt* batch = nullptr;       // record the batch id (committed())
-    sqlite3_stmt* sequence = nullptr;    // advance idem_schema.next_sequence
+    sqlite3_stmt* sequence = nullptr;    // advance idem_schema.next_sequence, raise max_fence
     sqlite3_stmt* last_audit = nullptr;  // a key's latest audit row
 
     batch_statements() = default;
@@ -82,7 +94,8 @@ struct batch_statements {
         last_audit = c.prepare("SELECT last_audit FROM idempotent_record WHERE idempotent_key = ?1");
         // The next sequence is kept in idem_schema and advanced in each batch's transaction
         // (MAX(sequence) would do as well now that sequence is the rowid; version 1 needed it).
-        sequence = c.prepare("UPDATE idem_schema SET next_sequence = ?1");
+        // With it, the largest fence written (version 4: max_fence() reads one row).
+        sequence = c.prepare("UPDATE idem_schema SET next_sequence = ?1, max_fence = MAX(max_fence, ?2)");
         upsert = c.prepare(upsert_sql().c_str());
         batch = c.prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
     }

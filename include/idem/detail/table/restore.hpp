@@ -34,17 +34,27 @@ inline void record_table<Atomic, Clock>::enable_cold_window(std::chrono::nanosec
 template <template <class> class Atomic, class Clock>
 inline window_filter::entry record_table<Atomic, Clock>::cold_entry(const key& k,
                                                                     std::chrono::nanoseconds updated) const noexcept {
-    const hash128 h = hash(k);
+    return cold_entry(k.view(), updated);
+}
+template <template <class> class Atomic, class Clock>
+inline window_filter::entry record_table<Atomic, Clock>::cold_entry(std::string_view key_text,
+                                                                    std::chrono::nanoseconds updated) const noexcept {
+    const hash128 h = hash_text(key_text);
     return {h.lo, h.hi, updated.count()};
 }
 
 /// Adds keys to the cold window (recovery: records of the window left out of memory), in one
-/// slice (one block read per lookup for all of them). Before the guard is shared. False when
-/// the filter could not take them (no memory for a slice).
+/// slice (one block read per lookup for all of them). Before the guard is shared, or, for a
+/// partial filter, by the thread that streams the window's keys in (the rotation mutex serialises
+/// it with rotation's evictions). With `completes` the filter is complete once they are in. False
+/// when the filter could not take them (no memory for a slice): a partial filter then stays
+/// partial, so claims keep reading the store.
 template <template <class> class Atomic, class Clock>
-inline bool record_table<Atomic, Clock>::remember_cold(std::span<const window_filter::entry> keys) {
+inline bool record_table<Atomic, Clock>::remember_cold(std::span<const window_filter::entry> keys, bool completes) {
     std::lock_guard lock(rotate_mutex_);
-    return cold_ != nullptr && cold_->add(keys, /*together=*/true);
+    if (cold_ == nullptr || !cold_->add(keys, /*together=*/true)) return false;
+    if (completes) cold_->complete();
+    return true;
 }
 
 /// Loads a record during recovery. Only before the guard is shared (single-threaded). The

@@ -24,7 +24,10 @@
 // reused. A slice's block count lives in its first word, so a reader always pairs a mapping with a
 // count that fits in it. A key added before the table evicts it is seen by every reader that missed
 // it in memory afterwards: the eviction's seq_cst writes come after the bits are set, and the
-// reader's seq_cst reads of the table come before its filter reads.
+// reader's seq_cst reads of the table come before its filter reads. A partial filter (its keys still
+// being streamed in at start, recovery_start::claims_first) answers every lookup "may be": it can
+// only send a claim to the store, never let a key of the window through; complete() publishes the
+// bits added before it (release, paired with the lookup's acquire).
 #pragma once
 
 #include <algorithm>
@@ -105,8 +108,20 @@ public:
         }
     }
 
+    /// Marks the filter partial: until complete() every lookup answers "may be in the window", so
+    /// a claim of any key memory does not hold reads the store. Before the filter is shared
+    /// (recovery_start::claims_first: the window's keys are still being streamed in).
+    void begin_partial() noexcept { partial_.store(true, std::memory_order_relaxed); }  // relaxed: before sharing
+    /// The filter holds every key it was meant to: lookups read its bits from now on. The release
+    /// pairs with may_contain's acquire, so a reader that sees the filter complete sees every bit
+    /// set before this call.
+    void complete() noexcept { partial_.store(false, std::memory_order_release); }
+    [[nodiscard]] bool partial() const noexcept { return partial_.load(std::memory_order_acquire); }
+
     /// Whether the key may be in the window. Lock-free, wait-free, no allocation.
     [[nodiscard]] bool may_contain(std::uint64_t lo, std::uint64_t hi) const noexcept {
+        if (partial_.load(std::memory_order_acquire)) [[unlikely]]
+            return true;
         for (std::uint64_t m = occupied_.load(std::memory_order_acquire); m != 0; m &= m - 1) {
             const word* s = slices_[std::countr_zero(m)].load(std::memory_order_acquire);
             if (s == nullptr) continue;
@@ -290,6 +305,7 @@ private:
 
     std::chrono::nanoseconds window_;
     std::atomic<std::uint64_t> occupied_{0};
+    std::atomic<bool> partial_{false};  // read with occupied_ on every lookup: the same line
     std::atomic<const word*> slices_[max_slices];
     meta meta_[max_slices];                     // writer only
     std::map<std::int64_t, std::size_t> last_;  // writer only: each bucket's newest slice
