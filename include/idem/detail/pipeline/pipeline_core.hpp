@@ -326,8 +326,9 @@ private:
     /// every lane's thread; mutex_ orders them.
     void decide(std::span<const store_row> rows, bool rejected) {
         std::lock_guard lock(mutex_);
+        decided_seqs_.clear();
         for (const store_row& r : rows) {
-            done_.insert(r.seq);
+            decided_seqs_.push_back(r.seq);
             if (rejected) {
                 rejected_seqs_.insert(r.seq);
             } else if (!set_aside_.empty()) {  // a later row of the key committed: the store is newer
@@ -339,11 +340,28 @@ private:
             counters_.batches++;
             counters_.rows += rows.size();
         }
+        // The watermark moves over the batch's seqs and done_ together, in order. A batch usually
+        // holds the very next seqs (every row popped since the last one), so they advance it
+        // without entering done_; only seqs past a gap (a row still in another lane, or being
+        // isolated) wait there. (A set insert and erase per row cost the flusher about 4 % of its
+        // CPU on SQLite, with their allocations.)
+        std::sort(decided_seqs_.begin(), decided_seqs_.end());
         std::uint64_t w = watermark_.load(std::memory_order_relaxed);  // relaxed: written under mutex_ only
-        while (!done_.empty() && *done_.begin() == w + 1) {
-            ++w;
-            done_.erase(done_.begin());
+        std::size_t i = 0;
+        for (;;) {
+            if (i < decided_seqs_.size() && decided_seqs_[i] == w + 1) {
+                ++w;
+                ++i;
+            } else if (!done_.empty() && *done_.begin() == w + 1) {
+                ++w;
+                done_.erase(done_.begin());
+            } else {
+                break;
+            }
         }
+        IDEM_ASSERT(i == decided_seqs_.size() || decided_seqs_[i] > w + 1,
+                    "a decided seq is decided once: never at or below the watermark");
+        done_.insert(decided_seqs_.begin() + static_cast<std::ptrdiff_t>(i), decided_seqs_.end());
         watermark_.store(w, std::memory_order_release);  // (P3) pairs with (P4)
     }
 
@@ -526,8 +544,9 @@ private:
     std::unordered_map<std::size_t, std::uint32_t> held_;  // key hash -> jobs holding it
     std::size_t in_flight_ = 0;                            // jobs taken by a lane and not yet back
 
-    mutable std::mutex mutex_;      // flusher <-> readers of counters and rejected seqs; never on the hot path
-    std::set<std::uint64_t> done_;  // decided seqs above the watermark
+    mutable std::mutex mutex_;                 // flusher <-> readers of counters and rejected seqs; never on the hot path
+    std::set<std::uint64_t> done_;             // decided seqs above the watermark, past a gap
+    std::vector<std::uint64_t> decided_seqs_;  // decide()'s scratch: the batch's seqs, sorted
     // Decided as rejected. Kept for the pipeline's life (about 48 bytes a row): a sync-mode terminal
     // record whose row was rejected asks fate(seq) whenever a duplicate reads it, and must never be
     // told "committed". Rejections are rare: keys a store declares it cannot hold never get here.
