@@ -197,10 +197,23 @@ public:
             conn_.step_done(b, "insert batch id");
             // One audit row per row, chained to the key's previous one; then one upsert per key with
             // the batch's fold (detail/rows/batch_fold.hpp), its guard in the statement (the stored
-            // record is in the file).
+            // record is in the file). A key whose first row is a claim from ABSENT is usually new
+            // to the file: its record is inserted first (nothing happens when the file holds it,
+            // say an expired record not pruned yet), which also says its chain starts here
+            // (previous 0), so a new key costs one B-tree descent instead of a read of its latest
+            // audit row and an upsert. Row i's audit row is sequence + i (rows are written in order).
             const detail::rows::batch_fold fold = detail::rows::fold_batch(rows);
             IDEM_ASSERT(fold.key_of.size() == rows.size(), "the fold names the key of every row of the batch");
             std::vector<std::int64_t> previous(fold.keys.size(), -1);  // each key's latest audit row; -1: not read yet
+            std::vector<std::int64_t> last_row(fold.keys.size(), 0);   // each key's last audit row of this batch
+            for (std::size_t i = 0; i < rows.size(); ++i) last_row[fold.key_of[i]] = sequence + static_cast<std::int64_t>(i);
+            std::vector<char> inserted(fold.keys.size(), 0);
+            for (std::size_t f = 0; f < fold.keys.size(); ++f)
+                if (fold.keys[f].first->t.from == record_state::absent &&
+                    detail::sqlite::insert_new_record(conn_, stmts_.insert_new, fold.keys[f], last_row[f])) {
+                    inserted[f] = 1;
+                    previous[f] = 0;  // no record before this batch: the chain starts here
+                }
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 std::int64_t& prev = previous[fold.key_of[i]];
                 if (prev < 0)
@@ -209,8 +222,10 @@ public:
                 detail::sqlite::insert_audit(conn_, stmts_.audit, rows[i], node_, sequence, prev);
                 prev = sequence++;
             }
-            for (std::size_t f = 0; f < fold.keys.size(); ++f)
-                detail::sqlite::upsert_record(conn_, stmts_.upsert, fold.keys[f], previous[f]);
+            for (std::size_t f = 0; f < fold.keys.size(); ++f) {
+                IDEM_ASSERT(previous[f] == last_row[f], "a key's record points at the audit row its batch wrote last");
+                if (!inserted[f]) detail::sqlite::upsert_record(conn_, stmts_.upsert, fold.keys[f], previous[f]);
+            }
             std::uint64_t fence = 0;
             for (const store_row& r : rows) fence = std::max(fence, r.t.fence);
             sqlite3_reset(stmts_.sequence);

@@ -74,6 +74,14 @@ inline constexpr const char* select_window_keys =
            ", " + guarded("updated_time", "excluded.updated_time") + ", last_audit = excluded.last_audit";
 }
 
+/// The insert of a record the file does not hold yet: the upsert's VALUES, bound alike
+/// (upsert_record), with nothing done when the key is there (sqlite3_changes() then says 0).
+[[nodiscard]] inline std::string insert_new_sql() {
+    return "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+           "request_fingerprint, created_time, updated_time, last_audit, payload) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?11, ?13) ON CONFLICT (idempotent_key) DO NOTHING";
+}
+
 /// The statements every batch runs, prepared at each open and finalized before the connection closes.
 struct batch_statements {
     sqlite3_stmt* audit = nullptr;       // insert one audit row
@@ -81,6 +89,7 @@ struct batch_statements {
     sqlite3_stmt* batch = nullptr;       // record the batch id (committed())
     sqlite3_stmt* sequence = nullptr;    // advance idem_schema.next_sequence, raise max_fence
     sqlite3_stmt* last_audit = nullptr;  // a key's latest audit row
+    sqlite3_stmt* insert_new = nullptr;  // a record the file does not hold yet (insert_new_sql)
 
     batch_statements() = default;
     batch_statements(const batch_statements&) = delete;
@@ -97,10 +106,11 @@ struct batch_statements {
         // With it, the largest fence written (version 4: max_fence() reads one row).
         sequence = c.prepare("UPDATE idem_schema SET next_sequence = ?1, max_fence = MAX(max_fence, ?2)");
         upsert = c.prepare(upsert_sql().c_str());
+        insert_new = c.prepare(insert_new_sql().c_str());
         batch = c.prepare("INSERT INTO idempotent_batch (batch_id, committed_time) VALUES (?1, ?2)");
     }
     void finalize() noexcept {
-        for (sqlite3_stmt** s : {&audit, &upsert, &batch, &sequence, &last_audit}) {
+        for (sqlite3_stmt** s : {&audit, &upsert, &batch, &sequence, &last_audit, &insert_new}) {
             sqlite3_finalize(*s);
             *s = nullptr;
         }
@@ -126,9 +136,11 @@ inline void insert_audit(connection& c, sqlite3_stmt* a, const store_row& r, std
     c.step_done(a, "insert audit row");
 }
 
-/// Writes the fold `kf` of one key (its guard is in the statement: the stored record is in the
-/// file); `last_audit` is the key's latest audit row, written in this batch.
-inline void upsert_record(connection& c, sqlite3_stmt* u, const rows::key_fold& kf, std::int64_t last_audit) {
+/// Binds the fold `kf` of one key to `u` (upsert_sql or insert_new_sql, parameters ?1 .. ?13) and
+/// steps it; `last_audit` is the key's latest audit row, written in this batch. Returns how many
+/// rows it changed (insert_new: 0 when the file holds the key).
+inline int write_record(connection& c, sqlite3_stmt* u, const rows::key_fold& kf, std::int64_t last_audit,
+                        const char* step) {
     IDEM_ASSERT(last_audit > 0, "a folded key's record points at the audit row its batch wrote last");
     const store_row& last = *kf.last;
     const store_row* claim = kf.proc;
@@ -152,7 +164,21 @@ inline void upsert_record(connection& c, sqlite3_stmt* u, const rows::key_fold& 
     const std::string_view payload = last.t.payload;
     if (payload.empty()) sqlite3_bind_zeroblob(u, 13, 0);
     else sqlite3_bind_blob64(u, 13, payload.data(), payload.size(), SQLITE_STATIC);
-    c.step_done(u, "upsert record");
+    c.step_done(u, step);
+    return sqlite3_changes(c.handle());
+}
+
+/// Writes the fold `kf` of one key (its guard is in the statement: the stored record is in the
+/// file); `last_audit` is the key's latest audit row, written in this batch.
+inline void upsert_record(connection& c, sqlite3_stmt* u, const rows::key_fold& kf, std::int64_t last_audit) {
+    (void)write_record(c, u, kf, last_audit, "upsert record");
+}
+
+/// Inserts the fold `kf` of a key the file does not hold (the guard has nothing to compare it
+/// with): true when it was inserted, false when the file holds the key (nothing changed).
+[[nodiscard]] inline bool insert_new_record(connection& c, sqlite3_stmt* u, const rows::key_fold& kf,
+                                            std::int64_t last_audit) {
+    return write_record(c, u, kf, last_audit, "insert new record") == 1;
 }
 
 /// The key's latest audit row (its record's last_audit), 0 when it has no record.
