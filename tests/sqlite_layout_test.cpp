@@ -7,6 +7,8 @@
 //   place at open: every record and audit row is kept, each key's trail reads as before, new
 //   batches continue the sequence, and verify passes.
 // * The chain holds a row whose record change the fence guard refused (a stale owner's late row).
+// * A claim from ABSENT of a key the file holds continues its record and chain (the insert of a new
+//   record does nothing there, and the batch falls back to the read and the upsert).
 // * A key whose record is gone (deleted by hand, as a prune would) still has its trail, by scan.
 // * A broken chain is corrupt_record naming the key and the row, never a short trail.
 // * An unknown schema version, or a missing version row, is refused at open.
@@ -185,6 +187,48 @@ TEST(SqliteLayout, TheChainHoldsARowTheFenceGuardRefused) {
     EXPECT_EQ(trail(st, "K_PAY_v1"),
               (std::vector<std::string>{"ABSENT>PROCESSING@2", "PROCESSING>SUCCESS@2", "PROCESSING>RELEASED@1"}));
     EXPECT_EQ(trail(st, "L_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@1"}));
+}
+
+// A claim from ABSENT is written as a new record first (one B-tree descent); when the file holds
+// the key after all (a record past the window, not pruned yet, claimed again), nothing is inserted
+// and the batch reads the key's latest audit row and upserts, as for any other row: the record
+// moves to the new claim and the chain goes on from the old trail. A stale fence from ABSENT (a
+// lower one than stored) changes nothing but is audited, and a new key in the same batch is
+// inserted with its chain starting there.
+TEST(SqliteLayout, AClaimFromAbsentOfAKeyTheFileHoldsContinuesItsRecordAndChain) {
+    idem_test::temp_dir dir("idem-layout");
+    const std::string db = dir.file("again.db");
+    idem::sqlite_store st(db);
+    std::uint64_t seq = 0;
+    st.apply(std::vector{row({.key = "K_PAY_v1", .fence = 1, .at_ms = 100}, ++seq), row({.key = "K_PAY_v1",
+                                                                                         .from = record_state::processing,
+                                                                                         .to = record_state::succeeded,
+                                                                                         .cause = transition_cause::succeed,
+                                                                                         .fence = 1,
+                                                                                         .outcome = 3,
+                                                                                         .at_ms = 101},
+                                                                                        ++seq)},
+             1);
+    std::vector<idem::store_row> again{row({.key = "K_PAY_v1", .fence = 5, .at_ms = 900}, ++seq),
+                                       row({.key = "N_PAY_v1", .fence = 5, .at_ms = 900}, ++seq)};
+    st.apply(again, 2);
+    auto k = st.get("K_PAY_v1");
+    ASSERT_TRUE(k);
+    EXPECT_EQ(k->state, record_state::processing) << "the claim from ABSENT reached the record the file held";
+    EXPECT_EQ(k->fence, 5u);
+    EXPECT_EQ(k->updated_ms, 900);
+    EXPECT_EQ(trail(st, "K_PAY_v1"),
+              (std::vector<std::string>{"ABSENT>PROCESSING@1", "PROCESSING>SUCCESS@1", "ABSENT>PROCESSING@5"}));
+    EXPECT_EQ(trail(st, "N_PAY_v1"), (std::vector<std::string>{"ABSENT>PROCESSING@5"}));
+    EXPECT_EQ(raw_int(db, "SELECT previous FROM idempotent_audit WHERE idempotent_key = 'N_PAY_v1'"), 0);
+    EXPECT_EQ(raw_int(db, "SELECT last_audit FROM idempotent_record WHERE idempotent_key = 'N_PAY_v1'"),
+              raw_int(db, "SELECT sequence FROM idempotent_audit WHERE idempotent_key = 'N_PAY_v1'"));
+    EXPECT_TRUE(idem_test::verify_clean(st));
+    // A stale claim from ABSENT (fence 2 < 5), which no guard sends (verify names it): audited,
+    // chained, and the record kept by the fence guard of the upsert.
+    st.apply(std::vector{row({.key = "K_PAY_v1", .fence = 2, .at_ms = 950}, ++seq)}, 3);
+    EXPECT_EQ(st.get("K_PAY_v1")->fence, 5u);
+    EXPECT_EQ(trail(st, "K_PAY_v1").size(), 4u);
 }
 
 TEST(SqliteLayout, AKeyWithoutItsRecordStillHasItsTrail) {
