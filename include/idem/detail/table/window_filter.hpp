@@ -100,10 +100,13 @@ public:
     [[nodiscard]] bool empty() const noexcept { return occupied_.load(std::memory_order_acquire) == 0; }
 
     /// Starts loading the key's block in every live slice (a hint: a stale address is harmless).
+    /// The loads are acquire, as may_contain's: the block count it reads lives in the slice's
+    /// mapping, which a slice made meanwhile (rotation, or the stream of recovery_start::claims_first
+    /// beside the claims) publishes with the release stores of make(); plain loads on x86.
     void prefetch(std::uint64_t lo, std::uint64_t hi) const noexcept {
         (void)lo;
-        for (std::uint64_t m = occupied_.load(std::memory_order_relaxed); m != 0; m &= m - 1) {  // relaxed: a hint
-            const word* s = slices_[std::countr_zero(m)].load(std::memory_order_relaxed);
+        for (std::uint64_t m = occupied_.load(std::memory_order_acquire); m != 0; m &= m - 1) {
+            const word* s = slices_[std::countr_zero(m)].load(std::memory_order_acquire);
             if (s != nullptr) __builtin_prefetch(s + 8 + 8 * block_of(hi, s[0].load(std::memory_order_relaxed)));
         }
     }
