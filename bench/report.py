@@ -95,7 +95,7 @@ def load_global(path):
         if b.get("unexpected", 0):
             problems.append(f"{name}: {int(b['unexpected'])} unexpected answers")
         label = "/".join(p for p in name.split("/") if not re.match(r"(iterations|min_time|real_time|manual_time)", p))
-        rows.append((label, b.get("items_per_second"), b.get("claims_per_batch")))
+        rows.append((label, b.get("items_per_second"), b.get("claims_per_batch") or None))  # 0: no claim batches (plain_claim)
     return rows, problems
 
 
@@ -398,7 +398,7 @@ def table_targets(results):
             shown = "n/a"
         elif t["unit"] == "x":
             shown = fmt_ratio(v)
-        elif t["unit"] in ("transitions/s", "acks/s"):
+        elif t["unit"] in ("transitions/s", "acks/s", "pairs/s"):
             shown = f"{v:,.0f} {t['unit']}"
         else:
             shown = f"{v:.2f} {t['unit']}"
