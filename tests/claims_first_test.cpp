@@ -10,7 +10,8 @@
 //                                           once complete, fresh keys read no store
 //   RacersDuringTheStreamNeverRunAWindowKey threads on a latch, stream held: 0 grants of a key the
 //                                           store holds, each fresh key granted once
-//   AStreamTheStoreInterruptsStartsAgain    store_unavailable twice, then complete (3 attempts)
+//   AStreamTheStoreInterruptsStartsAgain    store_unavailable twice (and one reconnect refused), then
+//                                           complete (3 attempts)
 //   AStreamThatFailsForGoodLeavesTheFilterPartial  corrupt_record: not complete, the error named, the
 //                                           Prometheus gauge 0, and still no window key granted
 //   DestroyedWhileStreaming                 the guard is destroyed with the stream held: it stops
@@ -52,6 +53,7 @@ struct stream_control {
     std::atomic<int> unavailable{0};
     std::atomic<bool> damaged{false};
     std::atomic<int> streams{0};
+    std::atomic<int> reconnects_failing{0};  // the next reconnects of the reader throw store_unavailable
 };
 
 /// Forwards to a store; its reader (the connection the cold loader streams on) is held as above.
@@ -74,6 +76,13 @@ public:
         if (!r) return nullptr;
         idem::store& inner = *r;
         return std::make_unique<held_stream>(inner, c_, std::move(r));
+    }
+    void reconnect() override {
+        if (c_.reconnects_failing.load() > 0) {
+            --c_.reconnects_failing;
+            throw idem::error(idem::errc::store_unavailable, "held stream: reconnect refused");
+        }
+        inner_.reconnect();
     }
 
 private:
@@ -251,6 +260,7 @@ TEST_P(ClaimsFirst, RacersDuringTheStreamNeverRunAWindowKey) {
 TEST_P(ClaimsFirst, AStreamTheStoreInterruptsStartsAgain) {
     first_life(10, 0);
     control_.unavailable = 2;
+    control_.reconnects_failing = 1;  // the first reconnect fails too: the next attempt still runs
     auto g = restart();
     if (!reader_kind_) {  // no reader: nothing is streamed, the window was read before serving
         EXPECT_EQ(control_.streams.load(), 0);

@@ -275,7 +275,7 @@ struct guard_access {
     template <class G>
     [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, const key& k,
                                                                 std::chrono::nanoseconds updated) noexcept {
-        return g.table_.cold_entry(k, updated);
+        return g.table_.cold_entry(k.view(), updated);
     }
     template <class G>
     [[nodiscard]] static table::window_filter::entry cold_entry(const G& g, std::string_view key_text,

@@ -205,17 +205,10 @@ public:
     /// Turns on the cold window: evicted terminal records are remembered in a filter
     /// (window_filter.hpp) and a claim of a key it may hold asks the store first (restore.hpp).
     void enable_cold_window(std::chrono::nanoseconds window);
-    [[nodiscard]] window_filter::entry cold_entry(const key& k, std::chrono::nanoseconds updated) const noexcept;
-    [[nodiscard]] window_filter::entry cold_entry(std::string_view key_text,
-                                                  std::chrono::nanoseconds updated) const noexcept;
-    /// Adds keys to the cold window in one slice; with `completes`, the filter is complete after
-    /// them (a partial filter: begin_partial_cold). False when the filter could not take them.
+    [[nodiscard]] window_filter::entry cold_entry(std::string_view text, std::chrono::nanoseconds at) const noexcept;
+    /// In one slice; with `completes`, the filter is complete after them (begin_partial_cold).
     [[nodiscard]] bool remember_cold(std::span<const window_filter::entry> keys, bool completes = false);
-    /// Before the guard is shared: every claim of a key memory does not hold reads the store
-    /// until remember_cold(..., true).
-    void begin_partial_cold() noexcept {
-        if (cold_ != nullptr) cold_->begin_partial();
-    }
+    void begin_partial_cold() noexcept;  ///< before sharing: every miss reads the store until completed
     /// The cold window's filter (its rates and memory), or nullptr when it is off.
     [[nodiscard]] const window_filter* cold_window() const noexcept { return cold_.get(); }
 

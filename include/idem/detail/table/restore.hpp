@@ -30,12 +30,14 @@ inline void record_table<Atomic, Clock>::enable_cold_window(std::chrono::nanosec
     cold_ = std::make_unique<window_filter>(window);
 }
 
-/// A key of the cold window as the filter takes it: its table hash and last update.
+/// A partial cold window (recovery_start::claims_first): until remember_cold(..., true), every
+/// claim of a key memory does not hold reads the store (window_filter::begin_partial).
 template <template <class> class Atomic, class Clock>
-inline window_filter::entry record_table<Atomic, Clock>::cold_entry(const key& k,
-                                                                    std::chrono::nanoseconds updated) const noexcept {
-    return cold_entry(k.view(), updated);
+inline void record_table<Atomic, Clock>::begin_partial_cold() noexcept {
+    if (cold_ != nullptr) cold_->begin_partial();
 }
+
+/// A key of the cold window as the filter takes it: its table hash and last update.
 template <template <class> class Atomic, class Clock>
 inline window_filter::entry record_table<Atomic, Clock>::cold_entry(std::string_view key_text,
                                                                     std::chrono::nanoseconds updated) const noexcept {
