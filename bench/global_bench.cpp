@@ -27,6 +27,15 @@
 //                              own connection. The peer global_claim is measured against (ratio at
 //                              4 processes in docs/benchmarks.md's targets).
 //
+// The tables start with a window in use: 100,000 decided keys in idempotent_record and in
+// plain_claim, analyzed (bench_database), so the plans are a live service's, not an empty table's
+// (IDEM_BENCH_WINDOW_RECORDS=N: N keys instead; 0 measures a database created for the run).
+//
+// Both multi-process PostgreSQL runs also say what they cost the server, per claim (per request for
+// plain_claim), read from the server around the run (server_cost): wal_bytes_per_claim,
+// commits_per_claim, rows_written_per_claim (pg_stat_database: inserted + updated + deleted) and
+// server_cpu_us_per_claim (the server's processes, from /proc; absent when the server is elsewhere).
+//
 // Keys are generated before timing. Threads in one process: ->Threads(T)->UseRealTime(); the
 // multi-process runs use manual time (the children's common window). Figures and the command that
 // made them: docs/benchmarks.md, section "Global scope".
@@ -44,11 +53,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <latch>
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -78,6 +90,11 @@ using namespace std::chrono_literals;
 constexpr unsigned threads_per_process = 16;
 constexpr int seconds_per_run = 5;
 constexpr std::size_t dup_keys = std::size_t{1} << 16;
+/// Decided keys in the tables before any run: 100,000, or IDEM_BENCH_WINDOW_RECORDS (0: empty tables).
+std::size_t window_records() {
+    const char* v = std::getenv("IDEM_BENCH_WINDOW_RECORDS");
+    return v ? std::stoul(v) : 100'000;
+}
 
 std::string server_uri() {
     const char* u = std::getenv("IDEM_BENCH_PG_URI");
@@ -123,6 +140,24 @@ private:
         pqxx::nontransaction m(d);
         m.exec("CREATE TABLE IF NOT EXISTS plain_guard (k text PRIMARY KEY, outcome bigint NOT NULL)");
         m.exec("CREATE TABLE IF NOT EXISTS plain_claim (k text PRIMARY KEY, status text NOT NULL, outcome bigint NOT NULL)");
+        // A window in use, not an empty table: both guards' tables already hold `window_records`
+        // decided keys, and the planner's statistics say so (ANALYZE), as a live service's do. On
+        // a table created a moment before, the first plans PostgreSQL caches for the batch
+        // statements read the whole (tiny) table, and stay cached until autovacuum's first ANALYZE
+        // of it (up to a minute later): a fresh database's first minute, not the service's
+        // ceiling (docs/operations.md, "A new database's first minute").
+        const std::string w = std::to_string(window_records());
+        m.exec(
+            "INSERT INTO idempotent_record (idempotent_key, biz_type, status, fencing_token, lease_until, outcome, "
+            "request_fingerprint, created_time, updated_time) SELECT 'W-' || g || '_PAY_v1', 'PAY', 'SUCCESS', 1, 0, "
+            "g, 0, now_ms, now_ms FROM generate_series(1, " +
+            w +
+            ") AS g, "
+            "(SELECT (extract(epoch FROM now()) * 1000)::bigint AS now_ms) AS t");  // inside the window: none pruned
+        m.exec("INSERT INTO plain_claim SELECT 'W-' || g || '_PAY_v1', 'SUCCESS', g FROM generate_series(1, " + w +
+               ") AS g");
+        m.exec("ANALYZE idempotent_record");
+        m.exec("ANALYZE plain_claim");
     }
     std::string server_, db_, uri_;
 };
@@ -322,10 +357,123 @@ int child_main(int argc, char** argv) {
         [&] { return g.snapshot().claim_batches; });
 }
 
-void global_claim_on(benchmark::State& state, const std::string& uri, bool plain = false) {
+/// What one run cost the PostgreSQL server, read from the server itself from the start signal to
+/// the end of the run: WAL bytes
+/// (pg_current_wal_lsn, exact and cluster-wide), commits and rows written in the benchmark database
+/// (pg_stat_database, read after every backend of the run has exited, which is when a backend's
+/// counters are certainly flushed), and the server's CPU time (from /proc: the postmaster's own and
+/// its exited children's, plus its live children's, backends included; absent when the server is not
+/// on this machine). Divided by the claims, these say what a claim costs the server beside a plain request.
+class server_cost {
+public:
+    explicit server_cost(const std::string& uri) : uri_(uri) {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        const auto pid = n.exec1("SELECT pg_backend_pid()")[0].as<long>();
+        postmaster_ = parent_of(pid);
+        await_idle(n);  // the set-up's backends (the preload) report their counters as they exit
+    }
+    /// The first sample: taken when every process is ready, so their setup (connections, schema
+    /// checks, prepared statements) is not counted.
+    void start() {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        sample_ = read(n);
+    }
+    /// Sets state's per-claim counters from the difference since construction.
+    void report(benchmark::State& state, std::uint64_t claims) {
+        pqxx::connection c(uri_);
+        pqxx::nontransaction n(c);
+        await_idle(n);  // the run's backends report their counters as they exit
+        const sample now = read(n);
+        const double k = claims ? 1.0 / static_cast<double>(claims) : 0;
+        state.counters["wal_bytes_per_claim"] = static_cast<double>(
+                                                    n.exec_params1("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint",
+                                                                   now.lsn, sample_.lsn)[0]
+                                                        .as<long long>()) *
+                                                k;
+        state.counters["commits_per_claim"] = static_cast<double>(now.commits - sample_.commits) * k;
+        state.counters["rows_written_per_claim"] = static_cast<double>(now.rows - sample_.rows) * k;
+        if (postmaster_ > 0 && now.cpu_ticks >= sample_.cpu_ticks)
+            state.counters["server_cpu_us_per_claim"] = static_cast<double>(now.cpu_ticks - sample_.cpu_ticks) * 1e6 /
+                                                        static_cast<double>(::sysconf(_SC_CLK_TCK)) * k;
+    }
+
+private:
+    struct sample {
+        std::string lsn;
+        long long commits = 0, rows = 0;
+        unsigned long long cpu_ticks = 0;
+    };
+    /// Waits (bounded: 10 s) until no other backend is connected to the database.
+    static void await_idle(pqxx::nontransaction& n) {
+        for (int i = 0; i < 1000; ++i) {
+            if (n.exec1("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> "
+                        "pg_backend_pid()")[0]
+                    .as<long>() == 0)
+                return;
+            std::this_thread::sleep_for(10ms);  // polling a condition the server reports, bounded
+        }
+    }
+    sample read(pqxx::nontransaction& n) const {
+        n.exec("SELECT pg_stat_clear_snapshot()");
+        sample s;
+        s.lsn = n.exec1("SELECT pg_current_wal_lsn()::text")[0].as<std::string>();
+        const auto r = n.exec1(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = "
+            "current_database()");
+        s.commits = r[0].as<long long>();
+        s.rows = r[1].as<long long>();
+        s.cpu_ticks = server_ticks();
+        return s;
+    }
+    /// Field `i` (1-based, as proc(5) numbers them) of /proc/PID/stat; empty when unreadable.
+    static std::vector<std::string> stat_fields(long pid) {
+        std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+        std::string line;
+        if (!std::getline(f, line)) return {};
+        const auto close = line.rfind(')');  // the command name may hold spaces
+        if (close == std::string::npos) return {};
+        std::vector<std::string> v{std::to_string(pid), line.substr(0, close + 1)};
+        std::istringstream rest(line.substr(close + 1));
+        for (std::string w; rest >> w;) v.push_back(w);
+        return v;
+    }
+    static long parent_of(long pid) {
+        const auto v = stat_fields(pid);
+        return v.size() > 3 ? std::stol(v[3]) : -1;
+    }
+    /// utime + stime of the postmaster and its live children, + cutime + cstime of the postmaster (its
+    /// exited children): a backend that exits between two samples moves from one sum to the other.
+    unsigned long long server_ticks() const {
+        if (postmaster_ <= 0) return 0;
+        const auto cpu = [](const std::vector<std::string>& v, bool children) {
+            unsigned long long t = std::stoull(v[13]) + std::stoull(v[14]);
+            if (children) t += std::stoull(v[15]) + std::stoull(v[16]);
+            return t;
+        };
+        const auto pm = stat_fields(postmaster_);
+        if (pm.size() < 17) return 0;
+        unsigned long long t = cpu(pm, true);
+        for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+            const std::string name = e.path().filename();
+            if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+            const auto v = stat_fields(std::stol(name));
+            if (v.size() > 16 && std::stol(v[3]) == postmaster_) t += cpu(v, false);
+        }
+        return t;
+    }
+    std::string uri_;
+    long postmaster_ = -1;
+    sample sample_;
+};
+
+void global_claim_on(benchmark::State& state, const std::string& uri, bool plain = false, bool measure_server = true) {
     const int procs = static_cast<int>(state.range(0));
     for (auto _ : state) {
         const std::string prefix = run_prefix(plain ? "P" : "G");
+        std::optional<server_cost> cost;
+        if (measure_server) cost.emplace(uri);
         std::vector<std::unique_ptr<child>> cs;
         for (int p = 0; p < procs; ++p) {
             std::vector<std::string> args{uri, prefix + "p" + std::to_string(p), std::to_string(threads_per_process),
@@ -335,6 +483,7 @@ void global_claim_on(benchmark::State& state, const std::string& uri, bool plain
         }
         for (auto& c : cs)
             if (c->line(120s) != "ready") state.SkipWithError("a child did not start");
+        if (cost) cost->start();
         for (auto& c : cs) c->send("go");
         std::uint64_t claims = 0, bad = 0, batches = 0;
         double secs = 0;
@@ -357,12 +506,16 @@ void global_claim_on(benchmark::State& state, const std::string& uri, bool plain
         state.counters["threads_per_process"] = threads_per_process;
         state.counters["claims_per_batch"] = batches ? static_cast<double>(claims) / static_cast<double>(batches) : 0;
         state.counters["unexpected"] = static_cast<double>(bad);
+        cs.clear();  // the children exit, and with them their connections
+        if (cost) cost->report(state, claims);
     }
 }
 void global_claim(benchmark::State& state) { global_claim_on(state, bench_database::get().uri()); }
 void plain_claim(benchmark::State& state) { global_claim_on(state, bench_database::get().uri(), /*plain=*/true); }
 #ifdef IDEM_HAVE_MYSQL
-void global_claim_mysql(benchmark::State& state) { global_claim_on(state, my_bench_database::get().uri()); }
+void global_claim_mysql(benchmark::State& state) {
+    global_claim_on(state, my_bench_database::get().uri(), false, /*measure_server=*/false);
+}
 #endif
 
 /// 1, 2 and 4 processes, one run each, timed by the children's common window.

@@ -78,8 +78,11 @@ def load_memory(directory):
     return mem
 
 
+SERVER_COST = ("wal_bytes_per_claim", "commits_per_claim", "rows_written_per_claim", "server_cpu_us_per_claim")
+
+
 def load_global(path):
-    """idem-global-bench: [(row label, items/s, claims per batch or None)], problems."""
+    """idem-global-bench: [(row label, items/s, claims per batch or None, server cost per claim)], problems."""
     rows, problems = [], []
     if not os.path.exists(path):
         return rows, problems
@@ -95,7 +98,8 @@ def load_global(path):
         if b.get("unexpected", 0):
             problems.append(f"{name}: {int(b['unexpected'])} unexpected answers")
         label = "/".join(p for p in name.split("/") if not re.match(r"(iterations|min_time|real_time|manual_time)", p))
-        rows.append((label, b.get("items_per_second"), b.get("claims_per_batch") or None))  # 0: no claim batches (plain_claim)
+        cost = {k: b[k] for k in SERVER_COST if k in b}  # what the run cost the server (global_bench's server_cost)
+        rows.append((label, b.get("items_per_second"), b.get("claims_per_batch") or None, cost))  # 0: no claim batches (plain_claim)
     return rows, problems
 
 
@@ -281,7 +285,7 @@ def build_results(guards, memory, flush, meta, problems, storm_rows=(), window=(
                pre["transitions_per_sec"] / 2, 80000, "pairs/s")
     # Global claims against the plain INSERT (PROCESSING) + UPDATE (SUCCESS) per request, the same
     # processes and threads, in the same run (idem-global-bench).
-    glob = {label: rate for label, rate, _ in global_rows}
+    glob = {label: rate for label, rate, _, _ in global_rows}
     g4, p4 = glob.get("global_claim/processes:4"), glob.get("plain_claim/processes:4")
     target("global claims, 4 processes: global_guard / plain INSERT + UPDATE per request",
            g4 / p4 if g4 and p4 else None, 3, "x")
@@ -511,10 +515,13 @@ def table_global(results):
     rows = results.get("global", [])
     if not rows:
         return "_not measured in this run_\n"
-    lines = ["| benchmark | operations/s | claims per claim batch |", "|---|---|---|"]
+    lines = ["| benchmark | operations/s | claims per claim batch | server, per claim: WAL bytes | commits | "
+             "rows written | CPU us |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         cpb = "" if r["claims_per_batch"] is None else f"{r['claims_per_batch']:.1f}"
-        lines.append(f"| `{r['benchmark']}` | {fmt_rate(r['ops_per_sec'])} | {cpb} |")
+        cost = " | ".join("" if r.get(k) is None else f"{r[k]:,.{0 if k in ('wal_bytes_per_claim', 'server_cpu_us_per_claim') else 2}f}"
+                          for k in SERVER_COST)
+        lines.append(f"| `{r['benchmark']}` | {fmt_rate(r['ops_per_sec'])} | {cpb} | {cost} |")
     return "\n".join(lines) + "\n"
 
 
@@ -669,7 +676,8 @@ def main():
     results = build_results(guards, memory, flush, meta, problems, storm_rows, window, global_rows)
     results["storm_runs"] = storm_rows
     results["cold_window_counters"] = load_cold_counters(os.path.join(a.dir, "guards.json"))
-    results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c} for n, v, c in global_rows]
+    results["global"] = [{"benchmark": n, "ops_per_sec": v, "claims_per_batch": c, **cost}
+                         for n, v, c, cost in global_rows]
     results["failover"] = load_flush(os.path.join(a.dir, "failover.jsonl"))
     results["regions"] = load_flush(os.path.join(a.dir, "regions.jsonl"))
     problems += [f"failover ({r['guard']}): {r['failed_reps']} failovers without an acknowledgement on the new primary"

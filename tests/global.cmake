@@ -15,13 +15,13 @@ target_compile_definitions(global_test PRIVATE IDEM_SOURCE_DIR="${PROJECT_SOURCE
 # The same binary with MariaDB as the arbiter (IDEM_GLOBAL_TEST_ARBITER=mysql, IDEM_TEST_MY_URI;
 # restarts kill a private MariaDB with SIGKILL). Left out, by the filter: the tests written in
 # PostgreSQL's own SQL (a server clock moved by a function on the search path, the in-doubt probes of
-# PostgreSQL's single-statement batches), the PostgreSQL failover pair, and the option checks that
-# need no server. MySQL's in-doubt
+# PostgreSQL's single-statement batches, the plans of its completion and renewal statements), the
+# PostgreSQL failover pair, and the option checks that need no server. MySQL's in-doubt
 # resolution is exercised by the sessions ended while racing and by the restarts.
 if(TARGET idem::mysql)
   target_link_libraries(global_test PRIVATE idem::mysql)
   add_test(NAME global_mysql_test COMMAND global_test
-           --gtest_filter=-Global.PruneJudgesTheWindowOnTheServersClock:Global.InDoubtProbe*:Global.Failover*:GlobalOptions.*)
+           --gtest_filter=-Global.PruneJudgesTheWindowOnTheServersClock:Global.InDoubtProbe*:Global.CompletionsAndRenewals*:Global.Failover*:GlobalOptions.*)
   # Not labelled concurrency: scripts/test rebuilds that label's tests under ThreadSanitizer by target
   # name, and this one has none of its own; the batchers' threads are the ones global_test covers.
   set_tests_properties(global_mysql_test PROPERTIES ENVIRONMENT IDEM_GLOBAL_TEST_ARBITER=mysql

@@ -21,6 +21,10 @@
 //                          durable before visible: while a completion or compensation is held back
 //                          (a row lock from another connection), or after it timed out or could not
 //                          be queued, duplicates never see SUCCEEDED or FAILED
+//   CompletionsAndRenewals...
+//                          the completion and renewal statements reach their keys through the
+//                          primary key under a live service's statistics, never by scanning the
+//                          partial index of claims in flight (which grows with every claim)
 //   InvalidKeys...         key{} and keys that are not UTF-8: invalid_key at once, nothing touched
 //   GlobalOptions...       an option out of range: invalid_argument naming it, before any connection
 //                          is attempted (an unreachable URI; needs no server)
@@ -1103,6 +1107,54 @@ void Global::completion_held_back(bool owner_gives_up) {
     expect_replay(g, k, 42);
     expect_replay(other, k, 42);
     expect_verified();
+}
+
+// A completion and a lease renewal reach their keys through the primary key, never by scanning the
+// partial index of claims in flight (idx_idempotent_record_processing): that index also holds an
+// entry for every claim completed since the last vacuum, so scanning it per batch made each batch
+// cost more than the one before. The planner is given what a live service's statistics say (many
+// decided records, a few claims in flight) and a cached generic plan, which is what a batcher's
+// prepared statement runs after its first executions; with the status tested as `status =
+// 'PROCESSING'`, it picked that index for both statements.
+TEST_F(Global, CompletionsAndRenewalsReachTheirKeysThroughThePrimaryKey) {
+    { idem::global_guard schema(uri_, opts(), gopts("schema")); }
+    namespace gsql = idem::detail::global::sql;
+    sql_exec(
+        "INSERT INTO idempotent_record SELECT 'D' || g || '_PAY_v1', 'PAY', 'SUCCESS', 1, 0, 0, 0, 0, 0 "
+        "FROM generate_series(1, 20000) AS g");
+    sql_exec(
+        "INSERT INTO idempotent_record SELECT 'P' || g || '_PAY_v1', 'PAY', 'PROCESSING', 1, 0, 0, 0, 0, 0 "
+        "FROM generate_series(1, 5) AS g");
+    sql_exec("ANALYZE idempotent_record");
+    pqxx::connection c(uri_);
+    pqxx::nontransaction n(c);
+    n.exec("SET plan_cache_mode = force_generic_plan");
+    n.exec("PREPARE complete_batch AS " + gsql::complete);  // a server-side statement EXPLAIN can name
+    n.exec("PREPARE renew_leases AS " + gsql::extend);
+    const std::string complete_args =
+        "(1, '{P1_PAY_v1,P2_PAY_v1}', '{1,1}', '{SUCCESS,SUCCESS}', '{7,7}', '{d,d}', 'n', false, '{\"\",\"\"}')";
+    const std::string extend_args = "('{P1_PAY_v1,P2_PAY_v1}', '{1,1}', '{1000,1000}')";
+    const auto plan = [&](const std::string& explain) {
+        std::string text;
+        for (const auto& row : n.exec(explain)) text += row[0].as<std::string>() + "\n";
+        return text;
+    };
+    const std::string complete = plan("EXPLAIN EXECUTE complete_batch" + complete_args);
+    const std::string extend = plan("EXPLAIN EXECUTE renew_leases" + extend_args);
+    for (const auto& [name, text] : {std::pair{"completion", complete}, std::pair{"lease renewal", extend}}) {
+        EXPECT_EQ(text.find("idx_idempotent_record_processing"), std::string::npos)
+            << "the " << name << " scans the index of claims in flight:\n"
+            << text;
+        EXPECT_NE(text.find("idempotent_record_pkey"), std::string::npos)
+            << "the " << name << " does not reach its keys through the primary key:\n"
+            << text;
+    }
+    // And the statements still do what they say: both keys renewed, then both completed (fence 1),
+    // the other claims untouched.
+    EXPECT_EQ(n.exec("EXECUTE renew_leases" + extend_args).size(), 2u);
+    EXPECT_EQ(n.exec("EXECUTE complete_batch" + complete_args).size(), 2u);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'PROCESSING'"), 3);
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE status = 'SUCCESS' AND outcome = 7"), 2);
 }
 
 TEST_F(Global, DuplicatesSeeInProgressWhileTheCompletionIsHeldBack) { completion_held_back(false); }
