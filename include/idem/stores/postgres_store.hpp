@@ -170,8 +170,7 @@ public:
         run(op, [&] {
             step_ = "begin";
             pqxx::work w(*conn_);
-            const auto now = p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node,
-                                     /*read_settings=*/durable_required_ || standby_required_, step_);
+            const auto now = p.write(w, static_cast<std::int64_t>(batch_id), now_ms, node, step_);
             step_ = "check fsync";
             if (durable_required_ && now.fsync == "off") detail::pg::refuse_fsync_off(name_, op, step_);
             step_ = "check synchronous_standby_names";

@@ -98,11 +98,9 @@ struct batch_params {
 
     /// Writes the batch inside `w` (the caller commits): apply_main, then apply_keep_lease when
     /// some key is of class Y. `step` names the statement under way, for the caller's messages.
-    /// Returns the server's fsync and synchronous_standby_names as read after the last write, which
-    /// sync mode checks right before COMMIT: apply_main's answer when it was the last statement,
-    /// else (when `read_settings`) one more read after the class-Y records.
-    settings write(pqxx::work& w, std::int64_t batch_id, std::int64_t now_ms, const std::string& node, bool read_settings,
-                   std::string& step) {
+    /// Returns the server's fsync and synchronous_standby_names as the last statement read them
+    /// after its writes, which sync mode checks right before COMMIT.
+    settings write(pqxx::work& w, std::int64_t batch_id, std::int64_t now_ms, const std::string& node, std::string& step) {
         step = "write batch id, audit rows and records";
         const auto main = w.exec_prepared(std::string(apply_main_name), batch_id, now_ms, a_key.str(), a_from.str(),
                                           a_to.str(), a_fence.str(), a_at.str(), a_detail.str(), node, l_key.str(),
@@ -112,13 +110,10 @@ struct batch_params {
         settings now{main[0][0].c_str(), main[0][1].c_str()};
         if (!y.key.empty()) {
             step = "write records that keep their lease";
-            w.exec_prepared(std::string(apply_keep_lease_name), y.key.str(), y.biz.str(), y.status.str(), y.fence.str(),
-                            y.lease.str(), y.outcome.str(), y.fp.str(), y.created.str(), y.updated.str(), y.payload.str());
-            if (read_settings) {
-                step = "check fsync";
-                const auto r = w.exec(std::string(fsync_now));
-                now = {r[0][0].c_str(), r[0][1].c_str()};
-            }
+            const auto keep = w.exec_prepared(std::string(apply_keep_lease_name), y.key.str(), y.biz.str(), y.status.str(),
+                                              y.fence.str(), y.lease.str(), y.outcome.str(), y.fp.str(), y.created.str(),
+                                              y.updated.str(), y.payload.str());
+            now = {keep[0][0].c_str(), keep[0][1].c_str()};
         }
         return now;
     }

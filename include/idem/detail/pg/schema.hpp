@@ -123,8 +123,8 @@ inline constexpr std::string_view payload_column_exists =
 // ---------------------------------------------------------------------------------------------------
 // Durability settings. fsync can change under a running server (ALTER SYSTEM + reload, or a
 // restart) and no session can pin it, so it is read again: on every new connection, and by a
-// sync-mode store on every batch (detail::pg::fsync_now, inside the batch's transaction, right
-// before COMMIT). synchronous_commit CAN be pinned: pin_durability() sets it for the session, and a
+// sync-mode store on every batch (the batch's last statement answers with it, inside the batch's
+// transaction, right before COMMIT: sql.hpp, apply_main and apply_keep_lease). synchronous_commit CAN be pinned: pin_durability() sets it for the session, and a
 // session's SET outranks the configuration file, so a later ALTER SYSTEM ... + reload cannot weaken
 // this connection's commits.
 //
@@ -140,8 +140,6 @@ inline constexpr std::string_view payload_column_exists =
            " OR current_setting('synchronous_commit') = 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false), "
            "current_setting('fsync'), current_setting('synchronous_standby_names')";
 }
-inline constexpr std::string_view fsync_now =
-    "SELECT current_setting('fsync'), current_setting('synchronous_standby_names')";
 // fsync, the synchronous_commit a session of this server starts with (its configured value,
 // reloads included; pg_settings.reset_val, because this session's own value is pinned), and
 // synchronous_standby_names.

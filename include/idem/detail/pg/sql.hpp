@@ -41,10 +41,11 @@ namespace idem::detail::pg {
 // the same fence a terminal record (SUCCESS, FAILED) is never taken back to PROCESSING or RELEASED
 // (a late doubt mark or release of the same claim is audited; the outcome stays).
 // Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
-// batch has class-Y keys. Statement 1 answers with the server's fsync setting (and
-// synchronous_standby_names), read after its writes:
-// for a batch without class-Y keys that is the last read before COMMIT, so sync mode's fsync check
-// (see fsync_now) costs no round trip of its own. Data-modifying CTEs run exactly once, to
+// batch has class-Y keys. Each answers with the server's fsync setting (and
+// synchronous_standby_names), read after its writes: the last statement's answer is the last read
+// before COMMIT, so sync mode's fsync check costs no round trip of its own (it used to cost one
+// after statement 2, a fifth round trip per batch in sync mode, where nearly every batch holds the
+// completions of keys claimed in an earlier batch: class Y). Data-modifying CTEs run exactly once, to
 // completion, whether or not the final SELECT reads them. The CTEs write different tables, or different rows (X and Y keys are
 // disjoint), so no row is modified twice by one statement.
 //   $1 batch id, $2 committed_time (its primary key makes a replayed batch fail, not write twice)
@@ -88,9 +89,13 @@ SELECT current_setting('fsync'), current_setting('synchronous_standby_names')
 )sql";
 
 // Statement 2: the class-Y records ($1..$10 as $14..$23 above). lease_until and request_fingerprint
-// are written on insert only; created_time and biz_type are kept on update in both statements.
+// are written on insert only; created_time and biz_type are kept on update in both statements. A
+// statement of its own, after statement 1: it must see statement 1's `lease` UPDATE of the same row
+// (within one statement, a second write of a row the first CTE wrote would be skipped). Answers as
+// statement 1 does (fsync, synchronous_standby_names).
 inline constexpr std::string_view apply_keep_lease_name = "idem_apply_keep_lease";
 inline constexpr std::string_view apply_keep_lease = R"sql(
+WITH rec AS (
 INSERT INTO idempotent_record AS r (idempotent_key, biz_type, status, fencing_token, lease_until, outcome,
                                     request_fingerprint, created_time, updated_time, payload)
 SELECT x.k, x.b, x.s, x.fe, x.l, x.o, x.fp, x.c, x.u, decode(x.p, 'hex')
@@ -102,6 +107,8 @@ ON CONFLICT (idempotent_key) DO UPDATE
   WHERE (r.fencing_token # (-9223372036854775808)::bigint) < (EXCLUDED.fencing_token # (-9223372036854775808)::bigint)
      OR (r.fencing_token = EXCLUDED.fencing_token
          AND (r.status NOT IN ('SUCCESS', 'FAILED') OR EXCLUDED.status IN ('SUCCESS', 'FAILED')))
+)
+SELECT current_setting('fsync'), current_setting('synchronous_standby_names')
 )sql";
 
 // committed(batch_id): a speculative insert, rolled back by the caller. It waits for a transaction
