@@ -344,9 +344,10 @@ int child_main(int argc, char** argv) {
         for (const std::string& k : keys[t]) ks[t].emplace_back(k);
     idem::options o;
     o.capacity = threads * per_thread;
-    idem::global_options gopt;  // IDEM_BENCH_CLAIM_CONNECTIONS / _COMPLETION_CONNECTIONS: other batcher counts
+    idem::global_options gopt;  // IDEM_BENCH_CLAIM_CONNECTIONS / _COMPLETION_CONNECTIONS / _BATCH_BESIDE: other settings
     if (const char* v = std::getenv("IDEM_BENCH_CLAIM_CONNECTIONS")) gopt.claim_connections = std::stoul(v);
     if (const char* v = std::getenv("IDEM_BENCH_COMPLETION_CONNECTIONS")) gopt.completion_connections = std::stoul(v);
+    if (const char* v = std::getenv("IDEM_BENCH_BATCH_BESIDE")) gopt.batch_beside = std::stoul(v);
     idem::global_guard g(uri, o, gopt);
     return serve_run(
         threads, seconds,

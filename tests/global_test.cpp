@@ -868,6 +868,7 @@ TEST(GlobalOptions, RefusedBeforeAnyConnection) {
         {"global_options.max_batch", [](auto&, auto& g) { g.max_batch = 0; }},
         {"global_options.claim_connections", [](auto&, auto& g) { g.claim_connections = 0; }},
         {"global_options.completion_connections", [](auto&, auto& g) { g.completion_connections = 0; }},
+        {"global_options.batch_beside", [](auto&, auto& g) { g.batch_beside = 0; }},
         {"global_options.window", [](auto&, auto& g) { g.window = 0ms; }},
         {"global_options.audit_window", [](auto&, auto& g) { g.audit_window = -5ms; }},
         {"global_options.window",

@@ -94,6 +94,7 @@ public:
         if (g.max_batch == 0) refuse("global_options.max_batch is 0; it must be at least 1");
         if (g.claim_connections == 0) refuse("global_options.claim_connections is 0; it must be at least 1");
         if (g.completion_connections == 0) refuse("global_options.completion_connections is 0; it must be at least 1");
+        if (g.batch_beside == 0) refuse("global_options.batch_beside is 0; it must be at least 1");
         if (g.window.count() <= 0) refuse("global_options.window is " + ms(g.window) + never_pruned);
         if (g.audit_window.count() <= 0) refuse("global_options.audit_window is " + ms(g.audit_window) + never_pruned);
         if (g.window != forever && o.retention > g.window)

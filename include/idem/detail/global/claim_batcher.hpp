@@ -125,6 +125,7 @@ public:
     /// outlive this batcher.
     claim_batcher(batch_context& ctx, completion_batcher& completions, const std::string& uri)
         : ctx_(ctx), completions_(completions) {
+        claims_.beside = ctx_.go.batch_beside;  // before any thread reads it
         for (std::size_t i = 0; i < ctx_.go.claim_connections; ++i)
             dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-claims",
                                         ctx_.go.require_synchronous_standby, ctx_.opts.ordered_versions));
@@ -194,7 +195,7 @@ private:
             batch.clear();
             {
                 std::unique_lock lk(claims_.m);
-                claims_.work.wait(lk, [&] { return claims_.stopping || !claims_.q.empty(); });
+                claims_.work.wait(lk, [&] { return claims_.stopping || claims_.ready(); });
                 if (claims_.stopping) {
                     for (auto& c : claims_.q) c->st = claim_request::phase::done;  // verdict error
                     claims_.q.clear();
@@ -206,6 +207,7 @@ private:
                     batch, ctx_.go.max_batch, [](const auto& c) { return c->st == claim_request::phase::abandoned; },
                     [](auto& c) { c->st = claim_request::phase::sent; });
             }
+            const request_queue<claim_request>::in_flight_batch over(claims_, !batch.empty());
             if (!batch.empty()) run_claims(batch, db);
         }
     }

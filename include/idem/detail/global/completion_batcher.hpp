@@ -92,6 +92,7 @@ public:
     /// Opens nothing yet (each session connects on its first call); starts one batcher thread per
     /// session.
     completion_batcher(batch_context& ctx, const std::string& uri) : ctx_(ctx) {
+        completions_.beside = ctx_.go.batch_beside;  // before any thread reads it
         for (std::size_t i = 0; i < ctx_.go.completion_connections; ++i)
             dbs_.push_back(open_session(uri, ctx_.name, ctx_.go.call_deadline, "idem-global-completions",
                                         ctx_.go.require_synchronous_standby));
@@ -214,7 +215,7 @@ private:
             batch.clear();
             {
                 std::unique_lock lk(completions_.m);
-                completions_.work.wait(lk, [&] { return completions_.stopping || !completions_.q.empty(); });
+                completions_.work.wait(lk, [&] { return completions_.stopping || completions_.ready(); });
                 if (completions_.q.empty()) return;  // stopping and drained
                 if (completions_.drain_over()) {
                     auto left = std::move(completions_.q);
@@ -228,6 +229,7 @@ private:
                     batch, ctx_.go.max_batch, [](const auto&) { return false; },
                     [](auto& r) { r->st = completion_request::phase::sent; });
             }
+            const request_queue<completion_request>::in_flight_batch over(completions_, !batch.empty());
             run_completions(batch, db);
         }
     }

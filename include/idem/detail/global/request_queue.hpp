@@ -12,7 +12,12 @@
 //     its batchers retrying after `stopping` until `drain_deadline`; any other queue (claims) stops
 //     at once;
 //   * a request's answer is written by a batcher and read by its caller only after the caller saw
-//     the request done under `m` (the batcher sets done under `m`, then notifies `done`).
+//     the request done under `m` (the batcher sets done under `m`, then notifies `done`);
+//   * `in_flight` counts the batches taken and not yet finished (take() raises it for a batch it
+//     filled, the batcher's in_flight_batch lowers it when the batch is over, however it ends). A
+//     batcher starts a batch beside one in flight only when `beside` requests wait (ready()): a
+//     handful of requests costs the server less in the next batch than in a statement and a commit
+//     of their own (global_options::batch_beside has the figures).
 //
 // Thread-safety: every member takes `m`, except take(), drain_over() and the fields, which are used
 // with `m` held. Progress: blocking (a mutex and two condition variables).
@@ -44,6 +49,11 @@ struct request_queue {
     bool stopping = false;
     const bool drains;
     std::chrono::steady_clock::time_point drain_deadline = std::chrono::steady_clock::time_point::max();
+    std::size_t in_flight = 0;  // batches taken and not finished
+    std::size_t beside = 1;     // requests that must wait before a batch starts beside one in flight
+
+    /// Whether a batcher should take a batch now. With `m` held.
+    [[nodiscard]] bool ready() const noexcept { return !q.empty() && (in_flight == 0 || q.size() >= beside); }
 
     /// Queues `r` for a batcher; false once the queue is stopping (nothing was queued).
     bool submit(const std::shared_ptr<Req>& r) {
@@ -91,8 +101,30 @@ struct request_queue {
             batch.push_back(std::move(r));
         }
         for (auto it = later.rbegin(); it != later.rend(); ++it) q.push_front(std::move(*it));
+        if (!batch.empty()) ++in_flight;  // lowered by the batcher's in_flight_batch
         std::sort(batch.begin(), batch.end(), [](const auto& a, const auto& b) { return a->k.view() < b->k.view(); });
     }
+
+    /// Ends a batch take() filled, however the batch ends: another batcher may now start one with
+    /// fewer than `beside` requests waiting.
+    class in_flight_batch {
+    public:
+        in_flight_batch(request_queue& q, bool taken) noexcept : q_(taken ? &q : nullptr) {}
+        in_flight_batch(const in_flight_batch&) = delete;
+        in_flight_batch& operator=(const in_flight_batch&) = delete;
+        ~in_flight_batch() {
+            if (!q_) return;
+            {
+                std::lock_guard lk(q_->m);
+                IDEM_ASSERT(q_->in_flight > 0, "a batch ends once, after take() counted it");
+                --q_->in_flight;
+            }
+            q_->work.notify_one();
+        }
+
+    private:
+        request_queue* q_;
+    };
 
     /// Sleeps `pause` before a batcher retries (woken early by new work or a stop), doubling it up
     /// to `max_pause`. False when the batcher should give up instead (drain_over()).
