@@ -25,6 +25,9 @@
 //                          the completion and renewal statements reach their keys through the
 //                          primary key under a live service's statistics, never by scanning the
 //                          partial index of claims in flight (which grows with every claim)
+//   AStuckCompletionBatch...
+//                          a completion held back by a row lock does not hold back another key's
+//                          completion (a second batch starts after the queue's patience)
 //   InvalidKeys...         key{} and keys that are not UTF-8: invalid_key at once, nothing touched
 //   GlobalOptions...       an option out of range: invalid_argument naming it, before any connection
 //                          is attempted (an unreachable URI; needs no server)
@@ -1166,6 +1169,39 @@ TEST_F(Global, DuplicatesSeeInProgressAfterTheCompletionTimedOut) { completion_h
 /// on_failure = terminal, the local claim it leaves behind must still not become FAILED in the
 /// local table (dropping a local ticket applies on_failure): duplicates must ask the store, which
 /// says PROCESSING.
+// A completion batch held back by another client's row lock does not hold back the completions of
+// other keys. global_options::batch_beside lets a second batch start beside one in flight only when
+// 8 requests wait, or when no batch was taken for the queue's patience (20 ms): without the
+// patience, the other key's completion waited for the stuck batch, past its wait_timeout (found by
+// review). Two completion connections; the call deadline never cuts the held-back statement.
+TEST_F(Global, AStuckCompletionBatchDoesNotHoldBackTheOthers) {
+    idem::global_options go = gopts("stuck");
+    go.completion_connections = 2;
+    go.call_deadline = 30s;
+    go.wait_timeout = 5s;
+    idem::global_guard g(uri_, opts(), go);
+    auto a = g.begin(idem::key("ST1_PAY_v1"));
+    auto b = g.begin(idem::key("ST2_PAY_v1"));
+    ASSERT_EQ(a.status, idem::begin_status::acquired);
+    ASSERT_EQ(b.status, idem::begin_status::acquired);
+    row_holder hold(uri_);
+    hold.lock("ST1_PAY_v1");
+    std::error_code a_ec;
+    std::thread owner([&] { a_ec = a.ticket.succeed(1); });
+    EXPECT_TRUE(await_batcher_wait("idem-global-completions")) << "the completion batch never blocked on the locked row";
+    const std::error_code b_ec = b.ticket.succeed(2);
+    EXPECT_FALSE(b_ec) << "the completion of another key waited behind the stuck batch: " << b_ec.message();
+    EXPECT_EQ(sql_int("SELECT count(*) FROM idempotent_record WHERE idempotent_key = 'ST2_PAY_v1' AND status = 'SUCCESS' "
+                      "AND outcome = 2"),
+              1);
+    hold.release();
+    owner.join();
+    EXPECT_FALSE(a_ec) << a_ec.message();
+    expect_replay(g, idem::key("ST1_PAY_v1"), 1);
+    expect_replay(g, idem::key("ST2_PAY_v1"), 2);
+    expect_verified();
+}
+
 TEST_F(Global, AnUnqueuedCompletionLeavesNoLocalOutcome) {
     idem::options o = opts();
     o.on_failure = idem::failure_policy::terminal;

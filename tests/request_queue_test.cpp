@@ -7,6 +7,8 @@
 //   ABatchThatThrowsStillEnds            in_flight_batch lowers the count when its batch throws
 //   TheEndOfABatchWakesAWaitingBatcher   a batcher asleep on fewer than `beside` requests is woken
 //                                        by the end of the batch in flight (no lost wake-up)
+//   AStuckBatchHoldsTheOthersBack...    after `patience`, one request starts a batch beside a batch
+//                                        in flight that does not end
 //   RacingBatchersAndCallers             4 batchers and 4 callers start on a latch; every request
 //                                        is taken exactly once, and every batch that started beside
 //                                        another had at least `beside` requests waiting
@@ -37,6 +39,8 @@ struct request {
 using queue = idem::detail::global::request_queue<request>;
 using batch = std::vector<std::shared_ptr<request>>;
 
+std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+
 std::shared_ptr<request> make(int id) {
     return std::make_shared<request>(request{idem::key("R" + std::to_string(id) + "_PAY_v1"), id});
 }
@@ -52,9 +56,10 @@ batch take_all(queue& q) {
 TEST(RequestQueue, FewRequestsWaitForTheBatchInFlight) {
     queue q(/*drains=*/false);
     q.beside = 3;
+    q.patience = std::chrono::hours(1);  // the threshold alone
     ASSERT_TRUE(q.submit(make(1)));
     std::unique_lock lk(q.m);
-    ASSERT_TRUE(q.ready()) << "nothing in flight: one request is enough";
+    ASSERT_TRUE(q.ready(now())) << "nothing in flight: one request is enough";
     batch first = take_all(q);
     ASSERT_EQ(first.size(), 1u);
     EXPECT_EQ(q.in_flight, 1u);
@@ -64,11 +69,11 @@ TEST(RequestQueue, FewRequestsWaitForTheBatchInFlight) {
         ASSERT_TRUE(q.submit(make(2)));
         ASSERT_TRUE(q.submit(make(3)));
         lk.lock();
-        EXPECT_FALSE(q.ready()) << "2 requests wait beside a batch in flight; 3 are needed";
+        EXPECT_FALSE(q.ready(now())) << "2 requests wait beside a batch in flight; 3 are needed";
         lk.unlock();
         ASSERT_TRUE(q.submit(make(4)));
         lk.lock();
-        EXPECT_TRUE(q.ready()) << "3 requests wait: a batch starts beside the one in flight";
+        EXPECT_TRUE(q.ready(now())) << "3 requests wait: a batch starts beside the one in flight";
         batch second = take_all(q);
         EXPECT_EQ(second.size(), 3u);
         EXPECT_EQ(q.in_flight, 2u);
@@ -80,7 +85,7 @@ TEST(RequestQueue, FewRequestsWaitForTheBatchInFlight) {
     lk.unlock();
     ASSERT_TRUE(q.submit(make(5)));
     lk.lock();
-    EXPECT_TRUE(q.ready()) << "nothing in flight again: one request is enough";
+    EXPECT_TRUE(q.ready(now())) << "nothing in flight again: one request is enough";
     lk.unlock();
     const queue::in_flight_batch none(q, false);  // a take that filled nothing counts nothing
 }
@@ -102,12 +107,13 @@ TEST(RequestQueue, ABatchThatThrowsStillEnds) {
     ASSERT_TRUE(q.submit(make(2)));
     std::lock_guard lk(q.m);
     EXPECT_EQ(q.in_flight, 0u);
-    EXPECT_TRUE(q.ready()) << "a failed batch left the queue waiting for 100 requests";
+    EXPECT_TRUE(q.ready(now())) << "a failed batch left the queue waiting for 100 requests";
 }
 
 TEST(RequestQueue, TheEndOfABatchWakesAWaitingBatcher) {
     queue q(/*drains=*/false);
     q.beside = 5;
+    q.patience = std::chrono::hours(1);  // only the end of the batch can wake the batcher
     ASSERT_TRUE(q.submit(make(1)));
     {
         std::lock_guard lk(q.m);
@@ -119,8 +125,8 @@ TEST(RequestQueue, TheEndOfABatchWakesAWaitingBatcher) {
         std::unique_lock lk(q.m);
         q.work.wait(lk, [&] {
             ++looks;
-            return q.stopping || q.ready();
-        });
+            return q.stopping || q.ready(now());
+        });  // the predicate of await_work, counted
         return take_all(q).size();
     });
     const auto until = std::chrono::steady_clock::now() + 10s;  // bounds for the waits below
@@ -137,10 +143,40 @@ TEST(RequestQueue, TheEndOfABatchWakesAWaitingBatcher) {
     EXPECT_EQ(taken.get(), 1u);
 }
 
+// A batch that is stuck (a row lock held by another client, retries) holds the others back only
+// for `patience`: then one request is enough to start a batch beside it.
+TEST(RequestQueue, AStuckBatchHoldsTheOthersBackOnlyForThePatience) {
+    queue q(/*drains=*/false);
+    q.beside = 100;
+    q.patience = 50ms;
+    ASSERT_TRUE(q.submit(make(1)));
+    {
+        std::lock_guard lk(q.m);
+        ASSERT_EQ(take_all(q).size(), 1u);
+    }
+    const queue::in_flight_batch stuck(q, true);  // never ends during the test
+    ASSERT_TRUE(q.submit(make(2)));
+    {
+        std::lock_guard lk(q.m);
+        EXPECT_FALSE(q.ready(q.last_take + 49ms)) << "1 of 100 requests, 49 ms into the batch in flight";
+        EXPECT_TRUE(q.ready(q.last_take + 50ms)) << "1 of 100 requests, the batch in flight 50 ms old";
+    }
+    auto taken = std::async(std::launch::async, [&] {
+        std::unique_lock lk(q.m);
+        q.await_work(lk);  // nothing wakes it but its own deadline
+        return take_all(q).size();
+    });
+    const bool done = taken.wait_for(10s) == std::future_status::ready;
+    if (!done) q.stop();
+    ASSERT_TRUE(done) << "a batcher waited past the patience behind a stuck batch";
+    EXPECT_EQ(taken.get(), 1u);
+}
+
 TEST(RequestQueue, RacingBatchersAndCallers) {
     constexpr int callers = 4, per_caller = 2000, batchers = 4;
     queue q(/*drains=*/false);
     q.beside = 4;
+    q.patience = std::chrono::hours(1);  // the threshold alone decides (checked by `early`)
     std::vector<std::atomic<int>> seen(callers * per_caller);
     std::atomic<int> taken{0}, early{0};
     std::latch start(callers + batchers);
@@ -152,7 +188,7 @@ TEST(RequestQueue, RacingBatchersAndCallers) {
                 batch got;
                 {
                     std::unique_lock lk(q.m);
-                    q.work.wait(lk, [&] { return q.stopping || q.ready(); });
+                    q.await_work(lk);
                     if (q.stopping && q.q.empty()) return;
                     if (q.in_flight > 0 && q.q.size() < q.beside) ++early;  // started beside another with too few
                     got = take_all(q);

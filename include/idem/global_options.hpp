@@ -43,8 +43,10 @@ struct global_options {
     /// Completion batcher threads, each with its own connection.
     std::size_t completion_connections = 2;
     /// A claim (or completion) batch starts beside one already in flight only when at least this
-    /// many requests wait; fewer wait for the batch in flight to end and go in the next one (1: a
-    /// batch starts whenever a connection is free, as before this option). Each batch is a statement
+    /// many requests wait; fewer wait for the batch in flight to end and go in the next one, or
+    /// start one anyway after 20 ms without a new batch (a batch stuck on another client's row lock
+    /// or in retries holds no one back longer). 1: a batch starts whenever a connection is free, as
+    /// before this option. Each batch is a statement
     /// and a commit for the server, so a handful of requests costs it less in the next batch. On
     /// the 2-core benchmark machine, where the server shares the cores, 16 threads per process, two
     /// interleaved runs of each (idem-global-bench, IDEM_BENCH_BATCH_BESIDE=1 against 8): claims

@@ -195,7 +195,7 @@ private:
             batch.clear();
             {
                 std::unique_lock lk(claims_.m);
-                claims_.work.wait(lk, [&] { return claims_.stopping || claims_.ready(); });
+                claims_.await_work(lk);
                 if (claims_.stopping) {
                     for (auto& c : claims_.q) c->st = claim_request::phase::done;  // verdict error
                     claims_.q.clear();

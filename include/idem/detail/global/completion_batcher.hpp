@@ -215,7 +215,7 @@ private:
             batch.clear();
             {
                 std::unique_lock lk(completions_.m);
-                completions_.work.wait(lk, [&] { return completions_.stopping || completions_.ready(); });
+                completions_.await_work(lk);
                 if (completions_.q.empty()) return;  // stopping and drained
                 if (completions_.drain_over()) {
                     auto left = std::move(completions_.q);

@@ -15,9 +15,11 @@
 //     the request done under `m` (the batcher sets done under `m`, then notifies `done`);
 //   * `in_flight` counts the batches taken and not yet finished (take() raises it for a batch it
 //     filled, the batcher's in_flight_batch lowers it when the batch is over, however it ends). A
-//     batcher starts a batch beside one in flight only when `beside` requests wait (ready()): a
-//     handful of requests costs the server less in the next batch than in a statement and a commit
-//     of their own (global_options::batch_beside has the figures).
+//     batcher starts a batch beside one in flight only when `beside` requests wait, or when no
+//     batch was taken for `patience` (ready()): a handful of requests costs the server less in the
+//     next batch than in a statement and a commit of their own (global_options::batch_beside has
+//     the figures), but a batch that is stuck (a row lock held by another client, retries after
+//     failures) must not hold the others back for longer than a normal batch takes.
 //
 // Thread-safety: every member takes `m`, except take(), drain_over() and the fields, which are used
 // with `m` held. Progress: blocking (a mutex and two condition variables).
@@ -51,9 +53,27 @@ struct request_queue {
     std::chrono::steady_clock::time_point drain_deadline = std::chrono::steady_clock::time_point::max();
     std::size_t in_flight = 0;  // batches taken and not finished
     std::size_t beside = 1;     // requests that must wait before a batch starts beside one in flight
+    // How long fewer than `beside` requests wait for the batch in flight before one starts beside
+    // it anyway: several times a normal batch (a round trip and a commit, a few ms), so only a
+    // batch that is stuck lets one start early.
+    std::chrono::milliseconds patience{20};
+    std::chrono::steady_clock::time_point last_take{};  // when take() last filled a batch
 
-    /// Whether a batcher should take a batch now. With `m` held.
-    [[nodiscard]] bool ready() const noexcept { return !q.empty() && (in_flight == 0 || q.size() >= beside); }
+    /// Whether a batcher should take a batch at `now`. With `m` held.
+    [[nodiscard]] bool ready(std::chrono::steady_clock::time_point now) const noexcept {
+        return !q.empty() && (in_flight == 0 || q.size() >= beside || now - last_take >= patience);
+    }
+
+    /// Waits, with `m` held through `lk`, until the queue is stopping or ready() (woken by a submit,
+    /// the end of a batch, a stop, or the patience running out).
+    void await_work(std::unique_lock<std::mutex>& lk) {
+        for (;;) {
+            const auto now = std::chrono::steady_clock::now();
+            if (stopping || ready(now)) return;
+            if (q.empty()) work.wait(lk);
+            else work.wait_until(lk, last_take + patience);
+        }
+    }
 
     /// Queues `r` for a batcher; false once the queue is stopping (nothing was queued).
     bool submit(const std::shared_ptr<Req>& r) {
@@ -101,7 +121,10 @@ struct request_queue {
             batch.push_back(std::move(r));
         }
         for (auto it = later.rbegin(); it != later.rend(); ++it) q.push_front(std::move(*it));
-        if (!batch.empty()) ++in_flight;  // lowered by the batcher's in_flight_batch
+        if (!batch.empty()) {
+            ++in_flight;  // lowered by the batcher's in_flight_batch
+            last_take = std::chrono::steady_clock::now();
+        }
         std::sort(batch.begin(), batch.end(), [](const auto& a, const auto& b) { return a->k.view() < b->k.view(); });
     }
 

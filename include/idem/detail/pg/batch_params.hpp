@@ -99,7 +99,8 @@ struct batch_params {
     /// Writes the batch inside `w` (the caller commits): apply_main, then apply_keep_lease when
     /// some key is of class Y. `step` names the statement under way, for the caller's messages.
     /// Returns the server's fsync and synchronous_standby_names as the last statement read them
-    /// after its writes, which sync mode checks right before COMMIT.
+    /// (sql.hpp says why that is the value its COMMIT runs under), which sync mode checks right
+    /// before COMMIT.
     settings write(pqxx::work& w, std::int64_t batch_id, std::int64_t now_ms, const std::string& node, std::string& step) {
         step = "write batch id, audit rows and records";
         const auto main = w.exec_prepared(std::string(apply_main_name), batch_id, now_ms, a_key.str(), a_from.str(),

@@ -42,8 +42,10 @@ namespace idem::detail::pg {
 // (a late doubt mark or release of the same claim is audited; the outcome stays).
 // Statement 1 does everything of a typical batch in one round trip; statement 2 runs only when the
 // batch has class-Y keys. Each answers with the server's fsync setting (and
-// synchronous_standby_names), read after its writes: the last statement's answer is the last read
-// before COMMIT, so sync mode's fsync check costs no round trip of its own (it used to cost one
+// synchronous_standby_names), read in the same statement as its writes (a configuration reload
+// reaches a session only between statements, so it is the value the batch's last statement, and
+// so its COMMIT, runs under): the last statement's answer is the last read before COMMIT, so sync
+// mode's fsync check costs no round trip of its own (it used to cost one
 // after statement 2, a fifth round trip per batch in sync mode, where nearly every batch holds the
 // completions of keys claimed in an earlier batch: class Y). Data-modifying CTEs run exactly once, to
 // completion, whether or not the final SELECT reads them. The CTEs write different tables, or different rows (X and Y keys are
