@@ -49,9 +49,10 @@ struct global_options {
     /// before this option. Each batch is a statement
     /// and a commit for the server, so a handful of requests costs it less in the next batch. On
     /// the 2-core benchmark machine, where the server shares the cores, 16 threads per process, two
-    /// interleaved runs of each (idem-global-bench, IDEM_BENCH_BATCH_BESIDE=1 against 8): claims
-    /// per batch 3.6-3.9 -> 5.5-5.7; server CPU per claim at 4 processes 369 and 451 us -> 336
-    /// and 305 us; claims/s at 4 processes 3.9k and 3.3k -> 4.1k and 4.3k. With a server of its own
+    /// interleaved runs of each (idem-global-bench, IDEM_BENCH_BATCH_BESIDE=1 against 8, measured
+    /// before the 20 ms patience was added): claims per batch 3.6-3.9 -> 5.5-5.7; server CPU per
+    /// claim at 4 processes 369 and 451 us -> 336 and 305 us; claims/s at 4 processes 3.9k and
+    /// 3.3k -> 4.1k and 4.3k. With a server of its own
     /// and a network between, load reaches the threshold, so the connections still run side by side
     /// when enough claims wait.
     std::size_t batch_beside = 8;
